@@ -1,0 +1,107 @@
+"""Per-parameter graph math shared by the Accumulator and the Cells.
+
+Each operation is a module-level `MultitypeFuncGraph` mapped over the parameters with `HyperMap`, the way
+MindSpore's own `nn/wrap` code does it, so one definition serves every graph that needs it. The window
+logic (`accumulate`, `apply_window`, `clear_window`) is written once here as plain functions that graph
+mode inlines into whichever `construct` or `@jit` function calls them.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ops
+
+_hyper_map = ops.HyperMap()
+
+_accumulate_op = ops.MultitypeFuncGraph("ms_accum_accumulate")
+_accumulate_scaled_op = ops.MultitypeFuncGraph("ms_accum_accumulate_scaled")
+_scale_op = ops.MultitypeFuncGraph("ms_accum_scale")
+_clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
+
+
+def _densify(grad):
+    # A sparse gradient (nn.EmbeddingLookup(sparse=True)) is a RowTensor; the buffer is dense, so its rows
+    # are summed into a dense tensor first. This must live inside a registered dispatch function: the same
+    # conversion written outside one crashed the 2.10 compiler.
+    return ops.unsorted_segment_sum(grad.values, grad.indices, grad.dense_shape[0])
+
+
+@_accumulate_op.register("Tensor", "Tensor")
+def _accumulate_dense(grad_sum, grad):
+    return ops.assign_add(grad_sum, grad)
+
+
+@_accumulate_op.register("Tensor", "RowTensor")
+def _accumulate_row_tensor(grad_sum, grad):
+    return ops.assign_add(grad_sum, _densify(grad))
+
+
+@_accumulate_scaled_op.register("Tensor", "Tensor", "Tensor")
+def _accumulate_scaled_dense(weight, grad_sum, grad):
+    return ops.assign_add(grad_sum, grad * ops.cast(weight, grad.dtype))
+
+
+@_accumulate_scaled_op.register("Tensor", "Tensor", "RowTensor")
+def _accumulate_scaled_row_tensor(weight, grad_sum, grad):
+    dense = _densify(grad)
+    return ops.assign_add(grad_sum, dense * ops.cast(weight, dense.dtype))
+
+
+@_scale_op.register("Tensor", "Tensor")
+def _scale(scale, grad):
+    return grad * ops.cast(scale, grad.dtype)
+
+
+@_clear_op.register("Tensor")
+def _clear(grad_sum):
+    # Zeros are made on the fly rather than copied from a second all-zeros ParameterTuple (MindSpore's
+    # documentation keeps one, doubling the accumulator's memory).
+    return ops.assign(grad_sum, ops.zeros_like(grad_sum))
+
+
+def accumulate(grad_sum, mini_step, num_samples, grads, weight):
+    """Add one micro-batch's `grads` to the window, as they are, and count `weight` samples.
+
+    Graph code calling these helpers avoids Python-level if/else ahead of the tensor `if` that closes a
+    window: in MindSpore 2.10 such a constant branch makes graph mode silently drop the side effects
+    (optimizer step, clear) of the tensor `if` that follows (measured; a plain `if` without `else` that only
+    raises is harmless). Switches between modes are therefore arithmetic (see `mean_divisor`).
+
+    Use it where the gradients already carry the weight (the Cells fold it into the backward pass's
+    sensitivity, which costs nothing). Returns the window's micro-step count after this one.
+    """
+    done = _hyper_map(_accumulate_op, grad_sum, grads)
+    ops.assign_add(num_samples, ops.depend(ops.cast(weight, ms.float32), done))
+    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+
+
+def accumulate_weighted(grad_sum, mini_step, num_samples, grads, weight):
+    """Add `weight * grads` to the window and count `weight` samples; returns the micro-step count."""
+    weight = ops.cast(weight, ms.float32)
+    done = _hyper_map(ops.partial(_accumulate_scaled_op, weight), grad_sum, grads)
+    ops.assign_add(num_samples, ops.depend(weight, done))
+    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+
+
+def window_grads(grad_sum, divisor, clip_norm):
+    """The gradient a window applies: the buffer divided by `divisor`, clipped to `clip_norm` if given.
+
+    Callers pass the samples seen for a mean and 1 for a sum (dividing by 1.0 is exact), so no Python
+    if/else has to choose between them: see `accumulate`'s note on MindSpore 2.10's tensor-`if` bug.
+    """
+    grads = _hyper_map(ops.partial(_scale_op, 1.0 / divisor), grad_sum)
+    if clip_norm is not None:
+        grads = ops.clip_by_global_norm(grads, clip_norm)
+    return grads
+
+
+def mean_divisor(num_samples, mean: float):
+    """`num_samples` when `mean` is 1.0, else 1.0: an arithmetic switch with no Python branch."""
+    return num_samples * mean + (1.0 - mean)
+
+
+def clear_window(grad_sum, mini_step, num_samples):
+    """Zero the buffer and both counters: the window is closed."""
+    done = _hyper_map(_clear_op, grad_sum)
+    zero = ops.depend(ops.zeros((), ms.int32), done)
+    ops.assign(num_samples, ops.cast(zero, ms.float32))
+    return ops.assign(mini_step, zero)

@@ -1,0 +1,252 @@
+"""Cell graphs of MindSpore's gradient-accumulation tutorial, made exact, plus one fused micro-step Cell.
+
+`TrainForwardBackward`, `TrainOptim` and `TrainClear` are the tutorial's three graphs. Unlike the
+tutorial, which sums K mean losses and so takes a K-times larger step, `TrainOptim` applies the
+sample-weighted mean: each update equals one step on the concatenated batch. `TrainAccumulationCell`
+does a whole micro-step, with the optimizer step every K calls, in one graph: it is the executor's fast
+path and what `mindspore.train.Model` trains.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+from mindspore import ParameterTuple, nn, ops
+
+from . import _ops
+from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .accumulator import REDUCTIONS
+from .buffer import AccumulationBuffer
+
+
+def _check_network(network, cls_name: str) -> nn.Cell:
+    check_isinstance(network, "network", nn.Cell, cls_name)
+    if not network.trainable_params():
+        raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
+    return network
+
+
+def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
+    check_isinstance(buffer, "buffer", AccumulationBuffer, cls_name)
+    if len(buffer) != len(optimizer.parameters):
+        raise ValueError(f"For '{cls_name}', the argument 'buffer' must hold one gradient per optimizer "
+                         f"parameter ({len(optimizer.parameters)}), but holds {len(buffer)}.")
+    return buffer
+
+
+class _WindowCell(nn.Cell):
+    """Holds a buffer's Parameters as attributes, so every graph built on one buffer shares them."""
+
+    def __init__(self, buffer: AccumulationBuffer) -> None:
+        super().__init__(auto_prefix=False)
+        self.grad_sum = buffer.grad_sum
+        self.mini_step = buffer.mini_step
+        self.num_samples = buffer.num_samples
+
+
+class TrainForwardBackward(_WindowCell):
+    r"""
+    Forward, backward and accumulation of one micro-batch; the parameters do not change.
+
+    The micro-batch's gradient is weighted by its sample count, the leading dimension of the first input,
+    for free: the count is the backward pass's sensitivity. With a loss that is a mean over the batch, the
+    buffer then holds the gradient of the window's summed loss, and `TrainOptim` divides by the samples seen.
+
+    Args:
+        network (nn.Cell): The network with its loss (for example `nn.WithLossCell`), returning a scalar.
+        optimizer (nn.Optimizer): The optimizer whose parameters are differentiated.
+        buffer (AccumulationBuffer): The window's state, shared with `TrainOptim` and `TrainClear`.
+        sens (float): Extra scale of the loss's gradient (a static loss scale). Default: ``1.0``.
+        weight_by_samples (bool): Weight each micro-batch by its sample count; set False to weigh every
+            micro-batch the same (``reduction="sum"``, or inputs whose first axis is not the batch).
+            Default: ``True``.
+
+    Inputs:
+        - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the
+          batch.
+
+    Outputs:
+        Tensor, the micro-batch's loss.
+
+    Raises:
+        TypeError: If `network` is not a Cell, `optimizer` not an `nn.Optimizer`, or `buffer` not an
+            `AccumulationBuffer`.
+        ValueError: If `network` has no trainable parameters or `buffer` does not fit the optimizer.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from ms_accum import AccumulationBuffer, TrainForwardBackward, TrainOptim, TrainClear
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> optimizer = nn.SGD(net.trainable_params(), 0.1)
+        >>> buffer = AccumulationBuffer(optimizer.parameters)
+        >>> forward_backward = TrainForwardBackward(net, optimizer, buffer)
+        >>> optim, clear = TrainOptim(optimizer, buffer), TrainClear(buffer)
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
+                 sens: float = 1.0, weight_by_samples: bool = True) -> None:
+        check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainForwardBackward")
+        super().__init__(_check_buffer(buffer, optimizer, "TrainForwardBackward"))
+        self.network = _check_network(network, "TrainForwardBackward")
+        self.network.set_grad()
+        self.weights = optimizer.parameters
+        self.sens = check_positive_float(sens, "sens", "TrainForwardBackward")
+        # 1.0 or 0.0: an arithmetic switch, because a Python if/else ahead of a tensor `if` in the same graph
+        # makes MindSpore 2.10 drop that branch's side effects (see _ops).
+        self.by_samples = float(bool(weight_by_samples))
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        weight = _sample_weight(inputs[0], self.by_samples)
+        sens = ops.fill(ops.dtype(loss), ops.shape(loss), self.sens * weight)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        return ops.depend(loss, _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight))
+
+
+class TrainOptim(_WindowCell):
+    r"""
+    Applies the window's gradient: the sample-weighted mean (or the sum), clipped, then `optimizer`.
+
+    Args:
+        optimizer (nn.Optimizer): The optimizer.
+        buffer (AccumulationBuffer): The window's state.
+        clip_norm (float, optional): Clip the gradient to this global norm first. Default: ``None``.
+        reduction (str): ``"mean"`` divides by the samples accumulated, ``"sum"`` does not.
+            Default: ``"mean"``.
+        sens (float): The loss scale `TrainForwardBackward` used, divided out here. Default: ``1.0``.
+
+    Inputs:
+        None.
+
+    Outputs:
+        The optimizer's output.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If `clip_norm` or `sens` is not positive, or `reduction` is unknown.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, optimizer: nn.Optimizer, buffer: AccumulationBuffer, clip_norm: Optional[float] = None,
+                 reduction: str = "mean", sens: float = 1.0) -> None:
+        check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainOptim")
+        super().__init__(_check_buffer(buffer, optimizer, "TrainOptim"))
+        self.optimizer = optimizer
+        self.clip_norm = check_positive_float(clip_norm, "clip_norm", "TrainOptim", allow_none=True)
+        self.mean = float(check_value_in(reduction, "reduction", REDUCTIONS, "TrainOptim") == "mean")
+        self.sens = check_positive_float(sens, "sens", "TrainOptim")
+
+    def construct(self):
+        divisor = _ops.mean_divisor(self.num_samples, self.mean) * self.sens
+        grads = _ops.window_grads(self.grad_sum, divisor, self.clip_norm)
+        return self.optimizer(grads)
+
+
+class TrainClear(_WindowCell):
+    r"""
+    Zeroes the window's buffer and counters, ready for the next window.
+
+    Args:
+        buffer (AccumulationBuffer): The window's state.
+
+    Inputs:
+        None.
+
+    Outputs:
+        Tensor, the cleared micro-step counter (0).
+
+    Raises:
+        TypeError: If `buffer` is not an `AccumulationBuffer`.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, buffer: AccumulationBuffer) -> None:
+        check_isinstance(buffer, "buffer", AccumulationBuffer, "TrainClear")
+        super().__init__(buffer)
+
+    def construct(self):
+        return _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+
+
+class TrainAccumulationCell(_WindowCell):
+    r"""
+    One accumulation micro-step in one graph: forward, backward, accumulate, and every `accumulate_step`
+    calls the optimizer step on the window's mean and the clear.
+
+    It trains like `nn.TrainOneStepCell`, so `mindspore.train.Model(TrainAccumulationCell(...)).train(...)`
+    works with the standard callbacks; each call is one micro-batch.
+
+    Args:
+        network (nn.Cell): The network with its loss, returning a scalar.
+        optimizer (nn.Optimizer): The optimizer.
+        accumulate_step (int): Micro-batches per optimizer step, K.
+        clip_norm (float, optional): Clip the window's gradient to this global norm. Default: ``None``.
+        reduction (str): ``"mean"`` (sample-weighted) or ``"sum"``. Default: ``"mean"``.
+        buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
+
+    Inputs:
+        - **\*inputs** (Tensor) - One micro-batch; the first input's first axis is the batch.
+
+    Outputs:
+        Tensor, the micro-batch's loss.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If `accumulate_step` or `clip_norm` is not positive, or `reduction` is unknown.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from mindspore.train import Model, LossMonitor
+        >>> from ms_accum import TrainAccumulationCell
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> cell = TrainAccumulationCell(net, nn.SGD(net.trainable_params(), 0.1), accumulate_step=4)
+        >>> model = Model(cell)   # model.train(epochs, dataset, callbacks=[LossMonitor()])
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, accumulate_step: int,
+                 clip_norm: Optional[float] = None, reduction: str = "mean",
+                 buffer: Optional[AccumulationBuffer] = None) -> None:
+        name = "TrainAccumulationCell"
+        check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
+        _check_network(network, name)
+        accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
+        clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
+        mean = float(check_value_in(reduction, "reduction", REDUCTIONS, name) == "mean")
+        buffer = AccumulationBuffer(optimizer.parameters) if buffer is None else buffer
+        super().__init__(_check_buffer(buffer, optimizer, name))
+        self.network = network
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.accumulate_step = accumulate_step
+        self.clip_norm = clip_norm
+        self.mean = mean
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        weight = _sample_weight(inputs[0], self.mean)
+        sens = ops.fill(ops.dtype(loss), ops.shape(loss), weight)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        step = _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+        if step >= self.accumulate_step:
+            divisor = _ops.mean_divisor(self.num_samples, self.mean)
+            self.optimizer(_ops.window_grads(self.grad_sum, divisor, self.clip_norm))
+            _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+        return loss
+
+
+def _sample_weight(batch, by_samples: float) -> float:
+    # The batch size is a compile-time constant; `by_samples` is 1.0 (weight = batch size) or 0.0 (weight 1).
+    return ops.shape(batch)[0] * by_samples + (1.0 - by_samples)

@@ -1,0 +1,92 @@
+"""The two networks of MindSpore's gradient-accumulation documentation."""
+from __future__ import annotations
+
+from mindspore import nn
+from mindspore.common.initializer import Normal
+
+from ._validation import check_positive_int, check_value_in
+
+
+class LeNet5(nn.Cell):
+    r"""
+    LeNet5 as in MindSpore's Cell-graph gradient-accumulation tutorial (input 1x32x32).
+
+    Args:
+        num_class (int): Number of classes. Default: ``10``.
+        num_channel (int): Input channels. Default: ``1``.
+
+    Inputs:
+        - **x** (Tensor) - Images of shape :math:`(N, C, 32, 32)`, float32.
+
+    Outputs:
+        Tensor of shape :math:`(N, num\_class)`, the logits.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, num_class: int = 10, num_channel: int = 1) -> None:
+        super().__init__()
+        check_positive_int(num_class, "num_class", "LeNet5")
+        check_positive_int(num_channel, "num_channel", "LeNet5")
+        self.conv1 = nn.Conv2d(num_channel, 6, 5, pad_mode="valid")
+        self.conv2 = nn.Conv2d(6, 16, 5, pad_mode="valid")
+        self.fc1 = nn.Dense(16 * 5 * 5, 120, weight_init=Normal(0.02))
+        self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
+        self.fc3 = nn.Dense(84, num_class, weight_init=Normal(0.02))
+        self.relu = nn.ReLU()
+        self.max_pool2d = nn.MaxPool2d(kernel_size=2, stride=2)
+        self.flatten = nn.Flatten()
+
+    def construct(self, x):
+        x = self.max_pool2d(self.relu(self.conv1(x)))
+        x = self.max_pool2d(self.relu(self.conv2(x)))
+        x = self.flatten(x)
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class MLP(nn.Cell):
+    r"""
+    The documentation's MNIST network: 784-512-512-10 with ReLU (input 1x28x28).
+
+    Args:
+        num_class (int): Number of classes. Default: ``10``.
+
+    Inputs:
+        - **x** (Tensor) - Images of shape :math:`(N, 1, 28, 28)`, float32.
+
+    Outputs:
+        Tensor of shape :math:`(N, num\_class)`, the logits.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, num_class: int = 10) -> None:
+        super().__init__()
+        check_positive_int(num_class, "num_class", "MLP")
+        self.flatten = nn.Flatten()
+        self.dense_relu_sequential = nn.SequentialCell(
+            nn.Dense(28 * 28, 512), nn.ReLU(),
+            nn.Dense(512, 512), nn.ReLU(),
+            nn.Dense(512, num_class),
+        )
+
+    def construct(self, x):
+        return self.dense_relu_sequential(self.flatten(x))
+
+
+MODELS = {"lenet5": LeNet5, "mlp": MLP}
+# The input each model expects, so data pipelines and checkpoints can be matched to it.
+IMAGE_SIZE = {"lenet5": 32, "mlp": 28}
+
+
+def build_model(name: str) -> nn.Cell:
+    """Build a model by its name, ``"lenet5"`` or ``"mlp"``.
+
+    Raises:
+        ValueError: If `name` is not a known model.
+    """
+    return MODELS[check_value_in(name, "model", MODELS, "build_model")]()
