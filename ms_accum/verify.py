@@ -1,0 +1,143 @@
+"""verify_equivalence: does accumulating K micro-batches give the update of one K-times larger batch?"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from ._validation import check_isinstance, check_positive_float, check_positive_int
+from .cells import TrainAccumulationCell
+
+
+@dataclass
+class EquivalenceReport:
+    """Parameter differences between accumulated micro-batches and one big batch, after one update.
+
+    Attributes:
+        accumulate_step (int): K, the number of micro-batches the batch was split into.
+        max_abs_diff (float): The largest absolute difference over all parameters.
+        max_rel_diff (float): The largest ``|acc - ref| / (|ref| + atol)`` over all parameters.
+        per_parameter (dict): name -> (max abs diff, max rel diff).
+        moved_between_updates (list): Parameters that changed before the window was full (must be empty).
+        passed (bool): Every parameter is allclose(rtol, atol) and none moved between updates.
+    """
+
+    accumulate_step: int
+    max_abs_diff: float
+    max_rel_diff: float
+    rtol: float
+    atol: float
+    per_parameter: Dict[str, tuple] = field(default_factory=dict)
+    moved_between_updates: list = field(default_factory=list)
+    passed: bool = False
+
+    def __str__(self) -> str:
+        verdict = "PASSED" if self.passed else "FAILED"
+        lines = [f"{verdict}: {self.accumulate_step} accumulated micro-batches vs one big batch: "
+                 f"max abs diff {self.max_abs_diff:.3e}, max rel diff {self.max_rel_diff:.3e} "
+                 f"(rtol {self.rtol:g}, atol {self.atol:g})"]
+        if self.moved_between_updates:
+            lines.append(f"parameters moved before the window was full: {self.moved_between_updates}")
+        return "\n".join(lines)
+
+
+def _snapshot(params) -> Dict[int, np.ndarray]:
+    return {id(p): p.asnumpy().copy() for p in params}
+
+
+def _restore(params, snapshot: Dict[int, np.ndarray]) -> None:
+    for p in params:
+        p.set_data(Tensor(snapshot[id(p)]))
+
+
+def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
+                       accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6) -> EquivalenceReport:
+    r"""
+    Compares one optimizer update from `accumulate_step` accumulated micro-batches with one big-batch update.
+
+    The batch `inputs` is split along its first axis into `accumulate_step` micro-batches (of unequal size
+    when it does not divide). From the same starting weights and optimizer state, it trains one step of
+    `nn.TrainOneStepCell` on the whole batch, then one window of `TrainAccumulationCell` on the
+    micro-batches, and reports the parameter differences. The network and the optimizer are left exactly as
+    they were.
+
+    Args:
+        network (nn.Cell): Your network.
+        loss_fn (nn.Cell): Your loss, a mean over the batch.
+        optimizer (nn.Optimizer): Your optimizer over `network`'s parameters.
+        inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch, e.g. ``(data, label)``.
+        accumulate_step (int): K. Must not exceed the batch size.
+        rtol (float): Relative tolerance. Default: ``1e-5``.
+        atol (float): Absolute tolerance. Default: ``1e-6``.
+
+    Returns:
+        EquivalenceReport; `print` it for a one-line verdict.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If `accumulate_step` is not positive or exceeds the batch size, or the inputs disagree in
+            batch size.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> import numpy as np
+        >>> from mindspore import nn
+        >>> from ms_accum import verify_equivalence
+        >>> net = nn.Dense(4, 2)
+        >>> x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+        >>> report = verify_equivalence(net, nn.MSELoss(), nn.Adam(net.trainable_params()), (x, y), 4)
+        >>> report.passed
+        True
+    """
+    name = "verify_equivalence"
+    check_isinstance(network, "network", nn.Cell, name)
+    check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
+    check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
+    check_isinstance(inputs, "inputs", (tuple, list), name)
+    accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
+    rtol = check_positive_float(rtol, "rtol", name)
+    atol = check_positive_float(atol, "atol", name)
+    arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
+    if not arrays or len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1 or arrays[0].ndim == 0:
+        raise ValueError(f"For '{name}', the argument 'inputs' must be arrays sharing their first (batch) axis, "
+                         f"but got shapes {[a.shape for a in arrays]}.")
+    if accumulate_step > arrays[0].shape[0]:
+        raise ValueError(f"For '{name}', the argument 'accumulate_step' must not exceed the batch size "
+                         f"{arrays[0].shape[0]}, but got {accumulate_step}.")
+
+    with_loss = nn.WithLossCell(network, loss_fn)
+    state = list({id(p): p for _, p in optimizer.parameters_and_names()}.values())
+    start = _snapshot(state)
+    names = [p.name for p in optimizer.parameters]
+    try:
+        reference = nn.TrainOneStepCell(with_loss, optimizer).set_train()
+        reference(*[Tensor(a) for a in arrays])
+        expected = [p.asnumpy().copy() for p in optimizer.parameters]
+        _restore(state, start)
+
+        accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step).set_train()
+        moved = set()
+        micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
+        for i, micro in enumerate(micro_batches):
+            accumulating(*[Tensor(a) for a in micro])
+            if i < accumulate_step - 1:
+                moved.update(n for n, p in zip(names, optimizer.parameters) if not np.array_equal(
+                    p.asnumpy(), start[id(p)]))
+        actual = [p.asnumpy().copy() for p in optimizer.parameters]
+    finally:
+        _restore(state, start)
+
+    per_parameter = {}
+    for n, ref, acc in zip(names, expected, actual):
+        abs_diff = np.abs(acc.astype(np.float64) - ref.astype(np.float64))
+        per_parameter[n] = (float(abs_diff.max(initial=0.0)),
+                            float((abs_diff / (np.abs(ref.astype(np.float64)) + atol)).max(initial=0.0)))
+    passed = not moved and all(np.allclose(acc, ref, rtol=rtol, atol=atol) for ref, acc in zip(expected, actual))
+    return EquivalenceReport(accumulate_step, max(v[0] for v in per_parameter.values()),
+                             max(v[1] for v in per_parameter.values()), rtol, atol, per_parameter,
+                             sorted(moved), passed)

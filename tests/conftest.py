@@ -1,0 +1,75 @@
+"""Shared fixtures: execution mode, small networks with identical starting weights, real-MNIST lookup."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from ms_accum.models import LeNet5, MLP
+
+MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
+
+
+@pytest.fixture(autouse=True)
+def _graph_mode_by_default():
+    # Tests that need PyNative ask for it through `mode`; every other test starts in graph mode.
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request):
+    ms.set_context(mode=MODES[request.param])
+    yield request.param
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def make_net(kind: str, seed: int = 0) -> nn.Cell:
+    ms.set_seed(seed)
+    return {"mlp": MLP, "lenet5": LeNet5}[kind]()
+
+
+def copy_weights(src: nn.Cell, dst: nn.Cell) -> None:
+    ms.load_param_into_net(dst, {p.name: Parameter(Tensor(p.asnumpy().copy()), name=p.name)
+                                 for p in src.trainable_params()}, strict_load=True)
+
+
+def make_optimizer(name: str, params):
+    if name == "sgd":
+        return nn.SGD(params, 0.1)
+    if name == "momentum":
+        return nn.Momentum(params, 0.05, 0.9)
+    if name == "adam":
+        # Adam's first step is lr * g / (|g| + eps): for a gradient element that is a near-zero sum of
+        # cancelling terms, it magnifies float32 summation-order rounding (~1e-10 absolute) by up to
+        # lr / (4 * eps). With the default eps 1e-8 that reaches 2e-6 on a handful of the MLP's 670k weights,
+        # for any two summation orders; eps 1e-6 keeps the magnification below the 1e-6 tolerance.
+        return nn.Adam(params, 1e-3, eps=1e-6)
+    raise ValueError(name)
+
+
+def batch_for(kind: str, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    side = 32 if kind == "lenet5" else 28
+    x = rng.standard_normal((n, 1, side, side)).astype(np.float32)
+    y = rng.integers(0, 10, (n,)).astype(np.int32)
+    return x, y
+
+
+def params_of(net: nn.Cell):
+    return [p.asnumpy().copy() for p in net.trainable_params()]
+
+
+def mnist_dir():
+    """Real MNIST from MS_ACCUM_MNIST or ../shared/data/MNIST_Data, else None."""
+    for candidate in (os.environ.get("MS_ACCUM_MNIST"),
+                      Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST_Data"):
+        if candidate and (Path(candidate) / "train" / "train-images-idx3-ubyte").is_file():
+            return str(candidate)
+    return None
+
+
+requires_mnist = pytest.mark.skipif(mnist_dir() is None,
+                                    reason="real MNIST not found (set MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
