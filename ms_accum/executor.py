@@ -14,6 +14,7 @@ from ._validation import (check_callable, check_isinstance, check_positive_float
                           check_value_in, check_writable_dir)
 from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
+from .checkpoint import save_checkpoint
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
 
 
@@ -190,8 +191,7 @@ class GradientAccumulation:
                 self._train_clear()
         if ckpt_dir is not None:
             meta = {"epoch": epoch, "step": step, "mini_steps": mini_steps, **(metadata or {})}
-            from . import checkpoint as _checkpoint  # TEMP until checkpoint.py lands
-            result.checkpoint = _checkpoint.save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
+            result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
 
     def _record(self, result: TrainResult, epoch: int, step: int, losses: list, samples: list, log_every: int,

@@ -1,0 +1,229 @@
+"""Checkpoints: MindSpore's own `.ckpt` format, written atomically, with metadata, loaded strictly.
+
+`mindspore.save_checkpoint` writes straight into the target file, so a crash mid-save leaves a torn file
+where the last good checkpoint was. Here every save goes to a temporary file in the same directory, is
+flushed to disk, and replaces the target with one `os.replace` (atomic on POSIX); the directory is then
+synced so the rename itself survives a power cut. The newest checkpoint of a run is found by listing the
+directory and skipping unreadable files, never through a pointer file that could itself be torn.
+
+Metadata (model name, accumulate steps, epoch, step, ...) travels inside the checkpoint through
+`append_dict`, under ``ms_accum.``-prefixed keys so it can never collide with a parameter name.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import mindspore as ms
+from mindspore import Parameter, nn
+
+FORMAT_VERSION = 1
+_META_PREFIX = "ms_accum."
+_TMP_PREFIX = "."
+_TMP_SUFFIX = ".tmp.ckpt"  # MindSpore appends ".ckpt" to any other name
+MetaValue = Union[int, float, str, bool]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the network; the message names the file."""
+
+
+def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optional[Dict[str, MetaValue]] = None,
+                    ) -> str:
+    """
+    Saves `save_obj` to `path` atomically, with `metadata` and a CRC.
+
+    Args:
+        save_obj (Union[nn.Cell, list]): What `mindspore.save_checkpoint` accepts: a Cell or a list of
+            ``{"name": str, "data": Tensor}``.
+        path (str): Target file; its directory must exist. An existing file is replaced only once the new one
+            is complete on disk.
+        metadata (dict, optional): ints, floats, bools or strings stored beside the parameters.
+
+    Returns:
+        str, `path`.
+
+    Raises:
+        TypeError: If a metadata value is not an int, float, bool or str.
+    """
+    metadata = dict(metadata or {})
+    for key, value in metadata.items():
+        if not isinstance(value, (int, float, str, bool)):
+            raise TypeError(f"For 'save_checkpoint', the argument 'metadata' must map names to int, float, bool or "
+                            f"str, but '{key}' is {type(value).__name__}.")
+    append = {_META_PREFIX + "format_version": FORMAT_VERSION}
+    append.update({_META_PREFIX + key: value for key, value in metadata.items()})
+    path = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}{_TMP_SUFFIX}")
+    try:
+        ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    _fsync_dir(directory)
+    return path
+
+
+def _fsync_dir(directory: str) -> None:
+    # Durability of the rename itself; not every file system lets a directory be opened, which is harmless.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValue]]:
+    """
+    Reads a checkpoint, checking its CRC.
+
+    Args:
+        path (str): The `.ckpt` file.
+
+    Returns:
+        tuple (params, metadata): the parameters by name, and the metadata written by `save_checkpoint`
+        (empty for a checkpoint MindSpore wrote itself).
+
+    Raises:
+        CheckpointError: If the file is missing, is not a checkpoint, is truncated or fails its CRC.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Checkpoint '{path}' does not exist.")
+    try:
+        # crc_check verifies the CRC where the file carries one; a file MindSpore wrote without one still loads.
+        raw = ms.load_checkpoint(path, crc_check=True)
+    except Exception as err:  # MindSpore raises ValueError or RuntimeError with C++ detail; the cause is one
+        raise CheckpointError(f"'{path}' is not a readable MindSpore checkpoint (truncated, corrupt or another "
+                              f"format): {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    params, metadata = {}, {}
+    for name, value in raw.items():
+        if name.startswith(_META_PREFIX):
+            metadata[name[len(_META_PREFIX):]] = _python_value(value)
+        else:
+            params[name] = value
+    metadata.pop("format_version", None)
+    return params, metadata
+
+
+def _python_value(value) -> MetaValue:
+    # append_dict stores numbers as 0-d Parameters and strings as str.
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    array = value.asnumpy()
+    return array.item() if array.size == 1 else array.tolist()
+
+
+def load_into(network: nn.Cell, path: str, strict: bool = True,
+              expected: Optional[Dict[str, MetaValue]] = None) -> Dict[str, MetaValue]:
+    """
+    Loads a checkpoint into `network`, checking everything before changing anything.
+
+    Args:
+        network (nn.Cell): The network to fill.
+        path (str): The checkpoint.
+        strict (bool): Refuse a checkpoint whose parameters are missing from or extra to the network's.
+            Default: ``True``. Buffers of the accumulator (``grad_sum.*``, ``accumulate.*``) and optimizer state
+            are ignored either way.
+        expected (dict, optional): Metadata values the checkpoint must carry, e.g. ``{"model": "lenet5"}``.
+
+    Returns:
+        dict, the checkpoint's metadata.
+
+    Raises:
+        CheckpointError: If the file cannot be read, its metadata differs from `expected`, or (when `strict`) a
+            parameter is missing or extra; or if a shape or dtype differs. The network is then left untouched.
+    """
+    params, metadata = load_checkpoint(path)
+    for key, value in (expected or {}).items():
+        if key in metadata and metadata[key] != value:
+            raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={metadata[key]!r}, but {key}={value!r} "
+                                  f"was asked for.")
+    own = {p.name: p for p in network.get_parameters()}
+    params = {name: value for name, value in params.items() if not _is_training_state(name, own)}
+    missing = sorted(set(own) - set(params))
+    extra = sorted(set(params) - set(own))
+    if strict and (missing or extra):
+        parts = []
+        if missing:
+            parts.append(f"missing parameter(s) {_names(missing)}")
+        if extra:
+            parts.append(f"unexpected parameter(s) {_names(extra)}")
+        raise CheckpointError(f"Checkpoint '{path}' does not fit the network: {'; '.join(parts)}.")
+    for name in sorted(set(own) & set(params)):
+        if tuple(own[name].shape) != tuple(params[name].shape) or own[name].dtype != params[name].dtype:
+            raise CheckpointError(f"Checkpoint '{path}' does not fit the network: parameter '{name}' has shape "
+                                  f"{tuple(params[name].shape)} and dtype {params[name].dtype} in the file but "
+                                  f"{tuple(own[name].shape)} and {own[name].dtype} in the network.")
+    not_loaded, _ = ms.load_param_into_net(network, params, strict_load=True)
+    if strict and not_loaded:  # cannot happen after the checks above; kept so a MindSpore change cannot slip by
+        raise CheckpointError(f"Checkpoint '{path}' left parameter(s) {_names(not_loaded)} unloaded.")
+    return metadata
+
+
+# Scalars that MindSpore's optimizers and the accumulation buffer keep beside the network's parameters.
+_STATE_SCALARS = ("global_step", "learning_rate", "momentum", "beta1_power", "beta2_power", "mini_step",
+                  "num_samples")
+
+
+def _is_training_state(name: str, own: Dict[str, Parameter]) -> bool:
+    # Optimizer slots ("moments.w", "moment1.w", "accum.w") and accumulator buffers ("grad_sum.w") are named
+    # "<slot>.<parameter>"; saved with a full training state, they are not part of the network.
+    if name in own:
+        return False
+    slot, _, rest = name.partition(".")
+    return rest in own or (rest or slot) in _STATE_SCALARS
+
+
+def _names(names: Iterable[str], limit: int = 5) -> str:
+    names = list(names)
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def checkpoint_path(directory: str, prefix: str, step: int) -> str:
+    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.ckpt`` (sorts by name and step)."""
+    return os.path.join(directory, f"{prefix}-{step:09d}.ckpt")
+
+
+def list_checkpoints(directory: str, prefix: str) -> List[Tuple[int, str]]:
+    """(step, path) of every ``{prefix}-{step}.ckpt`` in `directory`, oldest first; temporary files excluded."""
+    if not os.path.isdir(directory):
+        return []
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)\.ckpt$")
+    found = []
+    for name in os.listdir(directory):
+        match = pattern.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    return sorted(found)
+
+
+def find_latest(directory: str, prefix: str) -> Optional[str]:
+    """The newest checkpoint of `prefix` in `directory` that reads back with a valid CRC, or None."""
+    for _, path in reversed(list_checkpoints(directory, prefix)):
+        try:
+            load_checkpoint(path)
+        except CheckpointError:
+            continue
+        return path
+    return None
+
+
+def prune(directory: str, prefix: str, keep_last: int) -> List[str]:
+    """Deletes all but the newest `keep_last` checkpoints of `prefix`; returns the deleted paths."""
+    found = list_checkpoints(directory, prefix)
+    doomed = [path for _, path in found[:max(len(found) - keep_last, 0)]]
+    for path in doomed:
+        os.remove(path)
+    return doomed

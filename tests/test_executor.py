@@ -1,0 +1,207 @@
+"""GradientAccumulation: partial windows, unequal micro-batches, logging, checkpoints, argument checks."""
+import os
+import warnings
+
+import numpy as np
+import pytest
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import Tensor, nn
+
+from ms_accum import GradientAccumulation
+from conftest import batch_for, make_net, params_of
+
+
+def loss_fn():
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def big_batch_steps(batches):
+    """Reference: one TrainOneStepCell step per list of samples (concatenated)."""
+    net = make_net("mlp")
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn()), nn.Momentum(net.trainable_params(), 0.05, 0.9))
+    step.set_train()
+    for x, y in batches:
+        step(Tensor(x), Tensor(y))
+    return params_of(net)
+
+
+def dataset(x, y, batch_size, drop_remainder=False):
+    return ds.NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(batch_size, drop_remainder)
+
+
+def executor(structure="fused", **kwargs):
+    net = make_net("mlp")
+    return net, GradientAccumulation(net, loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                                     structure=structure, **kwargs)
+
+
+@pytest.mark.parametrize("structure", ["fused", "three_graphs"])
+def test_partial_window_is_applied_as_mean_of_samples_seen(structure, tmp_path):
+    # 10 batches of 4 with K=4: windows of 16, 16 and a partial window of 8 samples.
+    x, y = batch_for("mlp", 40, seed=1)
+    expected = big_batch_steps([(x[:16], y[:16]), (x[16:32], y[16:32]), (x[32:], y[32:])])
+    net, ex = executor(structure)
+    result = ex.train_process(1, dataset(x, y, 4), mini_steps=4, ckpt_dir=str(tmp_path), verbose=False)
+    assert [r.micro_batches for r in result.steps] == [4, 4, 2]
+    assert [r.samples for r in result.steps] == [16, 16, 8]
+    for a, e in zip(params_of(net), expected):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_partial_window_can_be_dropped(tmp_path):
+    x, y = batch_for("mlp", 40, seed=1)
+    expected = big_batch_steps([(x[:16], y[:16]), (x[16:32], y[16:32])])
+    net, ex = executor()
+    result = ex.train_process(1, dataset(x, y, 4), mini_steps=4, partial_window="drop", ckpt_dir=str(tmp_path),
+                              verbose=False)
+    assert len(result.steps) == 2 and result.dropped_windows == 1
+    for a, e in zip(params_of(net), expected):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    assert int(ex.buffer.mini_step.asnumpy()) == 0
+    assert not any(b.asnumpy().any() for b in ex.buffer.grad_sum)
+
+
+@pytest.mark.parametrize("structure", ["fused", "three_graphs"])
+def test_unequal_micro_batches_match_concatenated_batch(structure, tmp_path):
+    # 22 samples in batches of 8: 8, 8, 6 -> with K=3 one window of all 22, the last micro-batch smaller.
+    x, y = batch_for("mlp", 22, seed=2)
+    expected = big_batch_steps([(x, y)])
+    net, ex = executor(structure)
+    result = ex.train_process(1, dataset(x, y, 8), mini_steps=3, ckpt_dir=str(tmp_path), verbose=False)
+    assert [r.samples for r in result.steps] == [22]
+    for a, e in zip(params_of(net), expected):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_windows_restart_each_epoch_and_log_window_loss(tmp_path, capsys):
+    x, y = batch_for("mlp", 24, seed=3)
+    net, ex = executor()
+    seen = []
+    result = ex.train_process(2, dataset(x, y, 4), mini_steps=4, ckpt_dir=str(tmp_path), on_step=seen.append)
+    # 6 batches per epoch: windows of 4 + partial 2, per epoch
+    assert [(r.epoch, r.step, r.micro_batches) for r in result.steps] == [(1, 1, 4), (1, 2, 2), (2, 3, 4),
+                                                                          (2, 4, 2)]
+    assert seen == result.steps
+    out = capsys.readouterr().out
+    assert "epoch: 2 step: 4 loss is" in out
+    assert all(np.isfinite(result.losses))
+
+
+def test_window_loss_is_sample_weighted_mean_of_micro_batch_losses(tmp_path):
+    x, y = batch_for("mlp", 12, seed=4)
+    net, ex = executor()
+    start = make_net("mlp")  # same seed, same starting weights: the loss before the only update
+    logits = start(Tensor(x))
+    expected = float(loss_fn()(logits, Tensor(y)).asnumpy())
+    result = ex.train_process(1, dataset(x, y, 8), mini_steps=2, ckpt_dir=str(tmp_path), verbose=False)
+    assert result.losses[0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_saves_checkpoint_with_metadata(tmp_path):
+    from ms_accum.checkpoint import load_checkpoint
+    x, y = batch_for("mlp", 16, seed=5)
+    net, ex = executor()
+    result = ex.train_process(1, dataset(x, y, 4), mini_steps=2, ckpt_dir=str(tmp_path / "out"),
+                              ckpt_name="run", verbose=False, metadata={"model": "mlp"})
+    assert result.checkpoint == os.path.join(str(tmp_path / "out"), "run.ckpt")
+    params, meta = load_checkpoint(result.checkpoint)
+    assert meta["model"] == "mlp" and meta["step"] == 2 and meta["mini_steps"] == 2 and meta["epoch"] == 1
+    for p in net.trainable_params():
+        np.testing.assert_array_equal(params[p.name].asnumpy(), p.asnumpy())
+
+
+def test_mini_steps_larger_than_epoch_warns_and_trains(tmp_path):
+    x, y = batch_for("mlp", 12, seed=6)
+    expected = big_batch_steps([(x, y)])
+    net, ex = executor()
+    with pytest.warns(UserWarning, match="'mini_steps' \\(5\\) is larger than an epoch's 3 batches"):
+        result = ex.train_process(1, dataset(x, y, 4), mini_steps=5, ckpt_dir=str(tmp_path), verbose=False)
+    assert len(result.steps) == 1
+    for a, e in zip(params_of(net), expected):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+# ---- argument checks: raised before anything compiles or trains -------------------------------------------
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError),
+                                         (None, TypeError), ("4", TypeError)])
+def test_bad_mini_steps(value, error, tmp_path):
+    x, y = batch_for("mlp", 8, seed=0)
+    net, ex = executor()
+    before = params_of(net)
+    with pytest.raises(error, match="For 'GradientAccumulation.train_process', the argument 'mini_steps' must be "
+                                    "a positive int"):
+        ex.train_process(1, dataset(x, y, 4), mini_steps=value, ckpt_dir=str(tmp_path))
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
+
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (1.0, TypeError), (None, TypeError)])
+def test_bad_epoch(value, error, tmp_path):
+    x, y = batch_for("mlp", 8, seed=0)
+    _, ex = executor()
+    with pytest.raises(error, match="the argument 'epoch' must be a positive int"):
+        ex.train_process(value, dataset(x, y, 4), mini_steps=2, ckpt_dir=str(tmp_path))
+
+
+def test_dataset_none_or_empty(tmp_path):
+    _, ex = executor()
+    with pytest.raises(TypeError, match="the argument 'train_dataset' must be Dataset"):
+        ex.train_process(1, None, mini_steps=2, ckpt_dir=str(tmp_path))
+    x, y = batch_for("mlp", 3, seed=0)
+    with pytest.raises(ValueError, match="'train_dataset' must not be empty"):
+        ex.train_process(1, dataset(x, y, 4, drop_remainder=True), mini_steps=2, ckpt_dir=str(tmp_path))
+
+
+def test_unwritable_checkpoint_directory_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    x, y = batch_for("mlp", 8, seed=0)
+    net, ex = executor()
+    before = params_of(net)
+    for bad in (str(blocker), str(blocker / "sub")):
+        with pytest.raises(ValueError, match="the argument 'ckpt_dir' must be a writable directory"):
+            ex.train_process(1, dataset(x, y, 4), mini_steps=2, ckpt_dir=bad)
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
+    assert blocker.read_text() == "not a directory"
+
+
+def test_bad_partial_window(tmp_path):
+    x, y = batch_for("mlp", 8, seed=0)
+    _, ex = executor()
+    with pytest.raises(ValueError, match="'partial_window' must be one of \\['apply', 'drop'\\]"):
+        ex.train_process(1, dataset(x, y, 4), mini_steps=2, partial_window="keep", ckpt_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("arg", ["network", "loss_fn", "optimizer"])
+@pytest.mark.parametrize("value", [None, "x", 3])
+def test_bad_constructor_arguments(arg, value):
+    net = make_net("mlp")
+    kwargs = {"network": net, "loss_fn": loss_fn(), "optimizer": nn.SGD(net.trainable_params())}
+    kwargs[arg] = value
+    with pytest.raises(TypeError, match=f"For 'GradientAccumulation', the argument '{arg}' must be"):
+        GradientAccumulation(**kwargs)
+
+
+def test_bad_options():
+    net = make_net("mlp")
+    args = (net, loss_fn(), nn.SGD(net.trainable_params()))
+    with pytest.raises(ValueError, match="'clip_norm' must be a positive float, but got 0"):
+        GradientAccumulation(*args, clip_norm=0)
+    with pytest.raises(ValueError, match="'reduction' must be one of"):
+        GradientAccumulation(*args, reduction="max")
+    with pytest.raises(ValueError, match="'structure' must be one of"):
+        GradientAccumulation(*args, structure="unrolled")
+
+
+def test_executor_owns_one_buffer_per_parameter_plus_scalars():
+    net, ex = executor()
+    params = net.trainable_params()
+    owned = ex.buffer.parameters()
+    assert len(owned) == len(params) + 2
+    assert sum(p.size for p in ex.buffer.grad_sum) == sum(p.size for p in params)
+    # every graph the executor builds shares that one buffer: no Parameter outside network, optimizer, buffer
+    ex._micro_step_cell(4)
+    known = {id(p) for _, p in ex._optimizer.parameters_and_names()} | {id(p) for p in owned}
+    for cell in (ex._train_forward_backward, ex._train_optim, ex._train_clear, ex._fused[4]):
+        assert {id(p) for _, p in cell.parameters_and_names()} <= known
