@@ -1,24 +1,40 @@
-"""ms_accum: gradient accumulation for MindSpore graph mode, equal to large-batch training."""
-from .accumulator import Accumulator
-from .buffer import AccumulationBuffer
-from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
-from .executor import GradientAccumulation, StepRecord, TrainResult
-from .models import LeNet5, MLP
-from .verify import EquivalenceReport, verify_equivalence
+"""ms_accum: gradient accumulation for MindSpore graph mode, equal to large-batch training.
 
-__all__ = [
-    "Accumulator",
-    "AccumulationBuffer",
-    "TrainAccumulationCell",
-    "TrainClear",
-    "TrainForwardBackward",
-    "TrainOptim",
-    "GradientAccumulation",
-    "StepRecord",
-    "TrainResult",
-    "LeNet5",
-    "MLP",
-    "EquivalenceReport",
-    "verify_equivalence",
-]
+The public names load on first use (PEP 562), so that `import ms_accum.runtime` (the CLI and the tutorials)
+can set oneDNN's CPU ISA before MindSpore's native libraries are loaded: the setting is read only then.
+"""
+import importlib
+
+_EXPORTS = {
+    "Accumulator": "accumulator",
+    "AccumulationBuffer": "buffer",
+    "TrainAccumulationCell": "cells",
+    "TrainClear": "cells",
+    "TrainForwardBackward": "cells",
+    "TrainOptim": "cells",
+    "GradientAccumulation": "executor",
+    "StepRecord": "executor",
+    "TrainResult": "executor",
+    "LeNet5": "models",
+    "MLP": "models",
+    "EquivalenceReport": "verify",
+    "verify_equivalence": "verify",
+    "EvalResult": "evaluate",
+    "evaluate": "evaluate",
+    "evaluate_checkpoint": "evaluate",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ms_accum' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,9 +1,13 @@
 """Cells: shared buffer, argument checks, and mindspore.train.Model with the fused micro-step Cell."""
 import numpy as np
 import pytest
-from mindspore import nn
+import mindspore.dataset as ds
+from mindspore import Tensor, nn
+from mindspore.train import CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
 
 from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
+from ms_accum.checkpoint import load_into
+from conftest import batch_for, make_net, params_of
 
 
 def parts():
@@ -52,3 +56,30 @@ def test_cells_reject_wrong_kinds():
         AccumulationBuffer(None)
     with pytest.raises(ValueError, match="'network' must have trainable parameters"):
         TrainAccumulationCell(nn.WithLossCell(nn.ReLU(), nn.MSELoss()), optimizer, 2)
+
+
+def test_model_train_with_standard_callbacks_matches_big_batch_and_saves(tmp_path, capsys):
+    x, y = batch_for("lenet5", 32, seed=7)  # 8 micro-batches of 4, K=4: two optimizer steps
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    reference = make_net("lenet5")
+    big = nn.TrainOneStepCell(nn.WithLossCell(reference, loss), nn.Momentum(reference.trainable_params(), 0.05, 0.9))
+    big.set_train()
+    for i in (0, 16):
+        big(Tensor(x[i:i + 16]), Tensor(y[i:i + 16]))
+
+    net = make_net("lenet5")
+    cell = TrainAccumulationCell(nn.WithLossCell(net, loss), nn.Momentum(net.trainable_params(), 0.05, 0.9), 4)
+    dataset = ds.NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(4)
+    saver = ModelCheckpoint("lenet", str(tmp_path), CheckpointConfig(save_checkpoint_steps=4, keep_checkpoint_max=5))
+    Model(cell).train(1, dataset, callbacks=[LossMonitor(1), TimeMonitor(), saver], dataset_sink_mode=False)
+
+    for a, e in zip(params_of(net), params_of(reference)):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    out = capsys.readouterr().out
+    assert out.count("loss is") == 8 and "step time" in out
+    saved = sorted(p.name for p in tmp_path.glob("lenet*.ckpt"))
+    assert saved == ["lenet-1_4.ckpt", "lenet-1_8.ckpt"]
+    restored = make_net("lenet5", seed=3)
+    load_into(restored, str(tmp_path / "lenet-1_8.ckpt"))  # the training state beside the weights is ignored
+    for a, e in zip(params_of(restored), params_of(net)):
+        np.testing.assert_array_equal(a, e)

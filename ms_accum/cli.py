@@ -1,0 +1,258 @@
+"""`ms-accum`: train LeNet5 or the MLP on MNIST with gradient accumulation, and evaluate checkpoints.
+
+    ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
+    ms-accum eval --ckpt ckpt/lenet5.ckpt [--json]
+
+Errors are one line on stderr (exit 2 for a bad command line, 1 for bad data or checkpoints), never a
+traceback. MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import List, Optional
+
+from . import runtime
+
+MODEL_NAMES = ("lenet5", "mlp")
+OPTIMIZERS = ("momentum", "sgd", "adam")
+# The documentation's settings: the Cell-graph tutorial trains LeNet5 with Momentum(0.01, 0.9); the Accumulator
+# page trains the MLP with SGD(1e-2).
+DEFAULTS = {"lenet5": {"optimizer": "momentum", "lr": 0.01, "momentum": 0.9},
+            "mlp": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0}}
+SYNTHETIC_NOTE = "SYNTHETIC data, not MNIST"
+
+
+class CliError(Exception):
+    """A failure the user can fix; printed as one line."""
+
+
+def _number(kind, positive: bool, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, but got '{text}'") from None
+        if (kind is float and not math.isfinite(value)) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"must be {what}, but got {text}")
+        return value
+    return parse
+
+
+positive_int = _number(int, True, "a positive int")
+non_negative_int = _number(int, False, "a non-negative int")
+positive_float = _number(float, True, "a positive float")
+non_negative_float = _number(float, False, "a non-negative float")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train with gradient accumulation, save a checkpoint, evaluate it")
+    train.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
+    train.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
+                       help="micro-batches per optimizer step (default 4)")
+    train.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
+                       help="micro-batch size; each update sees K*B samples (default 32)")
+    train.add_argument("--epochs", type=positive_int, default=1, metavar="E")
+    train.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
+    train.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
+    train.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
+    train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
+    train.add_argument("--partial-window", choices=("apply", "drop"), default="apply",
+                       help="what to do with an epoch's last, incomplete window (default apply)")
+    train.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
+    train.add_argument("--num-samples", type=positive_int, metavar="N", help="train on the first N images only")
+    _add_data_arguments(train)
+    train.add_argument("--download", action="store_true", help="download MNIST if it is not found")
+    train.add_argument("--synthetic-fallback", action="store_true",
+                       help="if MNIST is neither found nor downloadable, generate a synthetic MNIST-format set")
+    train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", help="where the checkpoint goes (default ckpt)")
+    train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
+
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the MNIST test set (strict loading)")
+    evaluate.add_argument("--ckpt", required=True, metavar="FILE")
+    evaluate.add_argument("--model", choices=MODEL_NAMES, help="default: the model recorded in the checkpoint")
+    evaluate.add_argument("--batch-size", type=positive_int, default=256, metavar="B")
+    evaluate.add_argument("--num-samples", type=positive_int, metavar="N", help="evaluate the first N test images")
+    _add_data_arguments(evaluate)
+    return parser
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", metavar="DIR", help="MNIST directory (default: $MS_ACCUM_MNIST, else "
+                                                      "./datasets/MNIST_Data)")
+    parser.add_argument("--device", choices=runtime.DEVICES, default="CPU")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def find_data(args: argparse.Namespace) -> tuple:
+    """(directory, synthetic) following --data, $MS_ACCUM_MNIST, ./datasets/MNIST_Data, download, fallback."""
+    from .data import DataError, check_mnist_dir, download_mnist, make_synthetic_mnist, resolve_data_dir
+    if args.data is not None:  # asked for explicitly: no fallback, the user must hear what is wrong
+        return check_mnist_dir(args.data), False
+    path = resolve_data_dir(None)
+    try:
+        return check_mnist_dir(path), False
+    except DataError as err:
+        reason = str(err)
+    if args.download:
+        try:
+            return download_mnist(os.path.dirname(os.path.abspath(path))), False
+        except DataError as err:
+            reason = str(err)
+    if not args.synthetic_fallback:
+        raise CliError(f"{reason} Pass --data DIR, set MS_ACCUM_MNIST, add --download, or add "
+                       f"--synthetic-fallback to train on generated data.")
+    synthetic = os.path.join(os.path.dirname(os.path.abspath(path)), "MNIST_Synthetic")
+    print(f"ms-accum: MNIST is not available ({reason}) Falling back to {SYNTHETIC_NOTE} in {synthetic}: "
+          f"its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
+    return make_synthetic_mnist(synthetic), True
+
+
+def _progress(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="step", disable=quiet, leave=False, dynamic_ncols=True)
+
+
+def _eval_progress_callback(bar):
+    from mindspore.train import Callback
+
+    class EvalProgress(Callback):
+        def on_eval_step_end(self, run_context):
+            bar.update(1)
+    return EvalProgress()
+
+
+def save_loss_plot(losses: List[float], path: str, title: str) -> str:
+    """Writes the per-step loss curve as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, linewidth=1)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("window loss")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def run_train(args: argparse.Namespace) -> dict:
+    from ._validation import check_writable_dir
+    ckpt_dir = check_writable_dir(args.ckpt_dir, "ckpt_dir", "ms-accum train")
+    data_dir, synthetic = find_data(args)
+    runtime.set_device(args.device)
+
+    import mindspore as ms
+    from mindspore import nn
+    from .data import dataset_for
+    from .executor import GradientAccumulation
+    from .models import build_model
+
+    settings = {**DEFAULTS[args.model], **{k: getattr(args, k) for k in ("optimizer", "lr", "momentum")
+                                          if getattr(args, k) is not None}}
+    ms.set_seed(args.seed)
+    network = build_model(args.model)
+    optimizer = _optimizer(settings, network.trainable_params())
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    dataset = dataset_for(args.model, data_dir, args.batch_size, usage="train", shuffle=True, seed=args.seed,
+                          num_samples=args.num_samples)
+    batches = dataset.get_dataset_size()
+    windows = batches // args.accumulate_steps
+    if args.partial_window == "apply" and batches % args.accumulate_steps:
+        windows += 1
+    executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm)
+    label = f"{args.model}, K={args.accumulate_steps} x B={args.batch_size}" + (
+        f" ({SYNTHETIC_NOTE})" if synthetic else "")
+    metadata = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
+                "optimizer": settings["optimizer"], "lr": settings["lr"], "momentum": settings["momentum"],
+                "seed": args.seed, "data_dir": os.path.abspath(data_dir), "synthetic": synthetic}
+    with _progress(windows * args.epochs, f"train {label}", args.quiet) as bar:
+        def on_step(record):
+            bar.update(1)
+            bar.set_postfix(epoch=record.epoch, loss=f"{record.loss:.4f}", refresh=False)
+        result = executor.train_process(args.epochs, dataset, args.accumulate_steps,
+                                        partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
+                                        verbose=False, on_step=on_step, metadata=metadata)
+    plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label)
+    summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
+               "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps),
+               "final_loss": result.losses[-1] if result.losses else None}
+    if not args.json:
+        tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
+        print(f"Trained {label}: {len(result.steps)} optimizer steps, final window loss "
+              f"{summary['final_loss']:.6f}{tag}")
+        print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
+    if not args.no_eval:
+        evaluation, _ = _evaluate(result.checkpoint, args.model, data_dir, 256, None, args.quiet)
+        summary.update(evaluation.as_dict())
+        if not args.json:
+            print(_accuracy_line(evaluation, synthetic))
+    return summary
+
+
+def _optimizer(settings: dict, params):
+    from mindspore import nn
+    if settings["optimizer"] == "momentum":
+        return nn.Momentum(params, settings["lr"], settings["momentum"])
+    if settings["optimizer"] == "sgd":
+        return nn.SGD(params, settings["lr"], settings["momentum"])
+    return nn.Adam(params, settings["lr"])
+
+
+def _evaluate(ckpt: str, model: Optional[str], data: Optional[str], batch_size: int, num_samples: Optional[int],
+              quiet: bool):
+    from .evaluate import evaluate_checkpoint
+    with _progress(None, "eval", quiet) as bar:
+        return evaluate_checkpoint(ckpt, model, data, batch_size, num_samples,
+                                   callbacks=[_eval_progress_callback(bar)])
+
+
+def _accuracy_line(evaluation, synthetic: bool) -> str:
+    return str(evaluation) + (f" [{SYNTHETIC_NOTE}]" if synthetic else "")
+
+
+def run_eval(args: argparse.Namespace) -> dict:
+    runtime.set_device(args.device)
+    evaluation, metadata = _evaluate(args.ckpt, args.model, args.data, args.batch_size, args.num_samples,
+                                     args.quiet)
+    from .data import is_synthetic, resolve_data_dir
+    synthetic = is_synthetic(resolve_data_dir(args.data if args.data is not None else metadata.get("data_dir")))
+    if not args.json:
+        print(f"{args.ckpt} ({metadata.get('model', args.model)}, trained {metadata.get('step', '?')} optimizer "
+              f"steps with accumulate_steps={metadata.get('accumulate_steps', '?')})")
+        print(_accuracy_line(evaluation, synthetic))
+    return {"checkpoint": args.ckpt, "model": metadata.get("model", args.model), "synthetic": synthetic,
+            **evaluation.as_dict()}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the `ms-accum` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    runtime.prefer_fast_cpu_kernels()  # before MindSpore's libraries load
+    from .checkpoint import CheckpointError
+    from .data import DataError
+    try:
+        summary = run_train(args) if args.command == "train" else run_eval(args)
+    except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError) as err:
+        print(f"ms-accum {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"ms-accum {args.command}: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

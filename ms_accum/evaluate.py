@@ -1,0 +1,97 @@
+"""Evaluation: accuracy and loss of a network, or of a saved checkpoint loaded strictly."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Tuple
+
+from mindspore import nn
+from mindspore.dataset import Dataset
+from mindspore.train import Accuracy, Callback, Loss, Model
+
+from ._validation import check_isinstance, check_positive_int, check_value_in
+from .checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
+from .data import dataset_for, resolve_data_dir
+from .models import MODELS, build_model
+
+
+@dataclass
+class EvalResult:
+    """Test metrics: `accuracy` in [0, 1], mean `loss` per batch, and the number of `batches`."""
+
+    accuracy: float
+    loss: float
+    batches: int
+
+    def as_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"Accuracy: {100 * self.accuracy:.2f}%, Avg loss: {self.loss:.6f}"
+
+
+def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = None,
+             callbacks: Optional[List[Callback]] = None) -> EvalResult:
+    """
+    Accuracy and loss of `network` on `dataset`, through `mindspore.train.Model.eval`.
+
+    Args:
+        network (nn.Cell): Returns logits.
+        dataset (Dataset): Yields (image, label) batches.
+        loss_fn (nn.Cell, optional): Default: softmax cross-entropy with sparse labels, mean over the batch.
+        callbacks (list[Callback], optional): Passed to `Model.eval` (a progress bar, for instance).
+
+    Returns:
+        EvalResult.
+
+    Raises:
+        TypeError: If `network` is not a Cell or `dataset` not a Dataset.
+    """
+    check_isinstance(network, "network", nn.Cell, "evaluate")
+    check_isinstance(dataset, "dataset", Dataset, "evaluate")
+    loss_fn = loss_fn or nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = Model(network, loss_fn, metrics={"accuracy": Accuracy(), "loss": Loss()})
+    metrics = model.eval(dataset, callbacks=callbacks, dataset_sink_mode=False)
+    return EvalResult(float(metrics["accuracy"]), float(metrics["loss"]), dataset.get_dataset_size())
+
+
+def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
+                        batch_size: int = 256, num_samples: Optional[int] = None,
+                        callbacks: Optional[List[Callback]] = None) -> Tuple[EvalResult, Dict[str, MetaValue]]:
+    """
+    Rebuilds the model a checkpoint was trained with, loads it strictly, and evaluates it on the test split.
+
+    Args:
+        ckpt (str): A checkpoint written by ms_accum (or any checkpoint of one of `MODELS`, with `model`).
+        model (str, optional): ``"lenet5"`` or ``"mlp"``; default: the model recorded in the checkpoint. If both
+            are known they must agree.
+        data (str, optional): MNIST directory; default: the one the checkpoint was trained on, else
+            `resolve_data_dir`.
+        batch_size (int): Evaluation batch size. Default: ``256``.
+        num_samples (int, optional): Evaluate on the first `num_samples` test images only.
+        callbacks (list[Callback], optional): Passed to `Model.eval`.
+
+    Returns:
+        tuple (EvalResult, metadata of the checkpoint).
+
+    Raises:
+        CheckpointError: If the file is missing, unreadable, of another model, or does not fit the network
+            (missing, extra or reshaped parameters); nothing is half-loaded.
+        DataError: If the test data is missing or corrupt.
+    """
+    name = "evaluate_checkpoint"
+    check_positive_int(batch_size, "batch_size", name)
+    if num_samples is not None:
+        check_positive_int(num_samples, "num_samples", name)
+    _, metadata = load_checkpoint(ckpt)
+    recorded = metadata.get("model")
+    if model is None:
+        if recorded not in MODELS:
+            raise CheckpointError(f"Checkpoint '{ckpt}' does not record its model: pass model= one of "
+                                  f"{sorted(MODELS)}.")
+        model = recorded
+    check_value_in(model, "model", MODELS, name)
+    network = build_model(model)
+    load_into(network, ckpt, strict=True, expected={"model": model})
+    data = resolve_data_dir(data if data is not None else metadata.get("data_dir"))
+    dataset = dataset_for(model, data, batch_size, usage="test", num_samples=num_samples)
+    return evaluate(network, dataset, callbacks=callbacks), metadata
