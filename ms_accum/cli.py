@@ -93,12 +93,13 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def find_data(args: argparse.Namespace) -> tuple:
     """(directory, synthetic) following --data, $MS_ACCUM_MNIST, ./datasets/MNIST_Data, download, fallback."""
-    from .data import DataError, check_mnist_dir, download_mnist, make_synthetic_mnist, resolve_data_dir
+    from .data import DataError, check_mnist_dir, download_mnist, is_synthetic, make_synthetic_mnist, \
+        resolve_data_dir
     if args.data is not None:  # asked for explicitly: no fallback, the user must hear what is wrong
-        return check_mnist_dir(args.data), False
+        return check_mnist_dir(args.data), is_synthetic(args.data)
     path = resolve_data_dir(None)
     try:
-        return check_mnist_dir(path), False
+        return check_mnist_dir(path), is_synthetic(path)
     except DataError as err:
         reason = str(err)
     if args.download:
@@ -109,10 +110,10 @@ def find_data(args: argparse.Namespace) -> tuple:
     if not args.synthetic_fallback:
         raise CliError(f"{reason} Pass --data DIR, set MS_ACCUM_MNIST, add --download, or add "
                        f"--synthetic-fallback to train on generated data.")
-    synthetic = os.path.join(os.path.dirname(os.path.abspath(path)), "MNIST_Synthetic")
-    print(f"ms-accum: MNIST is not available ({reason}) Falling back to {SYNTHETIC_NOTE} in {synthetic}: "
-          f"its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
-    return make_synthetic_mnist(synthetic), True
+    root = os.path.join(os.path.dirname(os.path.abspath(path)), "synthetic")
+    print(f"ms-accum: MNIST is not available ({reason.rstrip('.')}). Falling back to {SYNTHETIC_NOTE}, "
+          f"generated in {root}: its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
+    return make_synthetic_mnist(root), True
 
 
 def _progress(total: int, desc: str, quiet: bool):
@@ -120,12 +121,21 @@ def _progress(total: int, desc: str, quiet: bool):
     return tqdm(total=total, desc=desc, unit="step", disable=quiet, leave=False, dynamic_ncols=True)
 
 
-def _eval_progress_callback(bar):
+def _eval_progress(quiet: bool):
+    """A `Model.eval` callback drawing a tqdm bar; created at the first batch, so errors come before any bar."""
     from mindspore.train import Callback
 
     class EvalProgress(Callback):
+        bar = None
+
+        def on_eval_begin(self, run_context):
+            self.bar = _progress(None, "eval", quiet)
+
         def on_eval_step_end(self, run_context):
-            bar.update(1)
+            self.bar.update(1)
+
+        def on_eval_end(self, run_context):
+            self.bar.close()
     return EvalProgress()
 
 
@@ -148,7 +158,7 @@ def save_loss_plot(losses: List[float], path: str, title: str) -> str:
 
 def run_train(args: argparse.Namespace) -> dict:
     from ._validation import check_writable_dir
-    ckpt_dir = check_writable_dir(args.ckpt_dir, "ckpt_dir", "ms-accum train")
+    ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train")
     data_dir, synthetic = find_data(args)
     runtime.set_device(args.device)
 
@@ -212,9 +222,7 @@ def _optimizer(settings: dict, params):
 def _evaluate(ckpt: str, model: Optional[str], data: Optional[str], batch_size: int, num_samples: Optional[int],
               quiet: bool):
     from .evaluate import evaluate_checkpoint
-    with _progress(None, "eval", quiet) as bar:
-        return evaluate_checkpoint(ckpt, model, data, batch_size, num_samples,
-                                   callbacks=[_eval_progress_callback(bar)])
+    return evaluate_checkpoint(ckpt, model, data, batch_size, num_samples, callbacks=[_eval_progress(quiet)])
 
 
 def _accuracy_line(evaluation, synthetic: bool) -> str:
@@ -239,6 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `ms-accum` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     runtime.prefer_fast_cpu_kernels()  # before MindSpore's libraries load
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's log: errors only, so a CLI error stays one line
     from .checkpoint import CheckpointError
     from .data import DataError
     try:

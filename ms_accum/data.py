@@ -1,0 +1,660 @@
+"""MNIST for the tutorials: locate, check, download, synthesize and load it as MindSpore datasets.
+
+The layout is the one MindSpore's documentation unpacks `MNIST_Data.zip` to::
+
+    MNIST_Data/train/train-images-idx3-ubyte   MNIST_Data/train/train-labels-idx1-ubyte
+    MNIST_Data/test/t10k-images-idx3-ubyte     MNIST_Data/test/t10k-labels-idx1-ubyte
+
+Everything that reads these files checks them first with :func:`check_mnist_dir` (headers and sizes only),
+because `mindspore.dataset.MnistDataset` reports a missing or damaged file late, from C++, in the middle of
+an iterator, or not at all (a wrong directory silently yields zero samples).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._validation import (check_isinstance, check_non_negative_int, check_positive_float, check_positive_int,
+                          check_value_in)
+
+if TYPE_CHECKING:  # the dataset engine is imported only when a pipeline is built
+    from mindspore.dataset import Dataset
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+MNIST_URL = "https://mindspore-website.obs.cn-north-4.myhuaweicloud.com/notebook/datasets/MNIST_Data.zip"
+MNIST_FILES: Dict[str, str] = {
+    "train/train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+    "train/train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+    "test/t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+    "test/t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+}
+ENV_VAR = "MS_ACCUM_MNIST"
+DEFAULT_DATA_DIR = os.path.join(".", "datasets", "MNIST_Data")
+SYNTHETIC_MARKER = "SYNTHETIC"
+
+# (images, labels) of each split, relative to the MNIST_Data directory.
+_SPLITS: Dict[str, Tuple[str, str]] = {
+    "train": ("train/train-images-idx3-ubyte", "train/train-labels-idx1-ubyte"),
+    "test": ("test/t10k-images-idx3-ubyte", "test/t10k-labels-idx1-ubyte"),
+}
+_IMAGE_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dimensions
+_LABEL_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dimension
+_SIDE = 28
+
+# idx type codes (third magic byte); every multi-byte type is big-endian on disk.
+_IDX_DTYPES: Dict[int, np.dtype] = {
+    0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8"),
+}
+
+# Normalization of the documentation (MNIST's pixel mean and std on [0, 1]).
+MNIST_MEAN = 0.1307
+MNIST_STD = 0.3081
+
+_WHAT_TO_DO = ("Put MNIST (the four idx files, uncompressed, as MNIST_Data/train/ and MNIST_Data/test/) in a "
+               "directory and pass it with --data DIR or set the environment variable "
+               f"{ENV_VAR}=DIR.")
+
+
+class DataError(ValueError):
+    """The data on disk (or behind a URL) is missing, damaged or not what was expected."""
+
+
+def resolve_data_dir(path: Optional[PathLike] = None) -> str:
+    """
+    Choose the MNIST directory: `path` if given, else the environment variable `MS_ACCUM_MNIST`, else
+    ``./datasets/MNIST_Data``.
+
+    Args:
+        path (Union[str, os.PathLike], optional): An explicit directory, e.g. from ``--data``. Default: ``None``.
+
+    Returns:
+        str, the chosen directory (``~`` expanded). It is not checked: see :func:`check_mnist_dir`.
+
+    Raises:
+        TypeError: If `path` is neither None, a str nor an os.PathLike.
+    """
+    if path is not None:
+        check_isinstance(path, "path", (str, os.PathLike), "resolve_data_dir")
+        path = os.fspath(path)
+    # An empty value (`--data ""`, `MS_ACCUM_MNIST=`) means "not set", as shells make such values easily.
+    if not path:
+        path = os.environ.get(ENV_VAR) or DEFAULT_DATA_DIR
+    return os.path.expanduser(path)
+
+
+def _read_header(path: str, ndim: int) -> Tuple[int, Tuple[int, ...]]:
+    """Return (magic, dims) of an idx file, or raise DataError naming it."""
+    if not os.path.exists(path):
+        hint = " (found a .gz beside it: decompress it)" if os.path.exists(path + ".gz") else ""
+        raise DataError(f"MNIST file '{path}' is missing{hint}.")
+    if not os.path.isfile(path):
+        raise DataError(f"MNIST file '{path}' is not a regular file.")
+    header_size = 4 + 4 * ndim
+    with open(path, "rb") as f:
+        header = f.read(header_size)
+    if len(header) < header_size:
+        raise DataError(f"MNIST file '{path}' is truncated: {len(header)} bytes, shorter than its "
+                        f"{header_size}-byte header.")
+    fields = np.frombuffer(header, dtype=">u4")
+    return int(fields[0]), tuple(int(d) for d in fields[1:])
+
+
+def check_mnist_dir(path: PathLike) -> str:
+    """
+    Check that `path` holds the four MNIST idx files with sound headers, cheaply (headers and sizes only).
+
+    For each file: it exists, its magic number is 2051 (images) or 2049 (labels), its size equals what the
+    header implies, images are 28x28, and each split has as many labels as images. Pixel and label values are
+    not read.
+
+    Args:
+        path (Union[str, os.PathLike]): The MNIST_Data directory, holding ``train/`` and ``test/``.
+
+    Returns:
+        str, `path` as a str.
+
+    Raises:
+        TypeError: If `path` is not a str or os.PathLike.
+        DataError: If a file is missing, truncated, too long, has a bad magic number or image size, or the
+            label and image counts of a split differ. The message names the file.
+    """
+    check_isinstance(path, "path", (str, os.PathLike), "check_mnist_dir")
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise DataError(f"MNIST directory '{path}' does not exist or is not a directory. {_WHAT_TO_DO}")
+    # The tutorials pass 'MNIST_Data/train'; say so instead of only "missing train/train/...".
+    if os.path.basename(os.path.normpath(path)) in _SPLITS and not os.path.isdir(os.path.join(path, "train")):
+        hint = (f" '{path}' looks like one split: pass its parent, the directory that holds both train/ and "
+                f"test/.")
+    else:
+        hint = ""
+    for images_rel, labels_rel in _SPLITS.values():
+        images = os.path.join(path, images_rel)
+        labels = os.path.join(path, labels_rel)
+        try:
+            magic, (count, rows, cols) = _read_header(images, 3)
+            _check_magic(images, magic, _IMAGE_MAGIC)
+            if (rows, cols) != (_SIDE, _SIDE):
+                raise DataError(f"MNIST file '{images}' holds {rows}x{cols} images, expected {_SIDE}x{_SIDE}.")
+            _check_size(images, 16 + count * rows * cols)
+            magic, (label_count,) = _read_header(labels, 1)
+        except DataError as err:
+            raise DataError(f"{err}{hint}") from None
+        _check_magic(labels, magic, _LABEL_MAGIC)
+        _check_size(labels, 8 + label_count)
+        if label_count != count:
+            raise DataError(f"MNIST file '{labels}' has {label_count} labels but '{images}' has {count} images.")
+    return path
+
+
+def _check_magic(path: str, magic: int, expected: int) -> None:
+    if magic != expected:
+        raise DataError(f"MNIST file '{path}' has a bad magic number {magic} (0x{magic:08x}), expected "
+                        f"{expected} (0x{expected:08x}); it is not an uncompressed idx file of this kind.")
+
+
+def _check_size(path: str, expected: int) -> None:
+    size = os.path.getsize(path)
+    if size < expected:
+        raise DataError(f"MNIST file '{path}' is truncated: {size} bytes, its header implies {expected}.")
+    if size > expected:
+        raise DataError(f"MNIST file '{path}' is too long: {size} bytes, its header implies {expected}.")
+
+
+def read_idx(path: PathLike) -> np.ndarray:
+    """
+    Read an idx file (the MNIST format) into an array.
+
+    Args:
+        path (Union[str, os.PathLike]): The file, uncompressed.
+
+    Returns:
+        numpy.ndarray, with the header's shape and dtype (uint8 for MNIST), in native byte order.
+
+    Raises:
+        DataError: If the file is missing, its magic number is not an idx one, or its size does not match
+            its header.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"idx file '{path}' is missing.")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4:
+        raise DataError(f"idx file '{path}' is truncated: {len(data)} bytes, shorter than its magic number.")
+    zero, type_code, ndim = int.from_bytes(data[:2], "big"), data[2], data[3]
+    if zero != 0 or type_code not in _IDX_DTYPES or ndim == 0:
+        magic = int.from_bytes(data[:4], "big")
+        raise DataError(f"idx file '{path}' has a bad magic number {magic} (0x{magic:08x}); it is not an "
+                        f"uncompressed idx file.")
+    offset = 4 + 4 * ndim
+    if len(data) < offset:
+        raise DataError(f"idx file '{path}' is truncated: {len(data)} bytes, shorter than its {offset}-byte "
+                        f"header.")
+    dims = tuple(int(d) for d in np.frombuffer(data[4:offset], dtype=">u4"))
+    dtype = _IDX_DTYPES[type_code]
+    expected = offset + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected:
+        state = "truncated" if len(data) < expected else "too long"
+        raise DataError(f"idx file '{path}' is {state}: {len(data)} bytes, its header implies {expected}.")
+    # astype copies into a writable, native-endian array (frombuffer over bytes is read-only).
+    return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path: PathLike, array: Any) -> None:
+    """
+    Write an array as an idx file, atomically (a temporary file beside it, then a rename).
+
+    Args:
+        path (Union[str, os.PathLike]): The file to write; its directory must exist.
+        array (numpy.ndarray): The data: uint8 for MNIST (idx3 images, idx1 labels); int8, int16, int32,
+            float32 and float64 are written too. At least 1 dimension.
+
+    Raises:
+        TypeError: If `array` is not a numpy.ndarray or its dtype has no idx code. Values are never cast:
+            a float image in [0, 1] written as uint8 would silently become zeros.
+        ValueError: If `array` is 0-dimensional, or has more than 255 dimensions.
+    """
+    check_isinstance(array, "array", np.ndarray, "write_idx")
+    codes = {dt.newbyteorder("=") if dt.itemsize > 1 else dt: code for code, dt in _IDX_DTYPES.items()}
+    native = array.dtype.newbyteorder("=") if array.dtype.itemsize > 1 else array.dtype
+    if native not in codes:
+        raise TypeError(f"For 'write_idx', the argument 'array' must have dtype uint8, int8, int16, int32, "
+                        f"float32 or float64, but got {array.dtype}.")
+    if not 1 <= array.ndim <= 255:
+        raise ValueError(f"For 'write_idx', the argument 'array' must have 1 to 255 dimensions, "
+                         f"but got {array.ndim}.")
+    path = os.fspath(path)
+    code = codes[native]
+    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    body = np.ascontiguousarray(array, dtype=_IDX_DTYPES[code]).tobytes()
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(body)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _md5(path: str) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Optional[str] = None) -> str:
+    """
+    Download MNIST as MindSpore's documentation does, verified, into ``root/MNIST_Data``.
+
+    Nothing is downloaded when ``root/MNIST_Data`` already passes :func:`check_mnist_dir`. Otherwise the zip
+    is fetched with the `download` package and unpacked into a temporary directory inside `root`; the MD5 of
+    each of the four files is checked against `MNIST_FILES`, and only when all match are they moved into
+    ``root/MNIST_Data/{train,test}``. On any failure the temporary directory is removed, so no partial file
+    is left.
+
+    Args:
+        root (Union[str, os.PathLike]): The directory to hold ``MNIST_Data``. Default: ``"./datasets"``.
+        timeout (float): Seconds to wait for the server to answer, so an offline machine fails fast.
+            Default: ``30.0``.
+        url (str, optional): Where to fetch the zip. Default: ``None``, meaning `MNIST_URL`.
+
+    Returns:
+        str, the MNIST directory, ``root/MNIST_Data``.
+
+    Raises:
+        TypeError: If `root` is not a path, `timeout` is not a number, or `url` is not a str.
+        ValueError: If `timeout` is not positive.
+        DataError: If the download, the archive or a checksum fails, or ``root/MNIST_Data`` holds synthetic
+            data (it is never overwritten). The message says how to provide MNIST by hand.
+    """
+    check_isinstance(root, "root", (str, os.PathLike), "download_mnist")
+    timeout = check_positive_float(timeout, "timeout", "download_mnist")
+    url = MNIST_URL if url is None else check_isinstance(url, "url", str, "download_mnist")
+    root = os.fspath(root)
+    target = os.path.join(root, "MNIST_Data")
+    if is_synthetic(target):
+        raise DataError(f"'{target}' holds synthetic data (it has a {SYNTHETIC_MARKER} file); remove it or "
+                        f"choose another root to download the real MNIST.")
+    if os.path.isdir(target):
+        try:
+            return check_mnist_dir(target)
+        except DataError:
+            pass  # missing or damaged: download, then replace the four files
+
+    os.makedirs(root, exist_ok=True)
+    # Inside root, so the final moves are renames on one filesystem: no half-copied file can appear.
+    tmp = tempfile.mkdtemp(prefix=".MNIST_Data.download-", dir=root)
+    try:
+        failure = _fetch_verified(url, tmp, timeout)
+        if failure is None:
+            unpacked = _unpacked_root(tmp)
+            for rel in MNIST_FILES:
+                os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
+                os.replace(os.path.join(unpacked, rel), os.path.join(target, rel))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # Raised outside any `except` block on purpose: `download` keeps the zip in a temporary directory that
+    # it deletes only when its frame is freed, and a chained exception would keep that frame alive.
+    if failure is not None:
+        raise DataError(f"Could not download MNIST from {url}: {failure}. {_WHAT_TO_DO}")
+    return check_mnist_dir(target)
+
+
+def _unpacked_root(tmp: str) -> str:
+    # MindSpore's zip holds MNIST_Data/{train,test}/...; accept a zip of the two folders alone as well.
+    nested = os.path.join(tmp, "MNIST_Data")
+    return nested if os.path.isdir(nested) else tmp
+
+
+def _fetch_verified(url: str, tmp: str, timeout: float) -> Optional[str]:
+    """Download and unpack `url` into `tmp` and check the MD5s; return None, or why it failed."""
+    try:
+        from download import download  # pylint: disable=import-outside-toplevel
+        # `download` passes `timeout` to its header requests only; the body is read through a urlopen
+        # without one, which would wait forever on a stalled server. The default socket timeout bounds it.
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(timeout)
+        try:
+            download(url, tmp, kind="zip", replace=True, timeout=timeout)
+        finally:
+            socket.setdefaulttimeout(previous)
+    except Exception as err:  # pylint: disable=broad-except
+        # `download` wraps network errors in RuntimeError and lets zipfile/OSError errors through.
+        return f"{type(err).__name__}: {err}".replace("\n", " ")
+    unpacked = _unpacked_root(tmp)
+    problems = []
+    for rel, expected in MNIST_FILES.items():
+        file = os.path.join(unpacked, rel)
+        if not os.path.isfile(file):
+            problems.append(f"'{rel}' is not in the archive")
+        else:
+            actual = _md5(file)
+            if actual != expected:
+                problems.append(f"'{rel}' has MD5 {actual}, expected {expected}")
+    return "; ".join(problems) if problems else None
+
+
+def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, shuffle: Optional[bool],
+                    num_parallel_workers: int, num_shards: Optional[int], shard_id: Optional[int],
+                    num_samples: Optional[int], seed: Optional[int], drop_remainder: bool,
+                    image_ops: Any) -> Dataset:
+    """Validate, check the files, then build MnistDataset -> image_ops + label cast -> batch."""
+    check_isinstance(data_path, "data_path", (str, os.PathLike), api)
+    check_positive_int(batch_size, "batch_size", api)
+    check_value_in(usage, "usage", tuple(_SPLITS), api)
+    if shuffle is not None:
+        check_isinstance(shuffle, "shuffle", bool, api)
+    check_positive_int(num_parallel_workers, "num_parallel_workers", api)
+    if (num_shards is None) != (shard_id is None):
+        raise ValueError(f"For '{api}', the arguments 'num_shards' and 'shard_id' must be given together, "
+                         f"but got num_shards={num_shards!r}, shard_id={shard_id!r}.")
+    if num_shards is not None:
+        check_positive_int(num_shards, "num_shards", api)
+        check_non_negative_int(shard_id, "shard_id", api)
+        if shard_id >= num_shards:
+            raise ValueError(f"For '{api}', the argument 'shard_id' must be in [0, {num_shards}), "
+                             f"but got {shard_id}.")
+    if num_samples is not None:
+        check_positive_int(num_samples, "num_samples", api)
+    if seed is not None:
+        check_non_negative_int(seed, "seed", api)
+        if seed > 0xFFFFFFFF:
+            raise ValueError(f"For '{api}', the argument 'seed' must be in [0, 4294967295], but got {seed}.")
+    check_isinstance(drop_remainder, "drop_remainder", bool, api)
+    data_path = check_mnist_dir(data_path)
+
+    # Imported here so the idx helpers and the downloader work without starting the dataset engine.
+    import mindspore as ms  # pylint: disable=import-outside-toplevel
+    import mindspore.dataset as ds  # pylint: disable=import-outside-toplevel
+    from mindspore.dataset import transforms  # pylint: disable=import-outside-toplevel
+
+    if shuffle is None:
+        shuffle = usage == "train"
+    # One DistributedSampler (1 shard when not sharding) for every case: unlike RandomSampler, which reads
+    # the global dataset seed when an iterator starts, it takes the seed when it is built, so `seed` needs no
+    # global side effect (ds.config.set_seed also reseeds `random` and numpy). Each epoch reshuffles.
+    sampler = ds.DistributedSampler(num_shards or 1, shard_id or 0, shuffle=shuffle, num_samples=num_samples)
+    if seed is not None:
+        sampler.seed = seed
+    # MnistDataset wants the directory that directly holds the idx files; given MNIST_Data itself it
+    # silently yields 0 samples.
+    dataset = ds.MnistDataset(os.path.join(data_path, usage), usage=usage, sampler=sampler,
+                              num_parallel_workers=num_parallel_workers)
+    dataset = dataset.map(operations=image_ops, input_columns="image",
+                          num_parallel_workers=num_parallel_workers)
+    dataset = dataset.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
+                          num_parallel_workers=num_parallel_workers)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if dataset.get_dataset_size() == 0:
+        raise ValueError(f"For '{api}', the dataset yields no batch: fewer samples than batch_size {batch_size} "
+                         f"with drop_remainder=True (num_samples={num_samples}, num_shards={num_shards}).")
+    return dataset
+
+
+def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: Optional[bool] = None,
+                   num_parallel_workers: int = 1, num_shards: Optional[int] = None, shard_id: Optional[int] = None,
+                   num_samples: Optional[int] = None, seed: Optional[int] = None,
+                   drop_remainder: bool = True) -> Dataset:
+    r"""
+    MNIST batches for LeNet5, as in MindSpore's LeNet tutorial, with the normalization in the right order.
+
+    Each image is resized to 32x32 (bilinear), scaled to [0, 1], then normalized with MNIST's mean 0.1307
+    and std 0.3081, and laid out CHW; labels are cast to int32. (The tutorial normalizes the raw [0, 255]
+    pixels first and divides by 255 after, which gives values in about [-0.002, 0.033].)
+
+    Args:
+        data_path (Union[str, os.PathLike]): The MNIST_Data directory, holding ``train/`` and ``test/``.
+        batch_size (int): Samples per batch. Default: ``32``.
+        usage (str): ``"train"`` or ``"test"``. Default: ``"train"``.
+        shuffle (bool, optional): Whether to shuffle (again every epoch). Default: ``None``, meaning ``True``
+            for ``"train"`` and ``False`` for ``"test"``.
+        num_parallel_workers (int): Workers of the reader and each map. Default: ``1``.
+        num_shards (int, optional): Number of shards for data-parallel training; give `shard_id` with it.
+            Default: ``None``.
+        shard_id (int, optional): This process's shard, in [0, num_shards). Default: ``None``.
+        num_samples (int, optional): Samples to read (per shard when sharding). Default: ``None``, all.
+        seed (int, optional): Shuffle seed for this dataset only; all shards must use the same one.
+            Default: ``None``, MindSpore's dataset seed (``mindspore.dataset.config.get_seed()``).
+        drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``True``.
+
+    Returns:
+        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32
+        :math:`(N,)`.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If `batch_size`, `num_parallel_workers` or `num_samples` is not positive, `usage` is
+            unknown, only one of `num_shards` and `shard_id` is given, `shard_id` is out of range, or no batch
+            would be produced.
+        DataError: If the MNIST files are missing or damaged.
+    """
+    from mindspore.dataset import vision  # pylint: disable=import-outside-toplevel
+    image_ops = [
+        vision.Resize((32, 32), interpolation=vision.Inter.LINEAR),
+        vision.Rescale(1.0 / 255.0, 0.0),
+        vision.Rescale(1.0 / MNIST_STD, -MNIST_MEAN / MNIST_STD),
+        vision.HWC2CHW(),
+    ]
+    return _build_pipeline("create_dataset", data_path, batch_size, usage, shuffle, num_parallel_workers,
+                           num_shards, shard_id, num_samples, seed, drop_remainder, image_ops)
+
+
+def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: bool = False,
+             num_shards: Optional[int] = None, shard_id: Optional[int] = None, num_samples: Optional[int] = None,
+             seed: Optional[int] = None, drop_remainder: bool = False, num_parallel_workers: int = 1) -> Dataset:
+    r"""
+    MNIST batches for the MLP of MindSpore's "Gradient Accumulation" page (its `datapipe`).
+
+    Each 28x28 image is scaled to [0, 1], normalized with mean 0.1307 and std 0.3081, and laid out CHW;
+    labels are cast to int32. As on the page, nothing is shuffled and the last, smaller batch is kept unless
+    asked otherwise.
+
+    Args:
+        data_path (Union[str, os.PathLike]): The MNIST_Data directory, holding ``train/`` and ``test/``.
+        batch_size (int): Samples per batch. Default: ``32``.
+        usage (str): ``"train"`` or ``"test"``. Default: ``"train"``.
+        shuffle (bool): Whether to shuffle (again every epoch). Default: ``False``.
+        num_shards (int, optional): Number of shards; give `shard_id` with it. Default: ``None``.
+        shard_id (int, optional): This process's shard, in [0, num_shards). Default: ``None``.
+        num_samples (int, optional): Samples to read (per shard when sharding). Default: ``None``, all.
+        seed (int, optional): Shuffle seed for this dataset only. Default: ``None``.
+        drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``False``.
+        num_parallel_workers (int): Workers of the reader and each map. Default: ``1``.
+
+    Returns:
+        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 28, 28)` and ``label`` int32
+        :math:`(N,)`.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If an argument has a wrong value (see :func:`create_dataset`).
+        DataError: If the MNIST files are missing or damaged.
+    """
+    from mindspore.dataset import vision  # pylint: disable=import-outside-toplevel
+    image_ops = [
+        vision.Rescale(1.0 / 255.0, 0.0),
+        vision.Normalize(mean=(MNIST_MEAN,), std=(MNIST_STD,)),
+        vision.HWC2CHW(),
+    ]
+    return _build_pipeline("datapipe", data_path, batch_size, usage, shuffle, num_parallel_workers,
+                           num_shards, shard_id, num_samples, seed, drop_remainder, image_ops)
+
+
+# 5x7 bitmaps of the digits 0-9: distinct enough for a small CNN, varied below by affine jitter and ink.
+_GLYPHS: Sequence[Sequence[str]] = (
+    (".###.", "#...#", "#..##", "#.#.#", "##..#", "#...#", ".###."),
+    ("..#..", ".##..", "..#..", "..#..", "..#..", "..#..", ".###."),
+    (".###.", "#...#", "....#", "...#.", "..#..", ".#...", "#####"),
+    ("#####", "...#.", "..#..", "...#.", "....#", "#...#", ".###."),
+    ("...#.", "..##.", ".#.#.", "#..#.", "#####", "...#.", "...#."),
+    ("#####", "#....", "####.", "....#", "....#", "#...#", ".###."),
+    ("..##.", ".#...", "#....", "####.", "#...#", "#...#", ".###."),
+    ("#####", "....#", "...#.", "..#..", ".#...", ".#...", ".#..."),
+    (".###.", "#...#", "#...#", ".###.", "#...#", "#...#", ".###."),
+    (".###.", "#...#", "#...#", ".####", "....#", "...#.", ".##.."),
+)
+
+
+def _glyph_bank() -> np.ndarray:
+    """(10, 9, 7) float32 glyphs with a one-pixel zero border, so bilinear sampling fades out at the edges."""
+    bank = np.zeros((10, 9, 7), dtype=np.float32)
+    for digit, rows in enumerate(_GLYPHS):
+        bank[digit, 1:-1, 1:-1] = [[ch == "#" for ch in row] for row in rows]
+    return bank
+
+
+def _render_digits(labels: np.ndarray, rng: np.random.Generator, chunk: int = 4096) -> np.ndarray:
+    """Render `labels` as (N, 28, 28) uint8 images: glyph under a random affine map, stroke width and noise."""
+    bank = _glyph_bank()
+    out = np.empty((len(labels), _SIDE, _SIDE), dtype=np.uint8)
+    ys, xs = np.mgrid[0:_SIDE, 0:_SIDE].astype(np.float32)
+    for start in range(0, len(labels), chunk):
+        lab = labels[start:start + chunk]
+        n = len(lab)
+        # Forward map glyph -> image: rotation @ shear @ scale (glyph pixel ~2.3-3.1 image pixels), then a
+        # shift of the center; sampled through its inverse. Sizes keep every digit inside the 28x28 frame.
+        angle = rng.uniform(-0.2, 0.2, n)
+        shear = rng.uniform(-0.25, 0.25, n)
+        sx = rng.uniform(2.3, 3.0, n)
+        sy = rng.uniform(2.4, 3.1, n)
+        cos, sin = np.cos(angle), np.sin(angle)
+        a = np.stack([np.stack([cos * sx, (cos * shear - sin) * sy], -1),
+                      np.stack([sin * sx, (sin * shear + cos) * sy], -1)], -2)  # (n, 2, 2)
+        inv = np.linalg.inv(a).astype(np.float32)
+        cx = 13.5 + rng.uniform(-2.0, 2.0, n).astype(np.float32)
+        cy = 13.5 + rng.uniform(-2.0, 2.0, n).astype(np.float32)
+        dx, dy = xs[None] - cx[:, None, None], ys[None] - cy[:, None, None]
+        # Glyph coordinates relative to the bordered bank's center (3.0, 4.0).
+        u = inv[:, 0, 0, None, None] * dx + inv[:, 0, 1, None, None] * dy + 3.0
+        v = inv[:, 1, 0, None, None] * dx + inv[:, 1, 1, None, None] * dy + 4.0
+        u = np.clip(u, 0.0, 6.0)
+        v = np.clip(v, 0.0, 8.0)
+        u0 = np.minimum(np.floor(u).astype(np.int64), 5)
+        v0 = np.minimum(np.floor(v).astype(np.int64), 7)
+        fu, fv = u - u0, v - v0
+        # Bilinear sampling as four gathers from each sample's glyph.
+        idx = np.arange(n)[:, None, None]
+        glyphs = bank[lab]
+        val = ((1 - fv) * (1 - fu) * glyphs[idx, v0, u0] + (1 - fv) * fu * glyphs[idx, v0, u0 + 1]
+               + fv * (1 - fu) * glyphs[idx, v0 + 1, u0] + fv * fu * glyphs[idx, v0 + 1, u0 + 1])
+        # A lower threshold on the interpolated coverage draws a thicker stroke; the ramp keeps edges soft.
+        thresh = rng.uniform(0.2, 0.55, n).astype(np.float32)[:, None, None]
+        ink = np.clip((val - thresh) / 0.25 + 0.5, 0.0, 1.0)
+        peak = rng.uniform(190.0, 255.0, n).astype(np.float32)[:, None, None]
+        noise = rng.normal(0.0, 12.0, (n, _SIDE, _SIDE)).astype(np.float32)
+        # Noise only near strokes keeps the background exactly 0, as in MNIST.
+        img = ink * peak + noise * (ink > 0)
+        out[start:start + n] = np.clip(np.rint(img), 0, 255).astype(np.uint8)
+    return out
+
+
+def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 500, seed: int = 0) -> str:
+    """
+    Write a synthetic MNIST stand-in to ``root/MNIST_Data``: valid idx files of learnable digit images.
+
+    Each image is one of ten 5x7 pixel-font digits under a random rotation, shear, scale and shift, with
+    random stroke width, brightness and noise; labels are balanced (each digit within one of N/10). A LeNet5
+    learns it to high accuracy within an epoch or two. A `SYNTHETIC` file marks the directory (see
+    :func:`is_synthetic`). The directory is built in a temporary directory inside `root` and renamed into
+    place, so an interrupted run leaves nothing half-written. The train and test sets are drawn from
+    separate streams of `seed`: changing `num_train` does not change the test set.
+
+    Args:
+        root (Union[str, os.PathLike]): The directory to hold ``MNIST_Data``; created if needed.
+        num_train (int): Training images. Default: ``2000``.
+        num_test (int): Test images. Default: ``500``.
+        seed (int): Seed of the generator; the same seed gives the same files. Default: ``0``.
+
+    Returns:
+        str, the MNIST directory, ``root/MNIST_Data``.
+
+    Raises:
+        TypeError: If `root` is not a path or a count or `seed` is not an int.
+        ValueError: If a count is not positive or `seed` is negative.
+        FileExistsError: If ``root/MNIST_Data`` exists and is not synthetic (real data is never replaced).
+    """
+    check_isinstance(root, "root", (str, os.PathLike), "make_synthetic_mnist")
+    check_positive_int(num_train, "num_train", "make_synthetic_mnist")
+    check_positive_int(num_test, "num_test", "make_synthetic_mnist")
+    check_non_negative_int(seed, "seed", "make_synthetic_mnist")
+    root = os.fspath(root)
+    target = os.path.join(root, "MNIST_Data")
+    if os.path.lexists(target) and not is_synthetic(target):
+        raise FileExistsError(f"For 'make_synthetic_mnist', '{target}' exists and is not synthetic; it is never "
+                              f"replaced. Choose another root.")
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".MNIST_Data.synthetic-", dir=root)
+    old = None
+    try:
+        for split, count, stream in (("train", num_train, 0), ("test", num_test, 1)):
+            rng = np.random.default_rng([seed, stream])
+            labels = rng.permutation(np.arange(count) % 10).astype(np.uint8)
+            images_rel, labels_rel = _SPLITS[split]
+            os.makedirs(os.path.join(tmp, split))
+            write_idx(os.path.join(tmp, images_rel), _render_digits(labels, rng))
+            write_idx(os.path.join(tmp, labels_rel), labels)
+        with open(os.path.join(tmp, SYNTHETIC_MARKER), "w", encoding="utf-8") as f:
+            f.write(f"Synthetic MNIST stand-in written by ms_accum.data.make_synthetic_mnist: "
+                    f"num_train={num_train} num_test={num_test} seed={seed}. Not real MNIST.\n")
+        check_mnist_dir(tmp)
+        if os.path.lexists(target):
+            # A directory cannot be renamed over a non-empty one: move the old one aside first.
+            old = tempfile.mkdtemp(prefix=".MNIST_Data.old-", dir=root)
+            os.replace(target, os.path.join(old, "MNIST_Data"))
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def is_synthetic(path: PathLike) -> bool:
+    """
+    Whether the MNIST directory `path` was written by :func:`make_synthetic_mnist` (has a `SYNTHETIC` file).
+
+    Args:
+        path (Union[str, os.PathLike]): The MNIST_Data directory.
+
+    Returns:
+        bool, True if `path` holds the `SYNTHETIC` marker.
+    """
+    return os.path.isfile(os.path.join(os.fspath(path), SYNTHETIC_MARKER))
+
+
+def dataset_for(model: str, data_path: PathLike, batch_size: int, usage: str = "train", **kwargs):
+    """
+    The pipeline each model of `ms_accum.models` was documented with: `create_dataset` (32x32) for
+    ``"lenet5"``, `datapipe` (28x28) for ``"mlp"``. Evaluation keeps every test image (no dropped remainder).
+
+    Args:
+        model (str): ``"lenet5"`` or ``"mlp"``.
+        data_path (Union[str, os.PathLike]): The MNIST_Data directory.
+        batch_size (int): Samples per batch.
+        usage (str): ``"train"`` or ``"test"``. Default: ``"train"``.
+        kwargs: Passed on (shuffle, seed, num_samples, num_shards, shard_id, ...).
+
+    Returns:
+        mindspore.dataset.Dataset.
+
+    Raises:
+        ValueError: If `model` is unknown, or as the chosen pipeline raises.
+    """
+    builders = {"lenet5": create_dataset, "mlp": datapipe}
+    check_value_in(model, "model", tuple(builders), "dataset_for")
+    if usage == "test":
+        kwargs.setdefault("drop_remainder", False)
+    return builders[model](data_path, batch_size, usage=usage, **kwargs)

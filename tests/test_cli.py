@@ -1,0 +1,155 @@
+"""`ms-accum` end to end: train and eval on real MNIST and on generated data; every bad input is one line."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+from ms_accum import cli
+from ms_accum.checkpoint import load_checkpoint, save_checkpoint
+from ms_accum.data import make_synthetic_mnist
+from ms_accum.models import MLP
+from conftest import mnist_dir, requires_mnist
+
+# 128 optimizer steps of 2 x 32 images: enough for LeNet5 to pass 90% on the real test set (measured 92.6%).
+SHORT_RUN = ["--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--lr", "0.05",
+             "--num-samples", "8192", "--quiet"]
+
+
+def run_cli(*args, cwd=None, env=None):
+    """The installed console script, as a user runs it."""
+    full_env = dict(os.environ)
+    for key, value in (env or {}).items():  # None removes the variable
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    return subprocess.run([sys.executable, "-m", "ms_accum.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    return make_synthetic_mnist(str(tmp_path_factory.mktemp("data")), num_train=1024, num_test=256)
+
+
+@requires_mnist
+def test_train_then_eval_on_real_mnist(tmp_path):
+    out = run_cli("train", *SHORT_RUN, "--data", mnist_dir(), "--ckpt-dir", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr
+    trained = json.loads(out.stdout.strip().splitlines()[-1])
+    assert trained["accuracy"] >= 0.90 and not trained["synthetic"]
+    assert trained["optimizer_steps"] == 128
+    ckpt = tmp_path / "lenet5.ckpt"
+    assert trained["checkpoint"] == str(ckpt)
+    assert (tmp_path / "lenet5_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _, meta = load_checkpoint(str(ckpt))
+    assert {k: meta[k] for k in ("model", "accumulate_steps", "batch_size", "epoch", "step")} == {
+        "model": "lenet5", "accumulate_steps": 2, "batch_size": 32, "epoch": 1, "step": 128}
+
+    out = run_cli("eval", "--ckpt", str(ckpt), "--json", "--quiet")  # model and data come from the checkpoint
+    assert out.returncode == 0, out.stderr
+    evaluated = json.loads(out.stdout.strip().splitlines()[-1])
+    assert evaluated["accuracy"] == trained["accuracy"]
+    assert evaluated["loss"] == pytest.approx(trained["loss"], rel=1e-6)
+
+    out = run_cli("eval", "--ckpt", str(ckpt), "--model", "lenet5", "--data", mnist_dir(), "--quiet")
+    assert out.returncode == 0 and f"Accuracy: {100 * trained['accuracy']:.2f}%" in out.stdout
+
+
+def test_train_mlp_on_generated_idx_files_is_labelled_synthetic(tmp_path, synthetic, capsys):
+    code = cli.main(["train", "--model", "mlp", "--accumulate-steps", "2", "--batch-size", "16", "--epochs", "2",
+                     "--lr", "0.05", "--optimizer", "momentum", "--momentum", "0.9", "--data", synthetic,
+                     "--ckpt-dir", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    accuracy_line = [line for line in out.splitlines() if line.startswith("Accuracy:")][0]
+    assert "SYNTHETIC" in accuracy_line and float(accuracy_line.split()[1].rstrip("%,")) >= 80.0
+    assert cli.main(["eval", "--ckpt", str(tmp_path / "mlp.ckpt"), "--quiet"]) == 0
+    assert "SYNTHETIC" in capsys.readouterr().out
+
+
+def test_make_run_falls_back_to_synthetic_data_when_mnist_is_nowhere(tmp_path):
+    # No --data, no MS_ACCUM_MNIST, no ./datasets/MNIST_Data; no --download (CI must not depend on the network).
+    out = run_cli("train", "--model", "mlp", "--accumulate-steps", "2", "--num-samples", "256", "--quiet",
+                  "--synthetic-fallback", "--ckpt-dir", "ck", cwd=str(tmp_path), env={"MS_ACCUM_MNIST": None})
+    assert out.returncode == 0, out.stderr
+    assert "Falling back to SYNTHETIC data" in out.stderr
+    assert "SYNTHETIC" in out.stdout.splitlines()[0] and "SYNTHETIC" in out.stdout.splitlines()[-1]
+    assert os.path.isfile(tmp_path / "datasets" / "synthetic" / "MNIST_Data" / "SYNTHETIC")
+    out = run_cli("eval", "--ckpt", "ck/mlp.ckpt", "--quiet", cwd=str(tmp_path), env={"MS_ACCUM_MNIST": None})
+    assert out.returncode == 0 and "SYNTHETIC" in out.stdout
+
+
+def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
+    out = run_cli("train", "--quiet", cwd=str(tmp_path), env={"MS_ACCUM_MNIST": None})
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "Pass --data DIR, set MS_ACCUM_MNIST, add --download" in out.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--accumulate-steps", "0"], "argument --accumulate-steps: must be a positive int, but got 0"),
+    (["train", "--accumulate-steps", "2.5"], "argument --accumulate-steps: must be a positive int, but got '2.5'"),
+    (["train", "--batch-size", "-3"], "argument --batch-size: must be a positive int, but got -3"),
+    (["train", "--epochs", "zero"], "argument --epochs: must be a positive int, but got 'zero'"),
+    (["train", "--lr", "nan"], "argument --lr: must be a positive float, but got nan"),
+    (["train", "--clip-norm", "0"], "argument --clip-norm: must be a positive float, but got 0"),
+    (["train", "--model", "resnet"], "argument --model: invalid choice: 'resnet'"),
+    (["eval", "--model", "lenet5"], "the following arguments are required: --ckpt"),
+    (["eval", "--ckpt", "x.ckpt", "--device", "TPU"], "argument --device: invalid choice: 'TPU'"),
+])
+def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def write_bytes(path, data):
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_bad_data_and_checkpoints_exit_1_naming_the_file(tmp_path, synthetic, capsys):
+    good = save_checkpoint(MLP(), str(tmp_path / "mlp.ckpt"), {"model": "mlp"})
+    data = open(good, "rb").read()
+    bare = str(tmp_path / "bare.ckpt")
+    ms.save_checkpoint(MLP(), bare)  # MindSpore's own file, no metadata: needs --model
+    truncated_images = tmp_path / "broken" / "train"
+    os.makedirs(truncated_images)
+    os.makedirs(tmp_path / "broken" / "test")
+    for split in ("train", "test"):
+        for name in os.listdir(os.path.join(synthetic, split)):
+            content = open(os.path.join(synthetic, split, name), "rb").read()
+            (tmp_path / "broken" / split / name).write_bytes(content[:-100] if "images" in name else content)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [
+        (["train", "--data", str(tmp_path / "nowhere")], "nowhere"),
+        (["train", "--data", str(tmp_path / "broken")], "train-images-idx3-ubyte"),
+        (["train", "--data", synthetic, "--ckpt-dir", str(blocker)], "'--ckpt-dir' must be a writable directory"),
+        (["eval", "--ckpt", str(tmp_path / "missing.ckpt")], "missing.ckpt' does not exist"),
+        (["eval", "--ckpt", write_bytes(tmp_path / "random.ckpt", np.random.default_rng(0).bytes(4000))],
+         "random.ckpt' is not a readable MindSpore checkpoint"),
+        (["eval", "--ckpt", write_bytes(tmp_path / "cut.ckpt", data[: len(data) // 2])],
+         "cut.ckpt' is not a readable MindSpore checkpoint"),
+        (["eval", "--ckpt", good, "--model", "lenet5", "--data", synthetic],
+         "saved with model='mlp', but model='lenet5' was asked for"),
+        (["eval", "--ckpt", bare, "--data", synthetic], "does not record its model: pass model="),
+        (["eval", "--ckpt", bare, "--model", "lenet5", "--data", synthetic],
+         "bare.ckpt' does not fit the network: missing parameter(s) 'conv1.weight'"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv + ["--quiet"]) == 1, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
+    assert open(good, "rb").read() == data  # nothing that was saved is touched
+
+
+def test_console_script_is_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "ms-accum")
+    out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "train" in out.stdout and "eval" in out.stdout
