@@ -5,7 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast install clean
+# Real MNIST kept beside the checkout, if this machine has it; otherwise ms-accum looks in ./datasets/MNIST_Data,
+# downloads it, and offline falls back to a synthetic MNIST-format set that every output labels SYNTHETIC.
+MS_ACCUM_MNIST ?= $(wildcard $(CURDIR)/../shared/data/MNIST_Data)
+export MS_ACCUM_MNIST
+
+.PHONY: run test test-all install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +22,15 @@ install: $(STAMP)
 
 run: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 \
-		--epochs 1 --ckpt-dir ckpt --download
+		--epochs 1 --ckpt-dir ckpt --download --synthetic-fallback
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ms-accum eval --model lenet5 --ckpt ckpt/lenet5.ckpt
 
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+# Also the slow tests: the full 3-epoch tutorials on real MNIST.
+test-all: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "slow or not slow"
 
 clean:
 	rm -rf $(VENV) ckpt/*.ckpt ckpt/*.png

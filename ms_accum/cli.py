@@ -118,7 +118,9 @@ def find_data(args: argparse.Namespace) -> tuple:
 
 def _progress(total: int, desc: str, quiet: bool):
     from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="step", disable=quiet, leave=False, dynamic_ncols=True)
+    # disable=None: no bar when stderr is not a terminal (CI logs, pipes), where every refresh is a new line.
+    return tqdm(total=total, desc=desc, unit="step", disable=True if quiet else None, leave=False,
+                dynamic_ncols=True)
 
 
 def _eval_progress(quiet: bool):
@@ -199,7 +201,7 @@ def run_train(args: argparse.Namespace) -> dict:
                "final_loss": result.losses[-1] if result.losses else None}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
-        print(f"Trained {label}: {len(result.steps)} optimizer steps, final window loss "
+        print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps, final window loss "
               f"{summary['final_loss']:.6f}{tag}")
         print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
     if not args.no_eval:

@@ -1,0 +1,66 @@
+"""The tutorials run end to end as users run them: one epoch on real MNIST, and anywhere on generated data.
+
+The full 3-epoch runs are marked slow; their measured accuracy is in README.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ms_accum.data import make_synthetic_mnist
+from conftest import mnist_dir, requires_mnist
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+
+
+def run_tutorial(name, *args, cwd):
+    out = subprocess.run([sys.executable, str(TUTORIALS / name), *args], capture_output=True, text=True,
+                         cwd=str(cwd), timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def accuracies(stdout):
+    return [float(value) / 100 for value in re.findall(r"Accuracy: ([0-9.]+)%", stdout)]
+
+
+@requires_mnist
+def test_accumulator_mlp_one_epoch(tmp_path):
+    out = run_tutorial("accumulator_mlp.py", "--epochs", "1", "--data", mnist_dir(), cwd=tmp_path)
+    assert "Epoch 1" in out and "Done!" in out
+    # The page's first epoch reports 84.8%; ours, with the mean over the window, measured 90.3%.
+    assert accuracies(out)[-1] >= 0.85
+
+
+@requires_mnist
+def test_lenet5_one_epoch_then_evaluate_checkpoint(tmp_path):
+    out = run_tutorial("lenet5_gradient_accumulation.py", "--epochs", "1", "--data", mnist_dir(), cwd=tmp_path)
+    assert "epoch: 1 step: 50 loss is" in out
+    trained = accuracies(out)[-1]
+    assert trained >= 0.90
+    ckpt = tmp_path / "ckpt" / "gradient_accumulation.ckpt"
+    assert ckpt.is_file()
+    out = run_tutorial("evaluate_checkpoint.py", "--ckpt", str(ckpt), cwd=tmp_path)
+    assert accuracies(out) == [trained]  # the checkpoint reproduces the accuracy printed after training
+
+
+def test_tutorials_run_on_generated_idx_files(tmp_path):
+    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=128)
+    out = run_tutorial("accumulator_mlp.py", "--epochs", "1", "--data", data, cwd=tmp_path)
+    assert len(accuracies(out)) == 1
+    out = run_tutorial("lenet5_gradient_accumulation.py", "--epochs", "1", "--data", data, cwd=tmp_path)
+    trained = accuracies(out)
+    out = run_tutorial("evaluate_checkpoint.py", cwd=tmp_path)  # the default path, ckpt/gradient_accumulation.ckpt
+    assert accuracies(out) == trained
+
+
+@pytest.mark.slow
+@requires_mnist
+@pytest.mark.parametrize("tutorial,documented", [("accumulator_mlp.py", 0.92),
+                                                 ("lenet5_gradient_accumulation.py", 0.969)])
+def test_full_tutorials_reach_the_documented_accuracy(tutorial, documented, tmp_path):
+    out = run_tutorial(tutorial, "--data", mnist_dir(), cwd=tmp_path)
+    assert accuracies(out)[-1] >= documented - 0.005
