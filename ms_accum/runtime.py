@@ -56,5 +56,8 @@ def set_device(device: str = "CPU", graph_mode: bool = True) -> None:
     from ._validation import check_value_in
     check_value_in(device, "device", DEVICES, "set_device")
     import mindspore as ms
-    ms.set_device(device)
+    # MindSpore refuses set_device once kernels have run, even to the same device: skip it when nothing changes
+    # (a second call in one process, e.g. a script that trains and then evaluates).
+    if ms.get_context("device_target") != device:
+        ms.set_device(device)
     ms.set_context(mode=ms.GRAPH_MODE if graph_mode else ms.PYNATIVE_MODE)
