@@ -22,6 +22,8 @@ _EXPORTS = {
     "EvalResult": "evaluate",
     "evaluate": "evaluate",
     "evaluate_checkpoint": "evaluate",
+    "replace_batchnorm": "norm",
+    "scale_lr": "lr",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,69 @@
+"""BatchNorm -> GroupNorm: make a network's output independent of how a batch is split into micro-batches.
+
+BatchNorm in training mode normalizes each micro-batch with that micro-batch's own mean and variance, so K
+accumulated micro-batches of B are NOT one batch of K*B (`verify_equivalence` reports it), and its running
+statistics are updated K times per optimizer step. GroupNorm normalizes each sample on its own, so
+accumulation is exact again (seed 000's advice). The swap changes the model: train it from scratch.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import List
+
+from mindspore import nn
+
+from ._validation import check_isinstance, check_positive_int
+
+
+def _groups_for(channels: int, num_groups: int) -> int:
+    # The largest divisor of `channels` not above `num_groups` (GroupNorm needs channels % groups == 0).
+    return max(g for g in range(1, min(num_groups, channels) + 1) if channels % g == 0)
+
+
+def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
+    r"""
+    Replaces every `nn.BatchNorm2d` in `network`, in place, by an `nn.GroupNorm` over the same channels.
+
+    Each replacement uses the largest group count not above `num_groups` that divides the channels, keeps
+    the BatchNorm's `eps` and `affine`, and takes its parameter names (``<path>.gamma``, ``<path>.beta``), so
+    optimizers must be built after the swap. `nn.BatchNorm1d` (inputs :math:`(N, C)`) has no GroupNorm
+    counterpart in MindSpore and is left in place with a warning.
+
+    Args:
+        network (nn.Cell): The network to change.
+        num_groups (int): The most groups per GroupNorm. Default: ``32``.
+
+    Returns:
+        list[str], the paths of the replaced cells.
+
+    Raises:
+        TypeError: If `network` is not a Cell or `num_groups` not an int.
+        ValueError: If `num_groups` is not positive.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> from ms_accum.norm import replace_batchnorm
+        >>> replaced = replace_batchnorm(net)        # before creating the optimizer
+    """
+    check_isinstance(network, "network", nn.Cell, "replace_batchnorm")
+    check_positive_int(num_groups, "num_groups", "replace_batchnorm")
+    replaced = []
+    for path, cell in list(network.cells_and_names()):
+        for name, child in list(cell.name_cells().items()):
+            full = f"{path}.{name}" if path else name
+            if isinstance(child, nn.BatchNorm2d):
+                groups = _groups_for(child.num_features, num_groups)
+                # BatchNorm keeps gamma and beta either way; affine=False freezes them (requires_grad False).
+                norm = nn.GroupNorm(groups, child.num_features, eps=child.eps, affine=child.gamma.requires_grad)
+                if isinstance(cell, (nn.SequentialCell, nn.CellList)):
+                    cell[int(name)] = norm  # also updates the list their construct iterates
+                else:
+                    cell.insert_child_to_cell(name, norm)
+                norm.update_parameters_name(full + ".")
+                replaced.append(full)
+            elif isinstance(child, nn.BatchNorm1d):
+                warnings.warn(f"For 'replace_batchnorm', '{full}' is a BatchNorm1d and stays: accumulation with it "
+                              f"is not exact.", stacklevel=2)
+    return replaced
