@@ -24,6 +24,7 @@ _EXPORTS = {
     "evaluate_checkpoint": "evaluate",
     "replace_batchnorm": "norm",
     "scale_lr": "lr",
+    "init_data_parallel": "parallel",
 }
 
 __all__ = sorted(_EXPORTS)

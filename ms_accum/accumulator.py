@@ -8,6 +8,7 @@ from mindspore import nn, ops
 
 from . import _ops
 from .buffer import AccumulationBuffer
+from .parallel import window_reducer
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 
 REDUCTIONS = ("mean", "sum")
@@ -27,6 +28,11 @@ class Accumulator:
     **not** divide it by `accumulate_step`: the Accumulator divides the window's sum by the number of
     micro-batches (or, when `num_samples` is given, by the samples seen), so each update equals one step on
     the concatenated batch. The page's `loss / accumulate_step` corresponds to `reduction="sum"`.
+
+    In data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL`` when the Accumulator is built, see
+    `ms_accum.parallel.init_data_parallel`), micro-batches still accumulate without communication; the full
+    window's buffer and sample count are all-reduced once, before clipping and the optimizer step, so the mean is
+    over the global samples even when ranks' micro-batches differ in size (pass `num_samples` then).
 
     State (all named Parameters, so `save_checkpoint` can store it):
 
@@ -57,7 +63,8 @@ class Accumulator:
         TypeError: If `optimizer` is not an `nn.Optimizer`, or `accumulate_step` is not an int, or
             `clip_norm` is not a number, or `reduction` is not a str.
         ValueError: If `accumulate_step` or `clip_norm` is not positive, or `reduction` is unknown, or
-            `grads` do not match the optimizer's parameters in number or shape.
+            `grads` do not match the optimizer's parameters in number or shape, or MindSpore's parallel mode is
+            neither stand-alone nor data parallel (or data parallel before `mindspore.communication.init()`).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -85,13 +92,14 @@ class Accumulator:
         self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "Accumulator")
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "Accumulator", allow_none=True)
         self.reduction = check_value_in(reduction, "reduction", REDUCTIONS, "Accumulator")
-        self.mean = float(reduction == "mean")
         self.optimizer = optimizer
         self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate")
         self.inner_grads = self.buffer.grad_sum
         self.mini_step = self.buffer.mini_step
         self.num_samples = self.buffer.num_samples
         self.param_shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
+        # Local, or all-reduced over the ranks in data parallel: chosen here, so the graph has no mode branch.
+        self.reducer = window_reducer(reduction, "Accumulator")
 
     def __call__(self, grads, num_samples=1):
         # No Python-level `if` may stand before the tensor `if` below: in MindSpore 2.10 a constant if/else
@@ -101,9 +109,8 @@ class Accumulator:
         step = _ops.accumulate_weighted(self.inner_grads, self.mini_step, self.num_samples, grads, num_samples)
         applied = step >= self.accumulate_step
         if applied:
-            grads = _ops.window_grads(self.inner_grads, _ops.mean_divisor(self.num_samples, self.mean),
-                                      self.clip_norm)
-            self.optimizer(grads)
+            grad_sum, divisor = self.reducer(self.inner_grads, self.num_samples)
+            self.optimizer(_ops.window_grads(grad_sum, divisor, self.clip_norm))
             _ops.clear_window(self.inner_grads, self.mini_step, self.num_samples)
         return applied
 
@@ -119,11 +126,10 @@ class Accumulator:
         return applied
 
     def _apply(self):
-        grads = _ops.window_grads(self.inner_grads, _ops.mean_divisor(self.num_samples, self.mean),
-                                      self.clip_norm)
+        grad_sum, divisor = self.reducer(self.inner_grads, self.num_samples)
         # MindSpore's auto-monad keeps side effects on the same Parameters in program order: the optimizer
         # reads the buffer before the clear overwrites it.
-        self.optimizer(grads)
+        self.optimizer(_ops.window_grads(grad_sum, divisor, self.clip_norm))
         return _ops.clear_window(self.inner_grads, self.mini_step, self.num_samples)
 
     def _check_grads(self, grads):

@@ -5,6 +5,10 @@ tutorial, which sums K mean losses and so takes a K-times larger step, `TrainOpt
 sample-weighted mean: each update equals one step on the concatenated batch. `TrainAccumulationCell`
 does a whole micro-step, with the optimizer step every K calls, in one graph: it is the executor's fast
 path and what `mindspore.train.Model` trains.
+
+In data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL`` when a Cell is built) `TrainOptim` and
+`TrainAccumulationCell` all-reduce the window's buffer and sample count once, when they apply it: micro-steps
+communicate nothing, and the update is the mean over the global batch (see `ms_accum.parallel`).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from . import _ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
+from .parallel import window_reducer
 
 
 def _check_network(network, cls_name: str) -> nn.Cell:
@@ -111,6 +116,8 @@ class TrainOptim(_WindowCell):
     r"""
     Applies the window's gradient: the sample-weighted mean (or the sum), clipped, then `optimizer`.
 
+    In data parallel the buffer and the sample count are first all-reduced over the ranks.
+
     Args:
         optimizer (nn.Optimizer): The optimizer.
         buffer (AccumulationBuffer): The window's state.
@@ -127,7 +134,8 @@ class TrainOptim(_WindowCell):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `clip_norm` or `sens` is not positive, or `reduction` is unknown.
+        ValueError: If `clip_norm` or `sens` is not positive, or `reduction` is unknown, or MindSpore's parallel
+            mode is neither stand-alone nor data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -139,12 +147,14 @@ class TrainOptim(_WindowCell):
         super().__init__(_check_buffer(buffer, optimizer, "TrainOptim"))
         self.optimizer = optimizer
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "TrainOptim", allow_none=True)
-        self.mean = float(check_value_in(reduction, "reduction", REDUCTIONS, "TrainOptim") == "mean")
+        check_value_in(reduction, "reduction", REDUCTIONS, "TrainOptim")
         self.sens = check_positive_float(sens, "sens", "TrainOptim")
+        # Local, or all-reduced over the ranks in data parallel: chosen here, so the graph has no mode branch.
+        self.reducer = window_reducer(reduction, "TrainOptim")
 
     def construct(self):
-        divisor = _ops.mean_divisor(self.num_samples, self.mean) * self.sens
-        grads = _ops.window_grads(self.grad_sum, divisor, self.clip_norm)
+        grad_sum, divisor = self.reducer(self.grad_sum, self.num_samples)
+        grads = _ops.window_grads(grad_sum, divisor * self.sens, self.clip_norm)
         return self.optimizer(grads)
 
 
@@ -182,7 +192,8 @@ class TrainAccumulationCell(_WindowCell):
     calls the optimizer step on the window's mean and the clear.
 
     It trains like `nn.TrainOneStepCell`, so `mindspore.train.Model(TrainAccumulationCell(...)).train(...)`
-    works with the standard callbacks; each call is one micro-batch.
+    works with the standard callbacks; each call is one micro-batch. In data parallel the window is all-reduced
+    once, when it is applied, instead of every micro-batch's gradients.
 
     Args:
         network (nn.Cell): The network with its loss, returning a scalar.
@@ -200,7 +211,8 @@ class TrainAccumulationCell(_WindowCell):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `accumulate_step` or `clip_norm` is not positive, or `reduction` is unknown.
+        ValueError: If `accumulate_step` or `clip_norm` is not positive, or `reduction` is unknown, or MindSpore's
+            parallel mode is neither stand-alone nor data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -232,6 +244,7 @@ class TrainAccumulationCell(_WindowCell):
         self.accumulate_step = accumulate_step
         self.clip_norm = clip_norm
         self.mean = mean
+        self.reducer = window_reducer(reduction, name)
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def construct(self, *inputs):
@@ -241,8 +254,9 @@ class TrainAccumulationCell(_WindowCell):
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         step = _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
         if step >= self.accumulate_step:
-            divisor = _ops.mean_divisor(self.num_samples, self.mean)
-            self.optimizer(_ops.window_grads(self.grad_sum, divisor, self.clip_norm))
+            # The window's only communication in data parallel: micro-steps before it stay local.
+            grad_sum, divisor = self.reducer(self.grad_sum, self.num_samples)
+            self.optimizer(_ops.window_grads(grad_sum, divisor, self.clip_norm))
             _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
         return loss
 

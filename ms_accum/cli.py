@@ -2,6 +2,10 @@
 
     ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
     ms-accum eval --ckpt ckpt/lenet5.ckpt [--json]
+    msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
+
+Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
+per micro-batch, the windows are all-reduced, and only rank 0 prints, plots, saves and evaluates.
 
 Errors are one line on stderr (exit 2 for a bad command line, 1 for bad data or checkpoints), never a
 traceback. MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
@@ -73,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="if MNIST is neither found nor downloadable, generate a synthetic MNIST-format set")
     train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", help="where the checkpoint goes (default ckpt)")
     train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
+    train.add_argument("--distributed", action="store_true",
+                       help="require data parallelism over msrun's workers (automatic under msrun); --batch-size "
+                            "is then the global micro-batch, split evenly over the workers")
 
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the MNIST test set (strict loading)")
     evaluate.add_argument("--ckpt", required=True, metavar="FILE")
@@ -91,8 +98,12 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def find_data(args: argparse.Namespace) -> tuple:
-    """(directory, synthetic) following --data, $MS_ACCUM_MNIST, ./datasets/MNIST_Data, download, fallback."""
+def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
+    """(directory, synthetic) following --data, $MS_ACCUM_MNIST, ./datasets/MNIST_Data, download, fallback.
+
+    `rank` is the data-parallel rank, if any: each worker then generates a fallback set of its own (the same
+    files), because one worker replacing a shared directory would pull it from under another one reading it.
+    """
     from .data import DataError, check_mnist_dir, download_mnist, is_synthetic, make_synthetic_mnist, \
         resolve_data_dir
     if args.data is not None:  # asked for explicitly: no fallback, the user must hear what is wrong
@@ -111,8 +122,11 @@ def find_data(args: argparse.Namespace) -> tuple:
         raise CliError(f"{reason} Pass --data DIR, set MS_ACCUM_MNIST, add --download, or add "
                        f"--synthetic-fallback to train on generated data.")
     root = os.path.join(os.path.dirname(os.path.abspath(path)), "synthetic")
-    print(f"ms-accum: MNIST is not available ({reason.rstrip('.')}). Falling back to {SYNTHETIC_NOTE}, "
-          f"generated in {root}: its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
+    if rank is not None:
+        root = os.path.join(root, f"rank{rank}")
+    if not rank:  # no launcher, or rank 0: one notice per job
+        print(f"ms-accum: MNIST is not available ({reason.rstrip('.')}). Falling back to {SYNTHETIC_NOTE}, "
+              f"generated in {root}: its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
     return make_synthetic_mnist(root), True
 
 
@@ -158,10 +172,40 @@ def save_loss_plot(losses: List[float], path: str, title: str) -> str:
     return path
 
 
-def run_train(args: argparse.Namespace) -> dict:
+def _launcher_world_size(args: argparse.Namespace) -> Optional[int]:
+    """msrun's worker count, or None without a launcher; checked against the arguments before anything starts.
+
+    Every check here gives the same answer in every process msrun started, the scheduler included, so a bad
+    command line stops them all (a scheduler that stops alone leaves the workers waiting for it).
+    """
+    from .parallel import distributed_launch
+    world = distributed_launch()
+    if world is None:
+        if args.distributed:
+            raise CliError("distributed mode requested without a launcher: start it with msrun, e.g. 'msrun "
+                           "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True "
+                           "$(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are not set).")
+        return None
+    if args.batch_size % world:
+        raise CliError(f"For 'ms-accum train', the argument '--batch-size' (the global micro-batch) must be "
+                       f"divisible by the world size {world}, but got {args.batch_size}.")
+    return world
+
+
+def run_train(args: argparse.Namespace) -> Optional[dict]:
+    """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
     from ._validation import check_writable_dir
-    ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train")
-    data_dir, synthetic = find_data(args)
+    parallel = None
+    if _launcher_world_size(args) is not None:
+        # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be
+        # written before it.
+        runtime.set_device(args.device)
+        from .parallel import init_data_parallel
+        parallel = init_data_parallel()
+    world = 1 if parallel is None else parallel.group_size
+    main = parallel is None or parallel.is_main
+    ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
+    data_dir, synthetic = find_data(args, None if parallel is None else parallel.rank)
     runtime.set_device(args.device)
 
     import mindspore as ms
@@ -176,8 +220,15 @@ def run_train(args: argparse.Namespace) -> dict:
     network = build_model(args.model)
     optimizer = _optimizer(settings, network.trainable_params())
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    dataset = dataset_for(args.model, data_dir, args.batch_size, usage="train", shuffle=True, seed=args.seed,
-                          num_samples=args.num_samples)
+    shards = {}
+    num_samples = args.num_samples
+    if parallel is not None:
+        # Same seed on every rank: one shuffle of the whole set, cut into disjoint shards. num_samples counts
+        # per shard in MindSpore's DistributedSampler (measured), so each worker takes its share, rounded up.
+        shards = {"num_shards": parallel.group_size, "shard_id": parallel.rank}
+        num_samples = None if num_samples is None else -(-num_samples // parallel.group_size)
+    dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
+                          seed=args.seed, num_samples=num_samples, **shards)
     batches = dataset.get_dataset_size()
     windows = batches // args.accumulate_steps
     if args.partial_window == "apply" and batches % args.accumulate_steps:
@@ -185,19 +236,24 @@ def run_train(args: argparse.Namespace) -> dict:
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm)
     label = f"{args.model}, K={args.accumulate_steps} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if synthetic else "")
+    if parallel is not None:
+        label += f", {world} workers"
     metadata = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
                 "optimizer": settings["optimizer"], "lr": settings["lr"], "momentum": settings["momentum"],
-                "seed": args.seed, "data_dir": os.path.abspath(data_dir), "synthetic": synthetic}
-    with _progress(windows * args.epochs, f"train {label}", args.quiet) as bar:
+                "seed": args.seed, "data_dir": os.path.abspath(data_dir), "synthetic": synthetic,
+                "world_size": world}
+    with _progress(windows * args.epochs, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):
             bar.update(1)
             bar.set_postfix(epoch=record.epoch, loss=f"{record.loss:.4f}", refresh=False)
         result = executor.train_process(args.epochs, dataset, args.accumulate_steps,
                                         partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
                                         verbose=False, on_step=on_step, metadata=metadata)
+    if not main:
+        return None
     plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
-               "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps),
+               "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
@@ -260,7 +316,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"ms-accum {args.command}: interrupted", file=sys.stderr)
         return 130
-    if args.json:
+    if args.json and summary is not None:
         print(json.dumps(summary))
     return 0
 

@@ -16,6 +16,7 @@ from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
 from .checkpoint import save_checkpoint
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
+from .parallel import check_same_on_all_ranks, data_parallel_info
 
 
 PARTIAL_WINDOWS = ("apply", "drop")
@@ -58,6 +59,11 @@ class GradientAccumulation:
     8.8-9.0 ms for the tutorial's three graphs. ``structure="three_graphs"`` runs the tutorial's
     `TrainForwardBackward` / `TrainOptim` / `TrainClear` instead; both share one `AccumulationBuffer`.
 
+    Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.parallel.init_data_parallel`
+    under `msrun`) is detected when the executor is built: each rank accumulates its shard's micro-batches without
+    communicating, and each window is all-reduced once, so an update equals one step on the window's global
+    batch. Give every rank its own shard with the same number of batches; only rank 0 prints and saves.
+
     Args:
         network (nn.Cell): The network, returning logits.
         loss_fn (nn.Cell): The loss, a mean over the batch (e.g. `nn.SoftmaxCrossEntropyWithLogits(sparse=True,
@@ -69,7 +75,8 @@ class GradientAccumulation:
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`.
-        ValueError: If `clip_norm` is not positive, or `reduction` or `structure` is unknown.
+        ValueError: If `clip_norm` is not positive, or `reduction` or `structure` is unknown, or MindSpore's
+            parallel mode is neither stand-alone nor data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -92,6 +99,7 @@ class GradientAccumulation:
         self._clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
         self._reduction = check_value_in(reduction, "reduction", REDUCTIONS, name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
+        self._parallel = data_parallel_info(name)  # None when stand-alone
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self.buffer = AccumulationBuffer(optimizer.parameters, "grad_sum")
         mean = reduction == "mean"
@@ -130,8 +138,10 @@ class GradientAccumulation:
             ckpt_dir (str, optional): Where the final checkpoint is saved; ``None`` saves nothing.
                 Default: ``"ckpt"``.
             ckpt_name (str): File name of the checkpoint, without ``.ckpt``. Default: ``"gradient_accumulation"``.
+                In data parallel only rank 0 saves it.
             log_every (int): Print every this many optimizer steps when `verbose`. Default: ``1``.
-            verbose (bool): Print ``epoch: E step: S loss is L`` lines. Default: ``True``.
+            verbose (bool): Print ``epoch: E step: S loss is L`` lines (rank 0 only in data parallel; the loss
+                is then rank 0's share of the window). Default: ``True``.
             on_step (Callable, optional): Called with each `StepRecord` (progress bars, custom logging).
             metadata (dict, optional): Extra values stored in the checkpoint (ints, floats, strings).
 
@@ -141,7 +151,8 @@ class GradientAccumulation:
         Raises:
             TypeError: If an argument has the wrong type, or `train_dataset` is None.
             ValueError: If `epoch` or `mini_steps` is not positive, the dataset is empty, `partial_window` is
-                unknown, or `ckpt_dir` is not a writable directory.
+                unknown, or `ckpt_dir` is not a writable directory; in data parallel, if the ranks' datasets
+                have different numbers of batches (the ranks would wait for each other forever).
         """
         name = "GradientAccumulation.train_process"
         epoch = check_positive_int(epoch, "epoch", name)
@@ -151,9 +162,13 @@ class GradientAccumulation:
         check_positive_int(log_every, "log_every", name)
         if on_step is not None:
             check_callable(on_step, "on_step", name)
-        if ckpt_dir is not None:
+        main = self._parallel is None or self._parallel.is_main
+        if ckpt_dir is not None and main:
             ckpt_dir = check_writable_dir(ckpt_dir, "ckpt_dir", name)
         num_batches = train_dataset.get_dataset_size()
+        if self._parallel is not None:
+            # Every window closes with a collective: a rank with fewer batches would leave the others waiting.
+            check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'", name)
         if num_batches <= 0:
             raise ValueError(f"For '{name}', the argument 'train_dataset' must not be empty, but it has no batches.")
         if mini_steps > num_batches:
@@ -178,18 +193,19 @@ class GradientAccumulation:
                     self._train_optim()
                     self._train_clear()
                 step += 1
-                self._record(result, epoch_index, step, window_losses, window_samples, log_every, verbose, on_step)
+                self._record(result, epoch_index, step, window_losses, window_samples, log_every, verbose and main,
+                             on_step)
                 window_losses, window_samples = [], []
             if window_losses:  # the epoch's last window is partial
                 if partial_window == "apply":
                     self._train_optim()
                     step += 1
-                    self._record(result, epoch_index, step, window_losses, window_samples, log_every, verbose,
-                                 on_step)
+                    self._record(result, epoch_index, step, window_losses, window_samples, log_every,
+                                 verbose and main, on_step)
                 else:
                     result.dropped_windows += 1
                 self._train_clear()
-        if ckpt_dir is not None:
+        if ckpt_dir is not None and main:
             meta = {"epoch": epoch, "step": step, "mini_steps": mini_steps, **(metadata or {})}
             result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result

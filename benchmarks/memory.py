@@ -1,0 +1,88 @@
+"""Section f: bytes of Parameters each accumulator adds, as a multiple of the trainable parameters' bytes.
+
+"Adds" = Parameters reachable from the object (attributes, Cells, ParameterTuples, lists) that are neither
+the network's nor the optimizer's. Counting, not timing: exact and independent of load.
+"""
+from __future__ import annotations
+
+from .common import K, lenet
+
+
+def _reachable(obj, seen=None):
+    """Every Parameter reachable from `obj`, each once."""
+    from mindspore import Parameter, nn
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, Parameter):
+        yield obj
+    elif isinstance(obj, nn.Cell):
+        yield from obj.get_parameters()
+        for value in vars(obj).values():       # ParameterTuples and plain objects held by the Cell
+            if not isinstance(value, (nn.Cell, dict)):
+                yield from _reachable(value, seen)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _reachable(item, seen)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _reachable(item, seen)
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("ms_accum", "benchmarks"):
+        yield from _reachable(vars(obj), seen)
+
+
+def added_bytes(obj, net, opt) -> int:
+    owned = {id(p) for p in net.get_parameters()} | {id(p) for p in opt.get_parameters()}
+    unique = {id(p): p for p in _reachable(obj) if id(p) not in owned}
+    return sum(p.nbytes for p in unique.values())
+
+
+def accumulator_memory():
+    """Rows (name, added bytes, multiple of trainable bytes) and the trainable bytes."""
+    from mindspore import nn
+    from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell
+    from . import doc_impls
+    from .window_cell import WindowCell
+
+    def measure(make):
+        net, loss, opt = lenet()
+        return added_bytes(make(net, loss, opt), net, opt)
+
+    trainable = sum(p.nbytes for p in lenet()[0].trainable_params())
+    rows = [
+        ("docs 000: @jit_class Accumulator (inner_grads + zeros)",
+         measure(lambda net, loss, opt: doc_impls.DocAccumulator(opt, K))),
+        ("docs 002: GradientAccumulation (grad_sum + zeros)",
+         measure(lambda net, loss, opt: doc_impls.DocGradientAccumulation(net, loss, opt))),
+        ("ms_accum Accumulator", measure(lambda net, loss, opt: Accumulator(opt, K))),
+        ("ms_accum TrainAccumulationCell",
+         measure(lambda net, loss, opt: TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K))),
+        ("ms_accum GradientAccumulation (fused + three graphs, one buffer)",
+         measure(lambda net, loss, opt: _executor_with_fused_cell(GradientAccumulation(net, loss, opt)))),
+        ("WindowCell prototype (graph-local sum, no buffer)",
+         measure(lambda net, loss, opt: WindowCell(nn.WithLossCell(net, loss), opt, K))),
+        ("for scale: the Momentum optimizer's own state", _momentum_state_bytes()),
+    ]
+    return [(name, size, size / trainable) for name, size in rows], trainable
+
+
+def _executor_with_fused_cell(executor):
+    executor._micro_step_cell(K)  # build the default path's Cell, as train_process does (private, benchmark only)
+    return executor
+
+
+def _momentum_state_bytes() -> int:
+    net, _, opt = lenet()
+    trainable = {id(p) for p in net.trainable_params()}
+    return sum(p.nbytes for p in opt.get_parameters() if id(p) not in trainable and p.name.startswith("moments"))
+
+
+def render(rows, trainable: int) -> str:
+    lines = [f"== f. memory the accumulator adds (LeNet5: {trainable} trainable bytes; Parameters it owns beyond "
+             f"the network's and the optimizer's)",
+             f"   {'accumulator':<66}{'bytes':>10}{'x params':>10}"]
+    lines += [f"   {name:<66}{size:>10}{multiple:>10.3f}" for name, size, multiple in rows]
+    lines.append("   note: the WindowCell's sum lives only during its call (graph-local tensors); the documented "
+                 "2.0x is the zeros copy.")
+    return "\n".join(lines)

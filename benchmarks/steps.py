@@ -1,0 +1,208 @@
+"""Sections a, b, c: train-step structures timed side by side in one process on pre-loaded tensors.
+
+a. ms_accum's micro-step vs the fastest plain MindSpore step (nn.TrainOneStepCell), and the executor's loop
+   vs a plain loop over the same in-memory dataset;
+b. ms_accum vs the documentation's two implementations (the benchmark's own copies, doc_impls.py);
+c. a window of 4 x b32 vs one step on b128, with the WindowCell prototype (window_cell.py).
+LeNet5, Momentum(0.01, 0.9), micro-batch 32, K = 4, every contender on its own identically initialised copy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import BATCH, K, Table, cycle_calls, interleave, lenet, sync, tensors
+
+
+def _one_step_cell(seed=0):
+    from mindspore import nn
+    net, loss, opt = lenet(seed)
+    return nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
+
+
+def _accumulation_cell(seed=0):
+    from mindspore import nn
+    from ms_accum import TrainAccumulationCell
+    net, loss, opt = lenet(seed)
+    return TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K).set_train()
+
+
+def micro_step(batches, rounds: int, calls: int) -> Table:
+    """a1: one micro-batch through each structure, the Cells called directly on pre-loaded tensors."""
+    inputs = tensors(batches)
+    table = Table("a1", "ms_accum micro-step vs plain nn.TrainOneStepCell (LeNet5 b32, pre-loaded tensors)",
+                  "one micro-batch of 32", BATCH, "nn.TrainOneStepCell (no accumulation)", "<= 1.02",
+                  ["TrainAccumulationCell K=4"])
+    contenders = {
+        "nn.TrainOneStepCell (no accumulation)": cycle_calls(_one_step_cell(), inputs),
+        "TrainAccumulationCell K=4": cycle_calls(_accumulation_cell(), inputs),
+    }
+    table.rows = interleave(contenders, rounds, calls)
+    table.notes.append("TrainAccumulationCell is the Cell GradientAccumulation's default ('fused') path calls.")
+    return table
+
+
+class _Batches:
+    """A random-access source of pre-made batches for GeneratorDataset: a pipeline with ~no work of its own."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __getitem__(self, index):
+        return self.batches[index]
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def executor_loop(batches, rounds: int) -> Table:
+    """a2: GradientAccumulation.train_process (default) vs a plain loop, both over one in-memory dataset."""
+    import mindspore.dataset as ds
+    from ms_accum import GradientAccumulation
+    dataset = ds.GeneratorDataset(_Batches(batches), ["image", "label"], shuffle=False)
+    step = _one_step_cell()
+
+    def plain(_n):
+        loss = None
+        for x, y in dataset.create_tuple_iterator(num_epochs=1):
+            loss = step(x, y)
+        sync(loss)
+
+    net, loss_fn, opt = lenet()
+    executor = GradientAccumulation(net, loss_fn, opt)
+
+    def accumulate(_n):
+        executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False)
+
+    table = Table("a2", f"executor loop vs plain loop over one in-memory dataset ({len(batches)} batches of 32 "
+                  "per round, iterator start included)", "one micro-batch of 32", BATCH,
+                  "plain loop: nn.TrainOneStepCell", "<= 1.02", ["GradientAccumulation.train_process (default)"])
+    table.rows = interleave({"plain loop: nn.TrainOneStepCell": plain,
+                             "GradientAccumulation.train_process (default)": accumulate}, rounds, len(batches))
+    table.notes.append("train_process reads each window's losses back (asnumpy) to log the step; the plain loop "
+                       "never waits for a result until its last step.")
+    return table
+
+
+def _jit_accumulator(net, loss_fn, opt):
+    """ms_accum's Accumulator used as MindSpore's page uses its own: value_and_grad + an @ms.jit train_step."""
+    import mindspore as ms
+    from mindspore import ops
+    from ms_accum import Accumulator
+    accumulator = Accumulator(opt, K)
+
+    def forward_fn(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        return ops.depend(loss, accumulator(grads))
+
+    return train_step
+
+
+def _three_graphs(net, loss_fn, opt, inputs):
+    """ms_accum's TrainForwardBackward / TrainOptim / TrainClear driven by the tutorial's loop."""
+    from mindspore import nn
+    from ms_accum import AccumulationBuffer, TrainClear, TrainForwardBackward, TrainOptim
+    buffer = AccumulationBuffer(opt.parameters)
+    forward_backward = TrainForwardBackward(nn.WithLossCell(net, loss_fn), opt, buffer).set_train()
+    optim, clear = TrainOptim(opt, buffer).set_train(), TrainClear(buffer).set_train()
+
+    def run(n):
+        loss = None
+        for k in range(n):
+            loss = forward_backward(*inputs[k % len(inputs)])
+            if (k + 1) % K == 0:
+                optim()
+                clear()
+        sync(loss)
+    return run
+
+
+def documentation(batches, rounds: int, calls: int) -> Table:
+    """b: ms per micro-batch of ms_accum's structures vs the documentation's two implementations.
+
+    Every contender trains its own copy from the same initial weights on the same micro-batches, so the exact
+    ones (all but docs 002, whose step is K times larger, and the plain step) must end with equal weights:
+    checked after timing, so a contender that silently skipped work would be caught.
+    """
+    from mindspore import nn
+    from ms_accum import TrainAccumulationCell
+    from . import doc_impls
+
+    inputs = tensors(batches)
+    builders = {  # name -> (net, loss, opt) -> fn(n)
+        "docs 000: @jit_class Accumulator + @ms.jit step":
+            lambda net, loss, opt: cycle_calls(doc_impls.doc000_train_step(net, loss, opt, K)[0], inputs),
+        "docs 002: 3 Cells + Python loop":
+            lambda net, loss, opt: _doc002(doc_impls.DocGradientAccumulation(net, loss, opt), inputs),
+        "ms_accum Accumulator + @ms.jit step":
+            lambda net, loss, opt: cycle_calls(_jit_accumulator(net, loss, opt), inputs),
+        "ms_accum three graphs (structure='three_graphs')":
+            lambda net, loss, opt: _three_graphs(net, loss, opt, inputs),
+        "ms_accum TrainAccumulationCell (default)": lambda net, loss, opt: cycle_calls(
+            TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K).set_train(), inputs),
+        "nn.TrainOneStepCell (no accumulation)": lambda net, loss, opt: cycle_calls(
+            nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train(), inputs),
+    }
+    contenders, optimizers = {}, {}
+    for name, build in builders.items():
+        net, loss, opt = lenet()
+        contenders[name], optimizers[name] = build(net, loss, opt), opt
+
+    table = Table("b", "ms_accum vs MindSpore's documented implementations (LeNet5 b32, K=4, own copies)",
+                  "one micro-batch of 32", BATCH, "docs 000: @jit_class Accumulator + @ms.jit step")
+    table.rows = interleave(contenders, rounds, calls)
+    reference = optimizers["ms_accum TrainAccumulationCell (default)"].parameters
+    diffs = {name: max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip(opt.parameters, reference))
+             for name, opt in optimizers.items()}
+    table.notes.append("exactness after the run, max |weight - TrainAccumulationCell's weight| (same init, same "
+                       "micro-batches): " + "; ".join(f"{name.split(':')[0].split(' (')[0]}: {diff:.1e}"
+                                                        for name, diff in diffs.items()))
+    table.notes.append("docs 002 sums K mean losses (a K-times larger step) and the plain step updates every "
+                       "micro-batch, so only those two should differ.")
+    return table
+
+
+def _doc002(executor, inputs):
+    return lambda n: sync(executor.run([inputs[i % len(inputs)] for i in range(n)], K))
+
+
+def window(batches, rounds: int, windows: int):
+    """c: one window of 4 x b32 vs one b128 step, including the WindowCell prototype. Returns (table, max diff)."""
+    from mindspore import Tensor, nn
+    from .window_cell import WindowCell, check_equivalence, stack_window
+
+    stacked = stack_window(batches, K)
+    big = [(Tensor(x.reshape((-1,) + x.shape[2:])), Tensor(y.reshape(-1))) for x, y in stacked]
+    stacked_t = [(Tensor(x), Tensor(y)) for x, y in stacked]
+    micro = tensors(batches)
+
+    def window_cell(chain):
+        net, loss, opt = lenet()
+        return cycle_calls(WindowCell(nn.WithLossCell(net, loss), opt, K, chain=chain).set_train(), stacked_t)
+
+    accumulation = cycle_calls(_accumulation_cell(), micro)
+    small_steps = cycle_calls(_one_step_cell(), micro)
+    contenders = {
+        "nn.TrainOneStepCell on b128": cycle_calls(_one_step_cell(), big),
+        "TrainAccumulationCell, 4 calls of b32": lambda n: accumulation(K * n),
+        "WindowCell prototype, 1 call of (4,32,...)": window_cell(True),
+        "WindowCell prototype, unchained": window_cell(False),
+        "nn.TrainOneStepCell, 4 calls of b32 (4 updates)": lambda n: small_steps(K * n),
+    }
+    table = Table("c", "a window of 4 x b32 vs one step on b128", "one window of 128 images", K * BATCH,
+                  "nn.TrainOneStepCell on b128", "<= 1.00",
+                  ["TrainAccumulationCell, 4 calls of b32", "WindowCell prototype, 1 call of (4,32,...)"])
+    table.rows = interleave(contenders, rounds, windows)
+    diff = check_equivalence(batches, K)
+    table.notes.append(f"WindowCell vs TrainOneStepCell(b128) after 3 windows, same init: max |param diff| = "
+                       f"{diff:.2e} (float32 summation order only)")
+    win, acc = (np.median(table.rows[name]) for name in ("WindowCell prototype, 1 call of (4,32,...)",
+                                                            "TrainAccumulationCell, 4 calls of b32"))
+    table.notes.append(f"WindowCell: {win / K:.3f} ms per micro-batch, {win / acc:.3f}x the time of 4 separate "
+                       f"TrainAccumulationCell calls ({'beats' if win < acc else 'does not beat'} them)")
+    return table, diff

@@ -1,0 +1,84 @@
+"""Section d: LeNet5 training vs the equivalent PyTorch CPU loop, and MindSpore's thread settings.
+
+Every contender is a worker process (worker.py), because thread settings are process-wide and can be set
+once, and so torch's OpenMP pool and MindSpore's thread pool never compete inside one process. All workers
+are started and warmed up first; then the parent asks them in turn, one at a time, to run a block of
+micro-batches (round-robin, order rotating each round), so they are measured side by side in one run.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .common import BATCH, REPO, Table, interleave, log, version
+
+# (row name, contender, setting, extra environment)
+WORKERS = [
+    ("torch: SGD(momentum) loop, K=4, set_num_threads(cores)", "torch", "default", {}),
+    ("ms_accum TrainAccumulationCell, defaults", "ms_cell", "default", {}),
+    ("ms_accum Accumulator + @ms.jit, defaults", "ms_jit", "default", {}),
+    ("WindowCell prototype, defaults", "ms_window", "default", {}),
+    ("TrainAccumulationCell, op threads_num(1)", "ms_cell", "threads_num=1", {}),
+    ("TrainAccumulationCell, op threads_num(2)", "ms_cell", "threads_num=2", {}),
+    ("TrainAccumulationCell, dispatch_threads_num(1)", "ms_cell", "dispatch_threads_num=1", {}),
+    ("TrainAccumulationCell, set_cpu_affinity(True)", "ms_cell", "cpu_affinity", {}),
+    ("TrainAccumulationCell, OMP_NUM_THREADS=1", "ms_cell", "env", {"OMP_NUM_THREADS": "1"}),
+    ("torch, set_num_threads(1)", "torch", "threads_num=1", {}),
+]
+QUICK_WORKERS = 2  # --quick: torch and the library's default structure
+
+
+class Worker:
+    """One contender process speaking worker.py's --serve protocol."""
+
+    def __init__(self, contender: str, setting: str, env: dict) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", contender, "--setting", setting, "--serve"],
+            cwd=REPO, env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+    def wait_ready(self) -> None:
+        self._expect("READY")
+
+    def __call__(self, n: int) -> None:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        self._expect("MS ")
+
+    def _expect(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line
+        raise RuntimeError(f"worker {self.proc.args} ended (exit {self.proc.wait()}) before printing {prefix!r}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def torch_vs_mindspore(rounds: int, calls: int, quick: bool = False) -> Table:
+    have_torch = version("torch") != "absent"
+    rows = WORKERS[:QUICK_WORKERS] if quick else WORKERS
+    if not have_torch:
+        log("   torch is not installed: section d measures MindSpore's settings only "
+            "(pip install torch==2.13.0 to compare)")
+        rows = rows[1:]
+    workers = {name: Worker(contender, setting, env) for name, contender, setting, env in rows}
+    try:
+        for worker in workers.values():
+            worker.wait_ready()
+        samples = interleave(workers, rounds, calls, warmup=1)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    baseline = rows[0][0]
+    table = Table("d", "LeNet5 b32, K=4: MindSpore vs the PyTorch CPU loop, and MindSpore thread settings "
+                  "(one process per row)", "one micro-batch of 32", BATCH, baseline,
+                  "<= 1.00" if have_torch else None, [name for name, *_ in rows[1:4]] if have_torch else [])
+    table.rows = samples
+    table.notes.append("ratio <= 1.00 means MindSpore trains at least as fast as torch (throughput >= 1.0x).")
+    if not have_torch:
+        table.notes.append("torch absent: ratios are to MindSpore's defaults.")
+    return table

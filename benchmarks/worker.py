@@ -1,0 +1,159 @@
+"""A benchmark contender in its own process, for what a process can set only once (threads, env) and for torch.
+
+    python -m benchmarks.worker CONTENDER [--setting S] [--serve | --profile N]
+
+`--serve`: build, warm up, print ``READY``, then for each stdin line ``N`` run N micro-batches of 32 and print
+``MS <ms per micro-batch>``; the parent (threads.py) alternates between several such workers, one at a time.
+`--profile N`: warm up, run N micro-batches, print ``WALL <ms per micro-batch>``; with ONEDNN_VERBOSE=1 in the
+environment the parent (profile.py) reads oneDNN's lines from the same stdout; `--trace mindspore|torch` also
+runs the framework's profiler and prints ``OP <op type> <ms per micro-batch>``. Nothing runs on import.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+CONTENDERS = ("torch", "ms_cell", "ms_jit", "ms_window", "ms_one_step")
+SETTINGS = ("default", "threads_num=1", "threads_num=2", "dispatch_threads_num=1", "cpu_affinity", "env")
+
+
+def torch_contender(batches, k: int, threads: int = 0):
+    """The PyTorch CPU loop equivalent to the tutorial: LeNet5, b32, loss/K, backward, step + zero every K."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
+        nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    data = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in batches]
+    state = {"micro": 0}
+
+    def run(n: int) -> None:
+        for i in range(n):
+            x, y = data[i % len(data)]
+            (F.cross_entropy(model(x), y) / k).backward()
+            state["micro"] += 1
+            if state["micro"] % k == 0:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    return run
+
+
+def mindspore_contender(name: str, batches, k: int):
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+    from ms_accum import Accumulator, TrainAccumulationCell
+    from .common import cycle_calls, lenet, tensors
+    from .window_cell import WindowCell, stack_window
+    net, loss_fn, opt = lenet()
+    if name == "ms_cell":
+        return cycle_calls(TrainAccumulationCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(), tensors(batches))
+    if name == "ms_one_step":
+        return cycle_calls(nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt).set_train(), tensors(batches))
+    if name == "ms_window":
+        window = cycle_calls(WindowCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(),
+                             [(Tensor(x), Tensor(y)) for x, y in stack_window(batches, k)])
+        return lambda n: window(n // k)
+    accumulator = Accumulator(opt, k)
+
+    def forward_fn(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        return ops.depend(loss, accumulator(grads))
+
+    return cycle_calls(train_step, tensors(batches))
+
+
+def apply_setting(setting: str) -> None:
+    """MindSpore's process-wide thread knobs (environment variables are set by the parent instead)."""
+    import mindspore as ms
+    if setting.startswith("threads_num="):
+        ms.device_context.cpu.op_tuning.threads_num(int(setting.split("=")[1]))
+    elif setting.startswith("dispatch_threads_num="):
+        ms.runtime.dispatch_threads_num(int(setting.split("=")[1]))
+    elif setting == "cpu_affinity":
+        ms.runtime.set_cpu_affinity(True)
+
+
+def build(contender: str, setting: str):
+    from .common import K, micro_batches, mnist_dir, setup_mindspore
+    if contender == "torch":
+        batches = micro_batches(16, None)  # random data: no MindSpore in the torch process
+        return torch_contender(batches, K, int(setting.split("=")[1]) if setting.startswith("threads_num=") else 0)
+    setup_mindspore()
+    apply_setting(setting)
+    return mindspore_contender(contender, micro_batches(16, mnist_dir()), K)
+
+
+def trace_mindspore(run, n: int):
+    """(op type, total ms) over n micro-batches from MindSpore's profiler (CPU op times)."""
+    import csv
+    import glob
+    import tempfile
+    import mindspore as ms
+    from mindspore.profiler import ProfilerActivity
+    with tempfile.TemporaryDirectory() as out:
+        prof = ms.profiler.profile(activities=[ProfilerActivity.CPU],
+                                   on_trace_ready=ms.profiler.tensorboard_trace_handler(out))
+        prof.start()
+        run(n)
+        prof.stop()
+        with open(glob.glob(f"{out}/*/FRAMEWORK/cpu_op_type_info_0.csv")[0], encoding="utf-8") as handle:
+            return [(row["op_type"], float(row["total_compute_time"])) for row in csv.DictReader(handle)]
+
+
+def trace_torch(run, n: int):
+    """(op, self CPU ms) over n micro-batches from torch.profiler."""
+    import torch
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run(n)
+    return [(e.key, e.self_cpu_time_total / 1e3) for e in prof.key_averages() if e.self_cpu_time_total > 0]
+
+
+TRACERS = {"mindspore": trace_mindspore, "torch": trace_torch}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("contender", choices=CONTENDERS)
+    parser.add_argument("--setting", default="default", choices=SETTINGS)
+    parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--profile", type=int, default=0)
+    parser.add_argument("--trace", choices=("none", "mindspore", "torch"), default="none")
+    args = parser.parse_args(argv)
+    run = build(args.contender, args.setting)
+    run(16)  # warm-up: compilation, first allocations
+    run(16)
+    if args.profile:
+        sys.stdout.flush()
+        start = time.perf_counter()
+        run(args.profile)
+        print(f"WALL {(time.perf_counter() - start) * 1e3 / args.profile:.4f}", flush=True)
+        if args.trace != "none":
+            for op, ms_total in TRACERS[args.trace](run, args.profile):
+                print(f"OP {op} {ms_total / args.profile:.4f}", flush=True)
+        return
+    print("READY", flush=True)
+    for line in sys.stdin:
+        n = int(line)
+        start = time.perf_counter()
+        run(n)
+        print(f"MS {(time.perf_counter() - start) * 1e3 / n:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    if os.environ.get("ONEDNN_MAX_CPU_ISA") is None:
+        from ms_accum.runtime import prefer_fast_cpu_kernels
+        prefer_fast_cpu_kernels()
+    main()

@@ -1,0 +1,66 @@
+"""What the distributed workers and the single-process reference share: the cases, the network, the data.
+
+Every case splits each global micro-batch between the ranks by `sizes` (rank r takes `sizes[r]` samples), so
+the single-process reference trains on exactly the concatenation of what the ranks saw.
+"""
+import numpy as np
+from mindspore import Tensor, nn
+
+IN, HIDDEN, OUT = 20, 32, 5
+
+# name -> settings. `micro` is the number of micro-batches per rank; with micro % k != 0 the run ends with a
+# partial window (the executor applies it, the Accumulator case calls flush()). `sizes` are the ranks'
+# micro-batch sizes: unequal ones prove the exact sample weighting across ranks.
+CASES = {
+    "fused_unequal": dict(api="cell", k=4, micro=8, sizes=(3, 5), optimizer="momentum", reduction="mean",
+                          clip_norm=None),
+    "fused_sum_clip": dict(api="cell", k=2, micro=4, sizes=(4, 4), optimizer="sgd", reduction="sum",
+                           clip_norm=0.5),
+    "accumulator_unequal_clip": dict(api="accumulator", k=2, micro=5, sizes=(1, 3), optimizer="momentum",
+                                     reduction="mean", clip_norm=0.5),
+    "executor_fused": dict(api="executor", structure="fused", k=2, micro=5, sizes=(2, 6), optimizer="momentum",
+                           reduction="mean", clip_norm=None),
+    "executor_three_graphs": dict(api="executor", structure="three_graphs", k=2, micro=5, sizes=(2, 6),
+                                  optimizer="momentum", reduction="mean", clip_norm=None),
+}
+# The case whose all-reduce launches the workers count with MindSpore's profiler.
+PROFILED_CASE = "fused_unequal"
+
+
+def make_net() -> nn.Cell:
+    """A small MLP whose weights come from numpy, so every process starts from the same bits."""
+    net = nn.SequentialCell([nn.Dense(IN, HIDDEN), nn.ReLU(), nn.Dense(HIDDEN, OUT)])
+    rng = np.random.default_rng(1234)
+    for param in net.trainable_params():
+        param.set_data(Tensor(rng.standard_normal(param.shape).astype(np.float32) * 0.3))
+    return net
+
+
+def loss_fn() -> nn.Cell:
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def make_optimizer(name: str, params):
+    if name == "sgd":
+        return nn.SGD(params, 0.1)
+    return nn.Momentum(params, 0.05, 0.9)
+
+
+def global_micro_batches(case: dict, seed: int = 0):
+    """The global micro-batches, in order: each the concatenation of the ranks' shares."""
+    rng = np.random.default_rng(seed)
+    total = sum(case["sizes"])
+    return [(rng.standard_normal((total, IN)).astype(np.float32), rng.integers(0, OUT, (total,)).astype(np.int32))
+            for _ in range(case["micro"])]
+
+
+def rank_share(case: dict, batch, rank: int):
+    start = sum(case["sizes"][:rank])
+    x, y = batch
+    return x[start:start + case["sizes"][rank]], y[start:start + case["sizes"][rank]]
+
+
+def params_of(net: nn.Cell) -> dict:
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+

@@ -1,0 +1,135 @@
+"""One msrun worker of tests/test_distributed.py: trains every case of `dp_cases.CASES` on this rank's share.
+
+    msrun --worker_num=2 --local_worker_num=2 --master_port=P --join=True dp_worker.py OUT_DIR
+
+Writes OUT_DIR/<case>_rank<r>.npz (the parameters after training) and OUT_DIR/report_rank<r>.json (the
+AllReduce kernel launches MindSpore's profiler recorded during `PROFILED_CASE`, and what the run did).
+"""
+import glob
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+import mindspore.dataset as ds  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
+
+from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
+from ms_accum.parallel import init_data_parallel  # noqa: E402
+from dp_cases import (CASES, IN, OUT, PROFILED_CASE, global_micro_batches, loss_fn, make_net,  # noqa: E402
+                    make_optimizer, params_of, rank_share)
+
+
+def train_cell(case, shares):
+    net = make_net()
+    cell = TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), make_optimizer(case["optimizer"],
+                                 net.trainable_params()), case["k"], case["clip_norm"], case["reduction"])
+    cell.set_train()
+    for x, y in shares:
+        cell(Tensor(x), Tensor(y))
+    return net
+
+
+def train_accumulator(case, shares):
+    net = make_net()
+    optimizer = make_optimizer(case["optimizer"], net.trainable_params())
+    accumulator = Accumulator(optimizer, case["k"], case["clip_norm"], case["reduction"])
+    criterion = loss_fn()
+
+    def forward_fn(x, y):
+        return criterion(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        return ops.depend(loss, accumulator(grads, x.shape[0]))
+
+    for x, y in shares:
+        train_step(Tensor(x), Tensor(y))
+    accumulator.flush()  # from Python, outside the graph: the partial window's all-reduce runs eagerly
+    return net
+
+
+def train_executor(case, shares, out_dir):
+    net = make_net()
+    executor = GradientAccumulation(net, loss_fn(), make_optimizer(case["optimizer"], net.trainable_params()),
+                                    clip_norm=case["clip_norm"], reduction=case["reduction"],
+                                    structure=case["structure"])
+    x = np.concatenate([s[0] for s in shares])
+    y = np.concatenate([s[1] for s in shares])
+    size = len(shares[0][0])
+    dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(size)
+    result = executor.train_process(1, dataset, case["k"], ckpt_dir=os.path.join(out_dir, "ckpt"),
+                                    ckpt_name=case["structure"], verbose=True)
+    return net, result
+
+
+def mismatched_batches(rank):
+    """Rank r gets 3 + r batches: the executor must refuse on every rank rather than hang; returns its message."""
+    net = make_net()
+    executor = GradientAccumulation(net, loss_fn(), make_optimizer("sgd", net.trainable_params()))
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((2 * (3 + rank), IN)).astype(np.float32)
+    y = rng.integers(0, OUT, (2 * (3 + rank),)).astype(np.int32)
+    try:
+        executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(2), 2, ckpt_dir=None)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def allreduce_launches(profile_dir):
+    """AllReduce kernel executions in MindSpore's CPU profiler output (cpu_op_type_info_*.csv)."""
+    files = glob.glob(os.path.join(profile_dir, "**", "cpu_op_type_info_*.csv"), recursive=True)
+    if len(files) != 1:
+        raise RuntimeError(f"expected one cpu_op_type_info csv under {profile_dir}, found {files}")
+    with open(files[0], encoding="utf-8") as handle:
+        header = handle.readline().strip().split(",")
+        for line in handle:
+            row = dict(zip(header, line.strip().split(",")))
+            if row["op_type"] == "AllReduce":
+                return int(row["type_occurrences"])
+    return 0
+
+
+def main():
+    out_dir = sys.argv[1]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    info = init_data_parallel()
+    report = {"rank": info.rank, "group_size": info.group_size}
+    for name, case in CASES.items():
+        shares = [rank_share(case, batch, info.rank) for batch in global_micro_batches(case)]
+        profiler = None
+        if name == PROFILED_CASE:
+            profiler = ms.Profiler(output_path=os.path.join(out_dir, f"profile_rank{info.rank}"))
+        if case["api"] == "cell":
+            net = train_cell(case, shares)
+        elif case["api"] == "accumulator":
+            net = train_accumulator(case, shares)
+        else:
+            net, result = train_executor(case, shares, out_dir)
+            report[name] = {"steps": len(result.steps), "checkpoint": result.checkpoint}
+        if profiler is not None:
+            profiler.stop()
+            profiler.analyse()
+            report["profiled"] = {"case": name, "micro_steps": case["micro"], "windows": case["micro"] // case["k"],
+                                  "tensors": len(net.trainable_params()),
+                                  "allreduce_launches": allreduce_launches(profiler_dir(out_dir, info.rank))}
+        np.savez(os.path.join(out_dir, f"{name}_rank{info.rank}.npz"), **params_of(net))
+    report["mismatch_error"] = mismatched_batches(info.rank)
+    with open(os.path.join(out_dir, f"report_rank{info.rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(report, handle)
+    print(f"rank {info.rank} done: {json.dumps(report)}", flush=True)
+
+
+def profiler_dir(out_dir, rank):
+    return os.path.join(out_dir, f"profile_rank{rank}")
+
+
+if __name__ == "__main__":
+    main()

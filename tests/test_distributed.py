@@ -1,0 +1,257 @@
+"""Data parallel under msrun: two CPU workers equal one process on the concatenated global batch.
+
+The msrun tests (marked `distributed`) start real workers: `dist_scripts/dp_worker.py` trains every case of
+`dist_scripts/dp_cases.py` on each rank's share of the global micro-batches, including shares of unequal size, and
+this process trains the single-process reference on the concatenation. The number of all-reduce kernels run is
+taken from MindSpore's own CPU profiler in the workers. The rest of the file checks the error paths in-process.
+"""
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from ms_accum import cli
+from ms_accum.checkpoint import load_checkpoint
+from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_parallel
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
+sys.path.insert(0, SCRIPTS)
+from dp_cases import (CASES, PROFILED_CASE, global_micro_batches, loss_fn, make_net, make_optimizer,  # noqa: E402
+                    params_of)
+
+RTOL, ATOL = 1e-5, 1e-6
+WORKERS = 2
+MSRUN_TIMEOUT = 240  # seconds; a healthy run takes 20-40 s on 2 cores
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def msrun(log_dir, *command, env=None):
+    """Runs `msrun ... command` with WORKERS CPU workers; returns (returncode, msrun's output)."""
+    bin_dir = os.path.dirname(sys.executable)
+    # msrun starts `python` from PATH: the venv's must come first.
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "GLOG_v": "3", **(env or {})}
+    args = [os.path.join(bin_dir, "msrun"), f"--worker_num={WORKERS}", f"--local_worker_num={WORKERS}",
+            f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", *command]
+    # A session of its own, so a hung job (workers waiting on a dead peer) is killed whole, not just msrun.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=MSRUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"msrun did not finish in {MSRUN_TIMEOUT} s:\n{output[-3000:]}\n{worker_logs(log_dir)}")
+    return proc.returncode, output
+
+
+def worker_logs(log_dir, tail=3000) -> str:
+    text = []
+    for path in sorted(glob.glob(os.path.join(log_dir, "*.log"))):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = [line for line in handle if not line.startswith("[")]  # MindSpore's own log lines
+        text.append(f"--- {os.path.basename(path)}\n{''.join(lines)[-tail:]}")
+    return "\n".join(text)
+
+
+def log_lines(log_dir, rank):
+    with open(os.path.join(log_dir, f"worker_{rank}.log"), encoding="utf-8", errors="replace") as handle:
+        return [line.rstrip("\n") for line in handle if not line.startswith("[")]
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp")
+    code, output = msrun(str(out / "logs"), os.path.join(SCRIPTS, "dp_worker.py"), str(out))
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(out / 'logs'))}"
+    reports = []
+    for rank in range(WORKERS):
+        with open(out / f"report_rank{rank}.json", encoding="utf-8") as handle:
+            reports.append(json.load(handle))
+    return out, reports
+
+
+class ReferenceStep(nn.Cell):
+    """One plain step on a whole window: loss gradient (times `scale`), optional clipping, the optimizer."""
+
+    def __init__(self, network, optimizer, clip_norm, scale):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.clip_norm = clip_norm
+        self.scale = float(scale)
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def construct(self, x, y):
+        loss = self.network(x, y)
+        grads = self.grad(self.network, self.weights)(x, y, ops.fill(ops.dtype(loss), ops.shape(loss), self.scale))
+        if self.clip_norm is not None:
+            grads = ops.clip_by_global_norm(grads, self.clip_norm)
+        return ops.depend(loss, self.optimizer(grads))
+
+
+def reference_params(case):
+    """One process, one step per window on the window's concatenated global batch (a last partial one too)."""
+    net = make_net()
+    batches = global_micro_batches(case)
+    k = case["k"]
+    windows = [batches[i:i + k] for i in range(0, len(batches), k)]
+    # "sum" adds the window's micro-batch means: with equal micro-batches, k times the window's mean.
+    if case["reduction"] == "sum":
+        assert all(len(w) == k for w in windows) and len(set(case["sizes"])) == 1
+    scale = k if case["reduction"] == "sum" else 1
+    step = ReferenceStep(nn.WithLossCell(net, loss_fn()), make_optimizer(case["optimizer"], net.trainable_params()),
+                         case["clip_norm"], scale)
+    step.set_train()
+    for window in windows:
+        step(Tensor(np.concatenate([x for x, _ in window])), Tensor(np.concatenate([y for _, y in window])))
+    return params_of(net)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(CASES))
+def test_ranks_equal_single_process_on_global_batch(dp_run, name):
+    out, _ = dp_run
+    ranks = [dict(np.load(out / f"{name}_rank{rank}.npz")) for rank in range(WORKERS)]
+    for key in ranks[0]:
+        # Both ranks apply the same all-reduced window: bit-identical parameters.
+        assert np.array_equal(ranks[0][key], ranks[1][key]), f"{name}: '{key}' differs between the ranks"
+    expected = reference_params(CASES[name])
+    start = params_of(make_net())
+    for key, value in expected.items():
+        assert not np.allclose(value, start[key]), f"{name}: '{key}' did not train"
+        np.testing.assert_allclose(ranks[0][key], value, rtol=RTOL, atol=ATOL, err_msg=f"{name}: '{key}'")
+
+
+@pytest.mark.distributed
+def test_one_all_reduce_per_tensor_per_window_not_per_micro_batch(dp_run):
+    _, reports = dp_run
+    for report in reports:
+        profiled = report["profiled"]
+        assert profiled["case"] == PROFILED_CASE
+        windows, tensors, micro_steps = profiled["windows"], profiled["tensors"], profiled["micro_steps"]
+        # MindSpore's profiler counts AllReduce kernel executions: each window all-reduces its buffer (one per
+        # parameter tensor) and its sample count, once. Reducing every micro-batch's gradients instead, as
+        # nn.DistributedGradReducer in a train-one-step Cell does, would run micro_steps * tensors of them.
+        assert profiled["allreduce_launches"] == windows * (tensors + 1)
+        assert micro_steps == 4 * windows and profiled["allreduce_launches"] < micro_steps * tensors
+
+
+@pytest.mark.distributed
+def test_executor_saves_on_rank_0_only_and_refuses_uneven_shards(dp_run):
+    out, reports = dp_run
+    for name in ("executor_fused", "executor_three_graphs"):
+        assert reports[0][name]["checkpoint"] == str(out / "ckpt" / f"{CASES[name]['structure']}.ckpt")
+        assert reports[1][name]["checkpoint"] is None
+        assert reports[0][name]["steps"] == reports[1][name]["steps"] == 3  # two full windows and a partial one
+    assert sorted(os.listdir(out / "ckpt")) == ["fused.ckpt", "three_graphs.ckpt"]
+    for report in reports:
+        assert report["mismatch_error"] == (
+            "For 'GradientAccumulation.train_process', the number of batches of 'train_dataset' must be the same "
+            "on every rank, but got [3, 4] on ranks 0 to 1.")
+    log = "\n".join(log_lines(str(out / "logs"), 0))
+    assert "epoch: 1 step: 3 loss is" in log
+    assert "loss is" not in "\n".join(log_lines(str(out / "logs"), 1))
+
+
+@pytest.mark.distributed
+def test_cli_train_under_msrun(tmp_path):
+    # No MNIST where the CLI looks: each worker falls back to a synthetic set of its own.
+    missing = tmp_path / "nowhere" / "MNIST_Data"
+    ckpt_dir = tmp_path / "ckpt"
+    ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
+    code, output = msrun(str(tmp_path / "logs"), ms_accum, "train", "--model", "lenet5", "--accumulate-steps", "2",
+                         "--batch-size", "32", "--num-samples", "512", "--synthetic-fallback",
+                         "--ckpt-dir", str(ckpt_dir), "--json", "--quiet", env={"MS_ACCUM_MNIST": str(missing)})
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
+    summary = json.loads(log_lines(str(tmp_path / "logs"), 0)[-1])
+    # 512 images in global micro-batches of 32 (16 per worker), two per window: 8 optimizer steps.
+    assert summary["world_size"] == 2 and summary["optimizer_steps"] == 8 and summary["synthetic"]
+    assert summary["data"] == str(tmp_path / "nowhere" / "synthetic" / "rank0" / "MNIST_Data")
+    assert sorted(os.listdir(tmp_path / "nowhere" / "synthetic")) == ["rank0", "rank1"]
+    assert sorted(os.listdir(ckpt_dir)) == ["lenet5.ckpt", "lenet5_loss.png"]
+    _, meta = load_checkpoint(str(ckpt_dir / "lenet5.ckpt"))
+    assert (meta["world_size"], meta["batch_size"], meta["step"]) == (2, 32, 8)
+    assert log_lines(str(tmp_path / "logs"), 1) == []  # rank 1 prints nothing, not even the fallback notice
+
+
+# --- Error paths, in this process (no launcher) ---
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for key in ("MS_ROLE", "MS_WORKER_NUM"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def restore_parallel_context():
+    yield
+    ms.reset_auto_parallel_context()
+
+
+def test_distributed_launch_reads_msrun_environment():
+    assert distributed_launch({}) is None
+    assert distributed_launch({"MS_WORKER_NUM": "2"}) is None  # not a role msrun gives
+    assert distributed_launch({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2"}) == 2
+    assert distributed_launch({"MS_ROLE": "MS_SCHED", "MS_WORKER_NUM": "4"}) == 4
+    with pytest.raises(ValueError, match="For 'distributed_launch', the environment variable 'MS_WORKER_NUM' must "
+                                         "be a positive int, but got 'two'."):
+        distributed_launch({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "two"})
+
+
+def test_init_without_launcher_is_refused(no_launcher):
+    with pytest.raises(RuntimeError, match="For 'init_data_parallel', distributed mode requested without a "
+                                           "launcher: start the script with msrun"):
+        init_data_parallel()
+
+
+def test_cli_distributed_flag_without_launcher(no_launcher, tmp_path, capsys):
+    assert cli.main(["train", "--distributed", "--ckpt-dir", str(tmp_path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ms-accum train: error: distributed mode requested without a launcher: start it with "
+                          "msrun, e.g. 'msrun --worker_num=2")
+    assert not os.listdir(tmp_path)
+
+
+def test_cli_world_size_must_divide_global_batch(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_WORKER_NUM", "2")
+    assert cli.main(["train", "--batch-size", "33", "--ckpt-dir", str(tmp_path), "--quiet"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "ms-accum train: error: For 'ms-accum train', the argument '--batch-size' (the global micro-batch) must be "
+        "divisible by the world size 2, but got 33.")
+
+
+def test_unsupported_parallel_mode_is_refused(restore_parallel_context):
+    from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell
+    net = nn.Dense(3, 2)
+    optimizer = nn.SGD(net.trainable_params(), 0.1)
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)
+    message = "the parallel mode must be 'stand_alone' or 'data_parallel', but got 'semi_auto_parallel'."
+    with pytest.raises(ValueError, match=f"For 'Accumulator', {message}"):
+        Accumulator(optimizer, 2)
+    with pytest.raises(ValueError, match=f"For 'TrainAccumulationCell', {message}"):
+        TrainAccumulationCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, 2)
+    with pytest.raises(ValueError, match=f"For 'GradientAccumulation', {message}"):
+        GradientAccumulation(net, nn.MSELoss(), optimizer)
+
+
+def test_data_parallel_before_init_is_refused(restore_parallel_context):
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL)
+    with pytest.raises(ValueError, match=r"For 'X', the parallel mode is 'data_parallel', which needs "
+                                         r"mindspore.communication.init\(\) first"):
+        data_parallel_info("X")
