@@ -25,6 +25,7 @@ _EXPORTS = {
     "replace_batchnorm": "norm",
     "scale_lr": "lr",
     "init_data_parallel": "parallel",
+    "recompute_cells": "recompute",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,49 @@
+"""Recomputation: trade compute for memory when even one micro-batch's activations do not fit.
+
+Accumulation bounds the batch held at once to one micro-batch; recomputation (MindSpore's `Cell.recompute()`)
+goes further and keeps only the inputs of the chosen cells, running their forward again during the backward
+pass. Gradients are unchanged; each marked cell's forward runs twice.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+from mindspore import nn
+
+from ._validation import check_isinstance
+
+
+def recompute_cells(network: nn.Cell, names: Iterable[str]) -> List[str]:
+    """
+    Marks the sub-cells of `network` at the given paths for recomputation (`Cell.recompute()`).
+
+    Call it before the network is first compiled (before the first training step).
+
+    Args:
+        network (nn.Cell): The network.
+        names (Iterable[str]): Paths as `network.cells_and_names()` gives them, e.g. ``["conv1", "fc1"]``.
+
+    Returns:
+        list[str], the marked paths.
+
+    Raises:
+        TypeError: If `network` is not a Cell or a name is not a str.
+        ValueError: If a name is not a sub-cell of `network` (the message lists the valid paths).
+
+    Examples:
+        >>> from ms_accum import LeNet5
+        >>> from ms_accum.recompute import recompute_cells
+        >>> recompute_cells(LeNet5(), ["conv1", "conv2"])
+        ['conv1', 'conv2']
+    """
+    check_isinstance(network, "network", nn.Cell, "recompute_cells")
+    cells = {path: cell for path, cell in network.cells_and_names() if path}
+    names = list(names)
+    for name in names:
+        check_isinstance(name, "names", str, "recompute_cells")
+        if name not in cells:
+            raise ValueError(f"For 'recompute_cells', the argument 'names' must hold sub-cells of the network, "
+                             f"but got '{name}'; valid paths: {sorted(cells)}.")
+    for name in names:
+        cells[name].recompute()
+    return names

@@ -1,0 +1,35 @@
+"""recompute_cells: marked cells recompute their forward, and training is unchanged."""
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from ms_accum import TrainAccumulationCell
+from ms_accum.recompute import recompute_cells
+from conftest import batch_for, make_net, params_of
+
+
+def train_window(recompute):
+    net = make_net("lenet5")
+    if recompute:
+        assert recompute_cells(net, ["conv1", "conv2", "fc1"]) == ["conv1", "conv2", "fc1"]
+        # Cell.recompute() leaves its mark in the cell's graph flags; unmarked cells have none.
+        assert "output_recompute" in net.conv1.get_flags() and "output_recompute" not in net.fc2.get_flags()
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    cell = TrainAccumulationCell(nn.WithLossCell(net, loss), nn.Momentum(net.trainable_params(), 0.05, 0.9), 2)
+    cell.set_train()
+    x, y = batch_for("lenet5", 16, seed=3)
+    for i in range(4):  # two windows
+        cell(Tensor(x[4 * i:4 * i + 4]), Tensor(y[4 * i:4 * i + 4]))
+    return params_of(net)
+
+
+def test_recompute_leaves_training_unchanged():
+    for a, b in zip(train_window(True), train_window(False)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="'names' must hold sub-cells of the network, but got 'conv9'; valid paths"):
+        recompute_cells(make_net("lenet5"), ["conv9"])
+    with pytest.raises(TypeError, match="the argument 'names' must be str"):
+        recompute_cells(make_net("lenet5"), [3])
