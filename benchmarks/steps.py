@@ -83,12 +83,12 @@ def executor_loop(batches, rounds: int) -> Table:
     return table
 
 
-def _jit_accumulator(net, loss_fn, opt):
+def jit_accumulator_step(net, loss_fn, opt, k: int = K):
     """ms_accum's Accumulator used as MindSpore's page uses its own: value_and_grad + an @ms.jit train_step."""
     import mindspore as ms
     from mindspore import ops
     from ms_accum import Accumulator
-    accumulator = Accumulator(opt, K)
+    accumulator = Accumulator(opt, k)
 
     def forward_fn(x, y):
         return loss_fn(net(x), y)
@@ -140,7 +140,7 @@ def documentation(batches, rounds: int, calls: int) -> Table:
         "docs 002: 3 Cells + Python loop":
             lambda net, loss, opt: _doc002(doc_impls.DocGradientAccumulation(net, loss, opt), inputs),
         "ms_accum Accumulator + @ms.jit step":
-            lambda net, loss, opt: cycle_calls(_jit_accumulator(net, loss, opt), inputs),
+            lambda net, loss, opt: cycle_calls(jit_accumulator_step(net, loss, opt), inputs),
         "ms_accum three graphs (structure='three_graphs')":
             lambda net, loss, opt: _three_graphs(net, loss, opt, inputs),
         "ms_accum TrainAccumulationCell (default)": lambda net, loss, opt: cycle_calls(

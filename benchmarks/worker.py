@@ -46,10 +46,10 @@ def torch_contender(batches, k: int, threads: int = 0):
 
 
 def mindspore_contender(name: str, batches, k: int):
-    import mindspore as ms
-    from mindspore import Tensor, nn, ops
-    from ms_accum import Accumulator, TrainAccumulationCell
+    from mindspore import Tensor, nn
+    from ms_accum import TrainAccumulationCell
     from .common import cycle_calls, lenet, tensors
+    from .steps import jit_accumulator_step
     from .window_cell import WindowCell, stack_window
     net, loss_fn, opt = lenet()
     if name == "ms_cell":
@@ -60,19 +60,7 @@ def mindspore_contender(name: str, batches, k: int):
         window = cycle_calls(WindowCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(),
                              [(Tensor(x), Tensor(y)) for x, y in stack_window(batches, k)])
         return lambda n: window(n // k)
-    accumulator = Accumulator(opt, k)
-
-    def forward_fn(x, y):
-        return loss_fn(net(x), y)
-
-    grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
-
-    @ms.jit
-    def train_step(x, y):
-        loss, grads = grad_fn(x, y)
-        return ops.depend(loss, accumulator(grads))
-
-    return cycle_calls(train_step, tensors(batches))
+    return cycle_calls(jit_accumulator_step(net, loss_fn, opt, k), tensors(batches))
 
 
 def apply_setting(setting: str) -> None:
