@@ -196,17 +196,17 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
     from ._validation import check_writable_dir
     parallel = None
-    if _launcher_world_size(args) is not None:
+    launched = _launcher_world_size(args) is not None
+    runtime.set_device(args.device)
+    if launched:
         # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be
         # written before it.
-        runtime.set_device(args.device)
         from .parallel import init_data_parallel
         parallel = init_data_parallel()
     world = 1 if parallel is None else parallel.group_size
     main = parallel is None or parallel.is_main
     ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
     data_dir, synthetic = find_data(args, None if parallel is None else parallel.rank)
-    runtime.set_device(args.device)
 
     import mindspore as ms
     from mindspore import nn
@@ -291,8 +291,9 @@ def run_eval(args: argparse.Namespace) -> dict:
     runtime.set_device(args.device)
     evaluation, metadata = _evaluate(args.ckpt, args.model, args.data, args.batch_size, args.num_samples,
                                      args.quiet)
-    from .data import is_synthetic, resolve_data_dir
-    synthetic = is_synthetic(resolve_data_dir(args.data if args.data is not None else metadata.get("data_dir")))
+    from .data import is_synthetic
+    from .evaluate import checkpoint_data_dir
+    synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data))
     if not args.json:
         print(f"{args.ckpt} ({metadata.get('model', args.model)}, trained {metadata.get('step', '?')} optimizer "
               f"steps with accumulate_steps={metadata.get('accumulate_steps', '?')})")

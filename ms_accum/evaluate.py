@@ -54,6 +54,11 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     return EvalResult(float(metrics["accuracy"]), float(metrics["loss"]), dataset.get_dataset_size())
 
 
+def checkpoint_data_dir(metadata: Dict[str, MetaValue], data: Optional[str] = None) -> str:
+    """The MNIST directory to evaluate a checkpoint on: `data`, else the one it was trained on, else the default."""
+    return resolve_data_dir(data if data is not None else metadata.get("data_dir"))
+
+
 def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
                         batch_size: int = 256, num_samples: Optional[int] = None,
                         callbacks: Optional[List[Callback]] = None) -> Tuple[EvalResult, Dict[str, MetaValue]]:
@@ -92,6 +97,5 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
     check_value_in(model, "model", MODELS, name)
     network = build_model(model)
     load_into(network, ckpt, strict=True, expected={"model": model})
-    data = resolve_data_dir(data if data is not None else metadata.get("data_dir"))
-    dataset = dataset_for(model, data, batch_size, usage="test", num_samples=num_samples)
+    dataset = dataset_for(model, checkpoint_data_dir(metadata, data), batch_size, usage="test", num_samples=num_samples)
     return evaluate(network, dataset, callbacks=callbacks), metadata
