@@ -12,6 +12,7 @@ _EXPORTS = {
     "TrainClear": "cells",
     "TrainForwardBackward": "cells",
     "TrainOptim": "cells",
+    "TrainingState": "cells",
     "GradientAccumulation": "executor",
     "StepRecord": "executor",
     "TrainResult": "executor",

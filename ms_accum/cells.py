@@ -49,6 +49,46 @@ class _WindowCell(nn.Cell):
         self.num_samples = buffer.num_samples
 
 
+class TrainingState(_WindowCell):
+    r"""
+    Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state
+    (moments, step, learning rate) and the accumulation buffer with its counters.
+
+    It computes nothing. `GradientAccumulation` saves it as its resumable checkpoint, so the file is the same
+    whichever graph structure trains.
+
+    Args:
+        network (nn.Cell): The network (with its loss).
+        optimizer (nn.Optimizer): The optimizer.
+        buffer (AccumulationBuffer): The window's state.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        ValueError: If `buffer` does not fit the optimizer.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from ms_accum import AccumulationBuffer, TrainingState
+        >>> net = nn.Dense(4, 2)
+        >>> optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+        >>> state = TrainingState(net, optimizer, AccumulationBuffer(optimizer.parameters))
+        >>> # ms.save_checkpoint(state, "state.ckpt") holds weights, moments and buffer
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
+        check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainingState")
+        super().__init__(_check_buffer(buffer, optimizer, "TrainingState"))
+        self.network = check_isinstance(network, "network", nn.Cell, "TrainingState")
+        self.optimizer = optimizer
+
+    def construct(self):
+        return self.mini_step
+
+
 class TrainForwardBackward(_WindowCell):
     r"""
     Forward, backward and accumulation of one micro-batch; the parameters do not change.

@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--synthetic-fallback", action="store_true",
                        help="if MNIST is neither found nor downloadable, generate a synthetic MNIST-format set")
     train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", help="where the checkpoint goes (default ckpt)")
+    train.add_argument("--save-every", type=positive_int, metavar="N",
+                       help="save the whole training state every N optimizer steps, to resume from")
+    train.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N training states")
+    train.add_argument("--resume", nargs="?", const=True, metavar="FILE",
+                       help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
+                            "there is none); the end result equals the uninterrupted run's")
     train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
     train.add_argument("--distributed", action="store_true",
                        help="require data parallelism over msrun's workers (automatic under msrun); --batch-size "
@@ -248,17 +254,19 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
             bar.set_postfix(epoch=record.epoch, loss=f"{record.loss:.4f}", refresh=False)
         result = executor.train_process(args.epochs, dataset, args.accumulate_steps,
                                         partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
-                                        verbose=False, on_step=on_step, metadata=metadata)
+                                        verbose=False, on_step=on_step, metadata=metadata,
+                                        save_every=args.save_every, keep_last=args.keep_last, resume=args.resume)
     if not main:
         return None
     plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
                "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
-               "final_loss": result.losses[-1] if result.losses else None}
+               "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
-        print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps, final window loss "
-              f"{summary['final_loss']:.6f}{tag}")
+        resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
+        loss = "" if summary["final_loss"] is None else f", final window loss {summary['final_loss']:.6f}"
+        print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{tag}")
         print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
     if not args.no_eval:
         evaluation, _ = _evaluate(result.checkpoint, args.model, data_dir, 256, None, args.quiet)

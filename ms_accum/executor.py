@@ -3,24 +3,26 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Callable, List, Optional, Union
 
 import numpy as np
 from mindspore import nn
-from mindspore.dataset import Dataset
+from mindspore.dataset import Dataset, config as ds_config
 
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
 from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
-from .checkpoint import save_checkpoint
-from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
+from .checkpoint import CheckpointError, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
+    save_checkpoint
+from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim, TrainingState
 from .parallel import check_same_on_all_ranks, data_parallel_info
 
 
 PARTIAL_WINDOWS = ("apply", "drop")
 STRUCTURES = ("fused", "three_graphs")
+STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 
 
 @dataclass
@@ -41,11 +43,22 @@ class TrainResult:
     steps: List[StepRecord] = field(default_factory=list)
     dropped_windows: int = 0
     checkpoint: Optional[str] = None
+    resumed_from: Optional[str] = None
 
     @property
     def losses(self) -> List[float]:
         """The loss of each optimizer step, in order."""
         return [record.loss for record in self.steps]
+
+
+@dataclass
+class Position:
+    """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states)."""
+
+    epoch: int = 1
+    batch: int = 0  # batches of `epoch` already trained
+    step: int = 0  # optimizer steps (windows applied)
+    dropped_windows: int = 0
 
 
 class GradientAccumulation:
@@ -107,6 +120,7 @@ class GradientAccumulation:
                                                             weight_by_samples=mean).set_train()
         self._train_optim = TrainOptim(optimizer, self.buffer, clip_norm, reduction).set_train()
         self._train_clear = TrainClear(self.buffer).set_train()
+        self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._fused = {}  # mini_steps -> TrainAccumulationCell; K is a graph constant, so one Cell per K
 
     def _micro_step_cell(self, mini_steps: int) -> nn.Cell:
@@ -122,7 +136,8 @@ class GradientAccumulation:
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
                       ckpt_name: str = "gradient_accumulation", log_every: int = 1, verbose: bool = True,
                       on_step: Optional[Callable[[StepRecord], None]] = None,
-                      metadata: Optional[dict] = None) -> TrainResult:
+                      metadata: Optional[dict] = None, save_every: Optional[int] = None,
+                      keep_last: Optional[int] = None, resume: Union[bool, str, None] = None) -> TrainResult:
         """
         Trains for `epoch` epochs over `train_dataset`, stepping the optimizer every `mini_steps` batches.
 
@@ -130,29 +145,46 @@ class GradientAccumulation:
         (``partial_window="apply"``, the mean over the samples it holds) or dropped (``"drop"``). Micro-batches
         of unequal size are weighted by their sample counts.
 
+        With `save_every`, the whole training state (parameters, optimizer state, the accumulation buffer and
+        counters, and the position in the data) is saved every `save_every` optimizer steps to
+        ``{ckpt_dir}/{ckpt_name}-{step:09d}.ckpt``. `resume` continues from such a file: a run killed at any
+        point, even mid-window, and resumed ends with the parameters of the uninterrupted run, bit for bit,
+        provided the dataset yields the same batches in the same order (same files, same
+        `mindspore.dataset.config.set_seed`). Batches before the saved position are read again but not computed.
+
         Args:
             epoch (int): Number of epochs.
             train_dataset (Dataset): Yields (data, label) micro-batches.
             mini_steps (int): Micro-batches per optimizer step, K.
             partial_window (str): ``"apply"`` (default) or ``"drop"``.
-            ckpt_dir (str, optional): Where the final checkpoint is saved; ``None`` saves nothing.
-                Default: ``"ckpt"``.
-            ckpt_name (str): File name of the checkpoint, without ``.ckpt``. Default: ``"gradient_accumulation"``.
-                In data parallel only rank 0 saves it.
+            ckpt_dir (str, optional): Where checkpoints are saved; ``None`` saves nothing. Default: ``"ckpt"``.
+            ckpt_name (str): File name of the final checkpoint (the network only), without ``.ckpt``; also the
+                prefix of the training-state files. Default: ``"gradient_accumulation"``. In data parallel only
+                rank 0 saves.
             log_every (int): Print every this many optimizer steps when `verbose`. Default: ``1``.
             verbose (bool): Print ``epoch: E step: S loss is L`` lines (rank 0 only in data parallel; the loss
                 is then rank 0's share of the window). Default: ``True``.
             on_step (Callable, optional): Called with each `StepRecord` (progress bars, custom logging).
-            metadata (dict, optional): Extra values stored in the checkpoint (ints, floats, strings).
+            metadata (dict, optional): Extra values stored in the checkpoints (ints, floats, strings).
+            save_every (int, optional): Save the training state every this many optimizer steps. Default:
+                ``None``, only the final checkpoint.
+            keep_last (int, optional): Keep only the newest `keep_last` training-state files. Default: ``None``,
+                keep all.
+            resume (Union[bool, str], optional): ``True`` resumes from the newest readable training-state file in
+                `ckpt_dir` (and starts afresh if there is none); a path resumes from that file. Default: ``None``.
 
         Returns:
-            TrainResult, the optimizer steps with their losses, the dropped windows and the checkpoint path.
+            TrainResult, the optimizer steps run (after the resumed position) with their losses, the dropped
+            windows, the final checkpoint's path and the file resumed from.
 
         Raises:
             TypeError: If an argument has the wrong type, or `train_dataset` is None.
             ValueError: If `epoch` or `mini_steps` is not positive, the dataset is empty, `partial_window` is
-                unknown, or `ckpt_dir` is not a writable directory; in data parallel, if the ranks' datasets
-                have different numbers of batches (the ranks would wait for each other forever).
+                unknown, `ckpt_dir` is not a writable directory, or `save_every` / `resume` is given without
+                `ckpt_dir`; in data parallel, if the ranks' datasets have different numbers of batches (the ranks
+                would wait for each other forever).
+            CheckpointError: If the file to resume from cannot be read, does not fit the training state, or was
+                saved with other `mini_steps`, `partial_window`, dataset size or dataset seed.
         """
         name = "GradientAccumulation.train_process"
         epoch = check_positive_int(epoch, "epoch", name)
@@ -162,6 +194,14 @@ class GradientAccumulation:
         check_positive_int(log_every, "log_every", name)
         if on_step is not None:
             check_callable(on_step, "on_step", name)
+        for arg_name, value in (("save_every", save_every), ("keep_last", keep_last)):
+            if value is not None:
+                check_positive_int(value, arg_name, name)
+        if resume is not None:
+            check_isinstance(resume, "resume", (bool, str, os.PathLike), name)
+        for arg_name, value in (("save_every", save_every), ("resume", resume)):
+            if value not in (None, False) and ckpt_dir is None:
+                raise ValueError(f"For '{name}', the argument '{arg_name}' needs 'ckpt_dir', but 'ckpt_dir' is None.")
         main = self._parallel is None or self._parallel.is_main
         if ckpt_dir is not None and main:
             ckpt_dir = check_writable_dir(ckpt_dir, "ckpt_dir", name)
@@ -175,16 +215,40 @@ class GradientAccumulation:
             warnings.warn(f"For '{name}', 'mini_steps' ({mini_steps}) is larger than an epoch's {num_batches} "
                           f"batches: every window is partial and is {partial_window}ed at the end of the epoch.",
                           stacklevel=2)
+        run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
+               "data_seed": ds_config.get_seed()}
 
         cell = self._micro_step_cell(mini_steps)
         fused = cell is not self._train_forward_backward
         result = TrainResult()
         self._train_clear()  # start from an empty window whatever happened before
-        step = 0
+        position = Position()
+        if resume not in (None, False):
+            path = find_latest(ckpt_dir, ckpt_name) if resume is True else os.fspath(resume)
+            if path is not None:
+                position = self._load_state(path, run, epoch, name)
+                result.resumed_from = path
+            if self._parallel is not None:
+                check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
+        result.dropped_windows = position.dropped_windows
+
+        def close_window(losses, samples):
+            position.step += 1
+            self._record(result, position.epoch, position.step, losses, samples, log_every, verbose and main,
+                         on_step)
+            if save_every is not None and main and position.step % save_every == 0:
+                self._save_state(ckpt_dir, ckpt_name, keep_last, position, {**run, **(metadata or {})})
+
         iterator = train_dataset.create_tuple_iterator(num_epochs=epoch)
+        first_epoch, done_batches = position.epoch, position.batch
         for epoch_index in range(1, epoch + 1):
+            position.epoch, position.batch = epoch_index, 0
+            skip = num_batches if epoch_index < first_epoch else done_batches if epoch_index == first_epoch else 0
             window_losses, window_samples = [], []
             for inputs in iterator:
+                position.batch += 1
+                if position.batch <= skip:  # trained before the run was resumed: read to keep the data order
+                    continue
                 window_losses.append(cell(*inputs))
                 window_samples.append(inputs[0].shape[0])
                 if len(window_losses) < mini_steps:
@@ -192,23 +256,45 @@ class GradientAccumulation:
                 if not fused:
                     self._train_optim()
                     self._train_clear()
-                step += 1
-                self._record(result, epoch_index, step, window_losses, window_samples, log_every, verbose and main,
-                             on_step)
+                close_window(window_losses, window_samples)
                 window_losses, window_samples = [], []
             if window_losses:  # the epoch's last window is partial
                 if partial_window == "apply":
                     self._train_optim()
-                    step += 1
-                    self._record(result, epoch_index, step, window_losses, window_samples, log_every,
-                                 verbose and main, on_step)
+                    self._train_clear()
+                    close_window(window_losses, window_samples)
                 else:
+                    self._train_clear()
                     result.dropped_windows += 1
-                self._train_clear()
+                    position.dropped_windows += 1
         if ckpt_dir is not None and main:
-            meta = {"epoch": epoch, "step": step, "mini_steps": mini_steps, **(metadata or {})}
+            meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
             result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
+
+    def _save_state(self, ckpt_dir: str, ckpt_name: str, keep_last: Optional[int], position: "Position",
+                    metadata: dict) -> None:
+        # Saved only when a window has just closed, so the buffer holds zeros; it is saved anyway, so the file
+        # is the whole state whatever the structure, and loading it never leaves a stale buffer behind.
+        meta = {**metadata, "kind": STATE_KIND, **asdict(position)}
+        save_checkpoint(self._state, checkpoint_path(ckpt_dir, ckpt_name, position.step), meta)
+        if keep_last is not None:
+            prune(ckpt_dir, ckpt_name, keep_last)
+
+    def _load_state(self, path: str, run: dict, epoch: int, name: str) -> "Position":
+        _, meta = load_checkpoint(path)
+        if meta.get("kind") != STATE_KIND:
+            raise CheckpointError(f"Checkpoint '{path}' holds no training state to resume from (it was not saved "
+                                  f"with 'save_every').")
+        for key, value in run.items():
+            if meta.get(key) != value:
+                raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
+                                      f"{key}={value!r}: resuming would not continue the same training.")
+        if meta["epoch"] > epoch:
+            raise CheckpointError(f"Checkpoint '{path}' is at epoch {meta['epoch']}, beyond this run's {epoch} "
+                                  f"epochs.")
+        load_into(self._state, path, strict=True)
+        return Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
 
     def _record(self, result: TrainResult, epoch: int, step: int, losses: list, samples: list, log_every: int,
                 verbose: bool, on_step) -> None:

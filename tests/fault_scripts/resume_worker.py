@@ -1,0 +1,90 @@
+"""One resumable training run, optionally killed with SIGKILL at a chosen point (used by test_resume.py).
+
+    python resume_worker.py CKPT_DIR STRUCTURE FAULT
+
+FAULT is ``none``, ``micro:N`` (killed right after the N-th micro-batch of this process ran), ``boundary:S``
+(killed right after the training state of optimizer step S was saved) or ``save:S`` (killed while the state of
+step S is being written: the temporary file is left torn). The run always asks to resume, so a second run of
+the same command continues where the killed one stopped. It prints one JSON line, the result.
+"""
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+
+import ms_accum.checkpoint
+from ms_accum import GradientAccumulation, MLP
+from ms_accum.cells import TrainForwardBackward, TrainAccumulationCell
+from ms_accum.executor import GradientAccumulation as Executor
+
+EPOCHS, MINI_STEPS, BATCH, SAMPLES = 2, 3, 8, 100  # 13 batches an epoch: 4 full windows and a partial one
+SAVE_EVERY, KEEP_LAST = 2, 2
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def inject(fault: str) -> None:
+    kind, _, value = fault.partition(":")
+    if kind == "micro":
+        calls = {"n": 0}
+        for cls in (TrainAccumulationCell, TrainForwardBackward):
+            original = cls.__call__
+
+            def counted(self, *inputs, _original=original):
+                out = _original(self, *inputs)
+                out.asnumpy()  # the micro-batch has run
+                calls["n"] += 1
+                if calls["n"] == int(value):
+                    die()
+                return out
+            cls.__call__ = counted
+    elif kind == "boundary":
+        original_save = Executor._save_state
+
+        def save_then_die(self, ckpt_dir, ckpt_name, keep_last, position, metadata):
+            original_save(self, ckpt_dir, ckpt_name, keep_last, position, metadata)
+            if position.step == int(value):
+                die()
+        Executor._save_state = save_then_die
+    elif kind == "save":
+        original_ms_save = ms_accum.checkpoint.ms.save_checkpoint
+
+        def torn_save(save_obj, path, *args, **kwargs):
+            original_ms_save(save_obj, path, *args, **kwargs)
+            if f"-{int(value):09d}" in path:
+                with open(path, "r+b") as handle:  # half written when the power went
+                    handle.truncate(os.path.getsize(path) // 2)
+                die()
+        ms_accum.checkpoint.ms.save_checkpoint = torn_save
+    elif kind != "none":
+        raise SystemExit(f"unknown fault {fault!r}")
+
+
+def main(ckpt_dir: str, structure: str, fault: str) -> None:
+    inject(fault)
+    ds.config.set_seed(7)  # the shuffle order, which resuming relies on
+    ms.set_seed(1)
+    rng = np.random.RandomState(0)
+    data = {"image": rng.rand(SAMPLES, 1, 28, 28).astype(np.float32),
+            "label": rng.randint(0, 10, SAMPLES).astype(np.int32)}
+    dataset = ds.NumpySlicesDataset(data, shuffle=True).batch(BATCH)
+    net = MLP()
+    # Adam: its moments and beta powers are state that must survive the kill too.
+    optimizer = nn.Adam(net.trainable_params(), 1e-3)
+    executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
+                                    structure=structure)
+    result = executor.train_process(EPOCHS, dataset, MINI_STEPS, ckpt_dir=ckpt_dir, ckpt_name="run", verbose=False,
+                                    save_every=SAVE_EVERY, keep_last=KEEP_LAST, resume=True)
+    print(json.dumps({"checkpoint": result.checkpoint, "resumed_from": result.resumed_from,
+                      "steps": [record.step for record in result.steps]}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

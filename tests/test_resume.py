@@ -1,0 +1,117 @@
+"""Resuming: a training killed with SIGKILL anywhere, then resumed, ends bit-identical to the uninterrupted run.
+
+Each case runs `fault_scripts/resume_worker.py` (2 epochs of 13 batches, windows of 3, a partial window per
+epoch, the state saved every 2 optimizer steps, the last 2 kept) in a subprocess that kills itself at the
+chosen point, then runs the same command again, which resumes from the newest readable state.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+
+from ms_accum import GradientAccumulation, MLP
+from ms_accum.checkpoint import CheckpointError, find_latest, list_checkpoints, load_checkpoint
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_scripts", "resume_worker.py")
+TIMEOUT = 300
+
+
+def run_worker(ckpt_dir, structure: str, fault: str = "none") -> subprocess.CompletedProcess:
+    env = {**os.environ, "GLOG_v": "3"}
+    return subprocess.run([sys.executable, WORKER, str(ckpt_dir), structure, fault], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=env)
+
+
+def final_params(ckpt_dir) -> dict:
+    params, _ = load_checkpoint(os.path.join(ckpt_dir, "run.ckpt"))
+    return {name: value.asnumpy() for name, value in params.items()}
+
+
+@pytest.fixture(scope="module", params=["fused", "three_graphs"])
+def reference(request, tmp_path_factory):
+    ckpt_dir = tmp_path_factory.mktemp(f"reference_{request.param}")
+    done = run_worker(ckpt_dir, request.param)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return request.param, final_params(ckpt_dir)
+
+
+# 13 batches an epoch in windows of 3: optimizer steps close after micro-batches 3, 6, 9, 12, 13 (partial), 16, ...
+FAULTS = {
+    "mid-window": "micro:8",         # 2 steps saved, third window two-thirds done
+    "mid-window, epoch 2": "micro:20",  # after the first partial window, in the second epoch
+    "at a window boundary": "boundary:4",
+    "during a save": "save:6",
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS.values()), ids=list(FAULTS))
+def test_killed_and_resumed_run_is_bit_identical(reference, fault, tmp_path):
+    structure, expected = reference
+    killed = run_worker(tmp_path, structure, fault)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "run.ckpt")  # it really died before the end
+
+    if fault.startswith("save:"):
+        # The torn write is a temporary file; the previous state is untouched and is the one resumed from.
+        assert glob.glob(str(tmp_path / ".run-000000006.ckpt.tmp.ckpt"))
+        with pytest.raises(CheckpointError):
+            load_checkpoint(str(tmp_path / ".run-000000006.ckpt.tmp.ckpt"))
+        assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [2, 4]
+        assert find_latest(str(tmp_path), "run").endswith("run-000000004.ckpt")
+        load_checkpoint(find_latest(str(tmp_path), "run"))
+
+    resumed = run_worker(tmp_path, structure)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from"] is not None
+    assert summary["steps"][-1] == 10 and summary["steps"][0] > 1  # only what was left was trained
+    got = final_params(tmp_path)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert np.array_equal(got[name], expected[name]), name
+    assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [8, 10]  # keep_last=2
+
+
+def _train(tmp_path, epochs=1, **kwargs):
+    ds.config.set_seed(7)
+    ms.set_seed(1)
+    rng = np.random.RandomState(0)
+    data = {"image": rng.rand(48, 1, 28, 28).astype(np.float32), "label": rng.randint(0, 10, 48).astype(np.int32)}
+    dataset = ds.NumpySlicesDataset(data, shuffle=True).batch(8)
+    net = MLP()
+    executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                    nn.Momentum(net.trainable_params(), 0.01, 0.9))
+    kwargs.setdefault("mini_steps", 2)
+    return executor.train_process(epochs, dataset, ckpt_dir=str(tmp_path), ckpt_name="run", verbose=False, **kwargs)
+
+
+def test_resume_true_without_a_state_starts_afresh(tmp_path):
+    result = _train(tmp_path, resume=True, save_every=1)
+    assert result.resumed_from is None and [r.step for r in result.steps] == [1, 2, 3]
+    assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [1, 2, 3]
+
+
+def test_resume_refuses_a_different_run(tmp_path):
+    _train(tmp_path, save_every=1)
+    latest = find_latest(str(tmp_path), "run")
+    with pytest.raises(CheckpointError, match="mini_steps=2, but this run has mini_steps=3"):
+        _train(tmp_path, resume=latest, mini_steps=3)
+    with pytest.raises(CheckpointError, match="holds no training state"):
+        _train(tmp_path, resume=str(tmp_path / "run.ckpt"))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        _train(tmp_path, resume=str(tmp_path / "missing.ckpt"))
+
+
+def test_resume_and_save_every_need_a_directory(tmp_path):
+    with pytest.raises(ValueError, match="'save_every' needs 'ckpt_dir'"):
+        GradientAccumulation(MLP(), nn.MSELoss(), nn.SGD(MLP().trainable_params())).train_process(
+            1, ds.NumpySlicesDataset({"x": np.zeros((4, 2), np.float32)}).batch(2), 1, ckpt_dir=None, save_every=1)
+    with pytest.raises(ValueError, match="'keep_last' must be a positive int, but got 0"):
+        _train(tmp_path, keep_last=0)
