@@ -57,7 +57,9 @@ class Accumulator:
           equals the gradient of the concatenated batch. Default: ``1`` (every micro-batch weighs the same).
 
     Outputs:
-        Tensor of bool, whether this call applied the optimizer.
+        Tensor of bool, whether this call closed a window. The optimizer then ran, unless the window's gradient
+        was not finite: such a window is skipped, so parameters never become NaN or inf, and counted in
+        ``buffer.guard.skipped_windows``.
 
     Raises:
         TypeError: If `optimizer` is not an `nn.Optimizer`, or `accumulate_step` is not an int, or
@@ -109,9 +111,7 @@ class Accumulator:
         step = _ops.accumulate_weighted(self.inner_grads, self.mini_step, self.num_samples, grads, num_samples)
         applied = step >= self.accumulate_step
         if applied:
-            grad_sum, divisor = self.reducer(self.inner_grads, self.num_samples)
-            self.optimizer(_ops.window_grads(grad_sum, divisor, self.clip_norm))
-            _ops.clear_window(self.inner_grads, self.mini_step, self.num_samples)
+            self._apply()
         return applied
 
     def flush(self):
@@ -127,9 +127,11 @@ class Accumulator:
 
     def _apply(self):
         grad_sum, divisor = self.reducer(self.inner_grads, self.num_samples)
+        grads = _ops.window_grads(grad_sum, divisor, self.clip_norm)
         # MindSpore's auto-monad keeps side effects on the same Parameters in program order: the optimizer
         # reads the buffer before the clear overwrites it.
-        self.optimizer(_ops.window_grads(grad_sum, divisor, self.clip_norm))
+        if self.buffer.guard.close(grads, self.reducer, self.mini_step):
+            self.optimizer(grads)
         return _ops.clear_window(self.inner_grads, self.mini_step, self.num_samples)
 
     def _check_grads(self, grads):

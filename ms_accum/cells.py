@@ -21,6 +21,7 @@ from . import _ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
+from .guard import LossScaler
 from .parallel import window_reducer
 
 
@@ -47,6 +48,17 @@ class _WindowCell(nn.Cell):
         self.grad_sum = buffer.grad_sum
         self.mini_step = buffer.mini_step
         self.num_samples = buffer.num_samples
+        self.guard = buffer.guard
+        self.guard_state = ParameterTuple(buffer.guard.parameters())  # registered, so checkpoints hold them
+
+    def apply_window(self, optimizer, reducer, clip_norm):
+        """Reduce, unscale and clip the window's gradient, and step `optimizer` if the guard allows it."""
+        grad_sum, divisor = reducer(self.grad_sum, self.num_samples)
+        grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, clip_norm)
+        applied = self.guard.close(grads, reducer, self.mini_step)
+        if applied:
+            optimizer(grads)
+        return applied
 
 
 class TrainingState(_WindowCell):
@@ -101,7 +113,6 @@ class TrainForwardBackward(_WindowCell):
         network (nn.Cell): The network with its loss (for example `nn.WithLossCell`), returning a scalar.
         optimizer (nn.Optimizer): The optimizer whose parameters are differentiated.
         buffer (AccumulationBuffer): The window's state, shared with `TrainOptim` and `TrainClear`.
-        sens (float): Extra scale of the loss's gradient (a static loss scale). Default: ``1.0``.
         weight_by_samples (bool): Weight each micro-batch by its sample count; set False to weigh every
             micro-batch the same (``reduction="sum"``, or inputs whose first axis is not the batch).
             Default: ``True``.
@@ -132,13 +143,12 @@ class TrainForwardBackward(_WindowCell):
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
-                 sens: float = 1.0, weight_by_samples: bool = True) -> None:
+                 weight_by_samples: bool = True) -> None:
         check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainForwardBackward")
         super().__init__(_check_buffer(buffer, optimizer, "TrainForwardBackward"))
         self.network = _check_network(network, "TrainForwardBackward")
         self.network.set_grad()
         self.weights = optimizer.parameters
-        self.sens = check_positive_float(sens, "sens", "TrainForwardBackward")
         # 1.0 or 0.0: an arithmetic switch, because a Python if/else ahead of a tensor `if` in the same graph
         # makes MindSpore 2.10 drop that branch's side effects (see _ops).
         self.by_samples = float(bool(weight_by_samples))
@@ -147,14 +157,15 @@ class TrainForwardBackward(_WindowCell):
     def construct(self, *inputs):
         loss = self.network(*inputs)
         weight = _sample_weight(inputs[0], self.by_samples)
-        sens = ops.fill(ops.dtype(loss), ops.shape(loss), self.sens * weight)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
+        grads, weight = self.guard.micro_batch(loss, grads, weight)
         return ops.depend(loss, _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight))
 
 
 class TrainOptim(_WindowCell):
     r"""
-    Applies the window's gradient: the sample-weighted mean (or the sum), clipped, then `optimizer`.
+    Applies the window's gradient: the sample-weighted mean (or the sum), unscaled, clipped, then `optimizer`,
+    unless the buffer's `WindowGuard` finds it not finite (the window is then skipped and counted).
 
     In data parallel the buffer and the sample count are first all-reduced over the ranks.
 
@@ -164,17 +175,16 @@ class TrainOptim(_WindowCell):
         clip_norm (float, optional): Clip the gradient to this global norm first. Default: ``None``.
         reduction (str): ``"mean"`` divides by the samples accumulated, ``"sum"`` does not.
             Default: ``"mean"``.
-        sens (float): The loss scale `TrainForwardBackward` used, divided out here. Default: ``1.0``.
 
     Inputs:
         None.
 
     Outputs:
-        The optimizer's output.
+        Tensor of bool, whether the optimizer was applied.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `clip_norm` or `sens` is not positive, or `reduction` is unknown, or MindSpore's parallel
+        ValueError: If `clip_norm` is not positive, or `reduction` is unknown, or MindSpore's parallel
             mode is neither stand-alone nor data parallel.
 
     Supported Platforms:
@@ -182,20 +192,17 @@ class TrainOptim(_WindowCell):
     """
 
     def __init__(self, optimizer: nn.Optimizer, buffer: AccumulationBuffer, clip_norm: Optional[float] = None,
-                 reduction: str = "mean", sens: float = 1.0) -> None:
+                 reduction: str = "mean") -> None:
         check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainOptim")
         super().__init__(_check_buffer(buffer, optimizer, "TrainOptim"))
         self.optimizer = optimizer
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "TrainOptim", allow_none=True)
         check_value_in(reduction, "reduction", REDUCTIONS, "TrainOptim")
-        self.sens = check_positive_float(sens, "sens", "TrainOptim")
         # Local, or all-reduced over the ranks in data parallel: chosen here, so the graph has no mode branch.
         self.reducer = window_reducer(reduction, "TrainOptim")
 
     def construct(self):
-        grad_sum, divisor = self.reducer(self.grad_sum, self.num_samples)
-        grads = _ops.window_grads(grad_sum, divisor * self.sens, self.clip_norm)
-        return self.optimizer(grads)
+        return self.apply_window(self.optimizer, self.reducer, self.clip_norm)
 
 
 class TrainClear(_WindowCell):
@@ -223,6 +230,7 @@ class TrainClear(_WindowCell):
         super().__init__(buffer)
 
     def construct(self):
+        ops.assign(self.guard.window_bad, ops.zeros((), ms.float32))  # a dropped window's count goes too
         return _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
 
 
@@ -242,6 +250,10 @@ class TrainAccumulationCell(_WindowCell):
         clip_norm (float, optional): Clip the window's gradient to this global norm. Default: ``None``.
         reduction (str): ``"mean"`` (sample-weighted) or ``"sum"``. Default: ``"mean"``.
         buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
+        policy (str): What a non-finite micro-batch does to its window when the buffer is new: ``"skip_window"``
+            (default) or ``"skip_microbatch"`` (see `ms_accum.guard`). A non-finite window is never applied.
+        loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler, when
+            the buffer is new. Default: ``None``.
 
     Inputs:
         - **\*inputs** (Tensor) - One micro-batch; the first input's first axis is the batch.
@@ -268,14 +280,19 @@ class TrainAccumulationCell(_WindowCell):
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, accumulate_step: int,
                  clip_norm: Optional[float] = None, reduction: str = "mean",
-                 buffer: Optional[AccumulationBuffer] = None) -> None:
+                 buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
+                 loss_scaler: Optional[LossScaler] = None) -> None:
         name = "TrainAccumulationCell"
         check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
         _check_network(network, name)
         accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
         clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
         mean = float(check_value_in(reduction, "reduction", REDUCTIONS, name) == "mean")
-        buffer = AccumulationBuffer(optimizer.parameters) if buffer is None else buffer
+        if buffer is None:
+            buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler)
+        elif policy != "skip_window" or loss_scaler is not None:
+            raise ValueError(f"For '{name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
+                             f"them to the AccumulationBuffer given as 'buffer', not here.")
         super().__init__(_check_buffer(buffer, optimizer, name))
         self.network = network
         self.network.set_grad()
@@ -290,15 +307,19 @@ class TrainAccumulationCell(_WindowCell):
     def construct(self, *inputs):
         loss = self.network(*inputs)
         weight = _sample_weight(inputs[0], self.mean)
-        sens = ops.fill(ops.dtype(loss), ops.shape(loss), weight)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
+        grads, weight = self.guard.micro_batch(loss, grads, weight)
         step = _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
         if step >= self.accumulate_step:
             # The window's only communication in data parallel: micro-steps before it stay local.
-            grad_sum, divisor = self.reducer(self.grad_sum, self.num_samples)
-            self.optimizer(_ops.window_grads(grad_sum, divisor, self.clip_norm))
+            self.apply_window(self.optimizer, self.reducer, self.clip_norm)
             _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
         return loss
+
+
+def _sens(loss, weight, loss_scale):
+    # The backward pass's sensitivity: the sample weight times the loss scale, in the loss's dtype.
+    return ops.ones_like(loss) * ops.cast(weight * loss_scale, ops.dtype(loss))
 
 
 def _sample_weight(batch, by_samples: float) -> float:

@@ -171,9 +171,10 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
     return metadata
 
 
-# Scalars that MindSpore's optimizers and the accumulation buffer keep beside the network's parameters.
+# Scalars that MindSpore's optimizers, the accumulation buffer and its guard keep beside the network's parameters.
 _STATE_SCALARS = ("global_step", "learning_rate", "momentum", "beta1_power", "beta2_power", "mini_step",
-                  "num_samples")
+                  "num_samples", "loss_scale", "loss_scale_counter", "window_bad", "skipped_windows",
+                  "skipped_micro_batches")
 
 
 def _is_training_state(name: str, own: Dict[str, Parameter]) -> bool:

@@ -13,6 +13,7 @@ from mindspore.dataset import Dataset, config as ds_config
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
 from .accumulator import REDUCTIONS
+from .guard import LossScaler
 from .buffer import AccumulationBuffer
 from .checkpoint import CheckpointError, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
     save_checkpoint
@@ -27,13 +28,19 @@ STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 
 @dataclass
 class StepRecord:
-    """One optimizer step: where it happened and the window's loss (sample-weighted mean)."""
+    """One window: where it closed, its loss (sample-weighted mean), and whether it was skipped as not finite."""
 
     epoch: int
     step: int
     loss: float
     micro_batches: int
     samples: int
+    skipped: bool = False
+    loss_scale: float = 1.0
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised with ``stop_on_nonfinite=True`` when a window is not finite; the parameters were left untouched."""
 
 
 @dataclass
@@ -44,6 +51,8 @@ class TrainResult:
     dropped_windows: int = 0
     checkpoint: Optional[str] = None
     resumed_from: Optional[str] = None
+    skipped_windows: int = 0  # not finite, so not applied (over the whole training, resumed runs included)
+    skipped_micro_batches: int = 0  # left out by policy "skip_microbatch"
 
     @property
     def losses(self) -> List[float]:
@@ -85,11 +94,20 @@ class GradientAccumulation:
         clip_norm (float, optional): Clip each window's gradient to this global norm. Default: ``None``.
         reduction (str): ``"mean"`` (sample-weighted, the default) or ``"sum"``.
         structure (str): ``"fused"`` (default, fastest measured) or ``"three_graphs"``.
+        policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
+            (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
+            mean over the rest (see `ms_accum.guard`). Skips are counted, and warned about without a loss scaler.
+        loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler
+            (mixed precision): the backward passes are scaled, each window is unscaled and checked once, and a
+            dynamic scale is adjusted once per window. Overflowing windows are skipped and logged. Default: ``None``.
+        stop_on_nonfinite (bool): Raise `NonFiniteError` at the first skipped window instead of going on.
+            Default: ``False``.
 
     Raises:
-        TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`.
-        ValueError: If `clip_norm` is not positive, or `reduction` or `structure` is unknown, or MindSpore's
-            parallel mode is neither stand-alone nor data parallel.
+        TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
+            `loss_scaler` is not a MindSpore loss scaler.
+        ValueError: If `clip_norm` is not positive, or `reduction`, `structure` or `policy` is unknown, or
+            MindSpore's parallel mode is neither stand-alone nor data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -104,7 +122,9 @@ class GradientAccumulation:
     """
 
     def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
-                 clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "fused") -> None:
+                 clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "fused",
+                 policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
+                 stop_on_nonfinite: bool = False) -> None:
         name = "GradientAccumulation"
         self._network = check_isinstance(network, "network", nn.Cell, name)
         self._loss_fn = check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
@@ -112,9 +132,11 @@ class GradientAccumulation:
         self._clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
         self._reduction = check_value_in(reduction, "reduction", REDUCTIONS, name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
+        self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
-        self.buffer = AccumulationBuffer(optimizer.parameters, "grad_sum")
+        self._scaled = loss_scaler is not None
+        self.buffer = AccumulationBuffer(optimizer.parameters, "grad_sum", policy, loss_scaler)
         mean = reduction == "mean"
         self._train_forward_backward = TrainForwardBackward(self._net_with_loss, optimizer, self.buffer,
                                                             weight_by_samples=mean).set_train()
@@ -231,6 +253,7 @@ class GradientAccumulation:
             if self._parallel is not None:
                 check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         result.dropped_windows = position.dropped_windows
+        result.skipped_windows = int(self.buffer.guard.skipped_windows.asnumpy())  # earlier runs' skips
 
         def close_window(losses, samples):
             position.step += 1
@@ -300,9 +323,27 @@ class GradientAccumulation:
                 verbose: bool, on_step) -> None:
         weights = np.asarray(samples, np.float64)
         values = np.asarray([float(loss.asnumpy()) for loss in losses], np.float64)
-        record = StepRecord(epoch, step, float((values * weights).sum() / weights.sum()), len(losses),
-                            int(weights.sum()))
+        finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
+        loss = float((values[finite] * weights[finite]).sum() / weights[finite].sum()) if finite.any() else np.nan
+        guard = self.buffer.guard
+        skipped_windows = int(guard.skipped_windows.asnumpy())
+        skipped = skipped_windows > result.skipped_windows
+        result.skipped_windows = skipped_windows
+        result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
+        record = StepRecord(epoch, step, loss, len(losses), int(weights.sum()), skipped,
+                            float(guard.loss_scale.asnumpy()))
         result.steps.append(record)
+        if skipped:
+            what = (f"epoch {epoch} step {step}: the window's gradient or loss is not finite, so it was skipped "
+                    f"(parameters unchanged; {skipped_windows} window(s) skipped so far)")
+            if self._stop_on_nonfinite:
+                raise NonFiniteError(f"For 'GradientAccumulation.train_process', {what}; stopping, as "
+                                     f"'stop_on_nonfinite' is True.")
+            if self._scaled:  # overflow is routine with a loss scaler: a log line, not a warning
+                if verbose:
+                    print(f"{what}; loss scale now {record.loss_scale:g}", flush=True)
+            else:
+                warnings.warn(what, RuntimeWarning, stacklevel=3)
         if verbose and step % log_every == 0:
             print(f"epoch: {epoch} step: {step} loss is {record.loss:.6f}", flush=True)
         if on_step is not None:

@@ -174,6 +174,10 @@ class LocalWindow:
     def __call__(self, grad_sum, num_samples):
         return grad_sum, _ops.mean_divisor(num_samples, self.mean)
 
+    def total(self, value):
+        """`value` summed over the ranks: here, one rank, `value` itself."""
+        return value
+
 
 @ms.jit_class
 class AllReduceWindow:
@@ -223,6 +227,10 @@ class AllReduceWindow:
         grads = _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum)
         samples = self.all_reduce(num_samples)
         return grads, samples * self.mean + (1.0 - self.mean) * self.sum_divisor
+
+    def total(self, value):
+        """float32 `value` summed over the ranks (window counters every rank must agree on)."""
+        return self.all_reduce(value)
 
 
 class _AllReduceSum(nn.Cell):

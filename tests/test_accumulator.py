@@ -109,19 +109,20 @@ def test_clip_norm_leaves_small_gradient_untouched():
     np.testing.assert_array_equal(applied, np.array([0.3, 0.4, 0.0, 1.2], np.float32))
 
 
-def test_owns_one_buffer_per_parameter_plus_two_scalars():
+def test_owns_one_buffer_per_parameter_plus_scalars():
     net = nn.SequentialCell(nn.Dense(5, 4), nn.Dense(4, 3))
     params = net.trainable_params()
     accumulator = Accumulator(nn.Momentum(params, 0.1, 0.9), 3)
     owned = accumulator.buffer.parameters()
-    assert len(owned) == len(params) + 2
+    assert len(owned) == len(params) + 6  # two window counters, the guard's loss scale and three counters
     assert [tuple(p.shape) for p in accumulator.inner_grads] == [tuple(p.shape) for p in params]
     assert sum(p.size for p in accumulator.inner_grads) == sum(p.size for p in params)
-    assert {p.name for p in owned} == {f"accumulate.{p.name}" for p in params} | {"accumulate.mini_step",
-                                                                                  "accumulate.num_samples"}
+    guard = {"loss_scale", "window_bad", "skipped_windows", "skipped_micro_batches"}
+    assert {p.name for p in owned} == {f"accumulate.{p.name}" for p in params} | {
+        f"accumulate.{name}" for name in ("mini_step", "num_samples", *guard)}
     # no attribute of the Accumulator holds any other Parameter (the documentation's `zeros` copy is gone)
     held = [v for v in vars(accumulator).values() if isinstance(v, (Parameter, ms.ParameterTuple))]
-    assert sum(len(v) if isinstance(v, ms.ParameterTuple) else 1 for v in held) == len(owned)
+    assert sum(len(v) if isinstance(v, ms.ParameterTuple) else 1 for v in held) == len(owned) - len(guard)
 
 
 @pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError),

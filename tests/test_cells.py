@@ -19,16 +19,19 @@ def parts():
 def test_buffer_names_and_sizes():
     net, optimizer = parts()
     buffer = AccumulationBuffer(optimizer.parameters)
-    assert [p.name for p in buffer.parameters()] == ["accumulate.weight", "accumulate.bias",
-                                                      "accumulate.mini_step", "accumulate.num_samples"]
-    assert all(not p.asnumpy().any() for p in buffer.parameters())
+    assert [p.name for p in buffer.parameters()] == [
+        "accumulate.weight", "accumulate.bias", "accumulate.mini_step", "accumulate.num_samples",
+        "accumulate.loss_scale", "accumulate.window_bad", "accumulate.skipped_windows",
+        "accumulate.skipped_micro_batches"]
+    assert buffer.guard.loss_scale.asnumpy() == 1.0  # no loss scaler: the backward pass is not scaled
+    assert all(not p.asnumpy().any() for p in buffer.parameters() if p is not buffer.guard.loss_scale)
 
 
 def test_fused_cell_owns_one_buffer_per_parameter_plus_scalars():
     net, optimizer = parts()
     cell = TrainAccumulationCell(net, optimizer, 4)
     own = [p for _, p in cell.parameters_and_names() if p.name.startswith("accumulate.")]
-    assert len(own) == len(optimizer.parameters) + 2
+    assert len(own) == len(optimizer.parameters) + 6  # two window counters, the loss scale, three guard counters
 
 
 @pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (None, TypeError),

@@ -145,9 +145,10 @@ def test_one_all_reduce_per_tensor_per_window_not_per_micro_batch(dp_run):
         assert profiled["case"] == PROFILED_CASE
         windows, tensors, micro_steps = profiled["windows"], profiled["tensors"], profiled["micro_steps"]
         # MindSpore's profiler counts AllReduce kernel executions: each window all-reduces its buffer (one per
-        # parameter tensor) and its sample count, once. Reducing every micro-batch's gradients instead, as
-        # nn.DistributedGradReducer in a train-one-step Cell does, would run micro_steps * tensors of them.
-        assert profiled["allreduce_launches"] == windows * (tensors + 1)
+        # parameter tensor), its sample count and the guard's two counts (one stacked tensor), once. Reducing
+        # every micro-batch's gradients instead, as nn.DistributedGradReducer in a train-one-step Cell does, would
+        # run micro_steps * tensors of them.
+        assert profiled["allreduce_launches"] == windows * (tensors + 2)
         assert micro_steps == 4 * windows and profiled["allreduce_launches"] < micro_steps * tensors
 
 

@@ -1,0 +1,149 @@
+"""Non-finite gradients and loss scaling, decided once per accumulation window.
+
+Every window's gradient is checked with `mindspore.amp.all_finite` before the optimizer sees it; a window that
+is not finite is skipped (the optimizer is not called, so parameters and optimizer state stay finite) and
+counted. Micro-batches are handled by one of two policies:
+
+- ``"skip_window"`` (default): every micro-batch is accumulated as it is; a non-finite loss or gradient
+  anywhere in the window skips the whole window. The only check is the one on the accumulated gradient,
+  plus a scalar test of each loss.
+- ``"skip_microbatch"``: each micro-batch's loss and gradient are checked; a non-finite one is left out and the
+  window's mean is taken over the samples that remain (MindSpore's boost accumulation drops such micro-batches
+  silently; here they are counted). A window whose micro-batches were all left out is skipped.
+
+With a MindSpore loss scaler (`amp.StaticLossScaler` or `amp.DynamicLossScaler`) the backward pass is scaled
+by its ``scale_value`` and the window's gradient unscaled before the check; a dynamic scaler is adjusted once
+per window, with "finite" meaning that no micro-batch of the window overflowed. The overflow check of
+`nn.TrainOneStepWithLossScaleCell` (``NPUGetFloatStatusV2``) does not exist on CPU; `amp.all_finite` runs on
+every backend. In data parallel the counts the decision rests on are all-reduced, so every rank decides alike.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, amp, ops
+
+from ._validation import check_isinstance, check_value_in
+
+POLICIES = ("skip_window", "skip_microbatch")
+LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
+
+_hyper_map = ops.HyperMap()
+_keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
+
+
+@_keep_op.register("Tensor", "Tensor")
+def _keep_dense(finite, grad):
+    # select, not a multiplication: 0 * inf is nan.
+    return ops.select(finite, grad, ops.zeros_like(grad))
+
+
+@_keep_op.register("Tensor", "RowTensor")
+def _keep_row_tensor(finite, grad):
+    values = ops.select(finite, grad.values, ops.zeros_like(grad.values))
+    return ms.RowTensor(grad.indices, values, grad.dense_shape)
+
+
+def _finite_float(flag):
+    return ops.cast(flag, ms.float32)
+
+
+@ms.jit_class
+class _KeepAll:
+    """skip_window: accumulate everything; a non-finite loss marks the window (its gradient shows by itself)."""
+
+    def __call__(self, loss, grads, weight):
+        return grads, weight, 1.0 - _finite_float(ops.isfinite(loss).all())
+
+
+@ms.jit_class
+class _DropNonFinite:
+    """skip_microbatch: a micro-batch with a non-finite loss or gradient adds nothing, not even its samples."""
+
+    def __call__(self, loss, grads, weight):
+        finite = ops.logical_and(amp.all_finite(grads), ops.isfinite(loss).all())
+        keep = _finite_float(finite)
+        return _hyper_map(ops.partial(_keep_op, finite), grads), weight * keep, 1.0 - keep
+
+
+@ms.jit_class
+class WindowGuard:
+    r"""
+    Decides, once per window, whether the window's gradient may be applied, and keeps the loss scale.
+
+    Used inside the train Cells (`TrainForwardBackward` / `TrainOptim`, `TrainAccumulationCell`): each
+    micro-batch goes through `micro_batch`, each window through `unscale` and `close`. Its Parameters are part
+    of the training state, so they are saved and resumed with it.
+
+    Args:
+        policy (str): ``"skip_window"`` (default) or ``"skip_microbatch"``; see the module's docstring.
+        loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler; its
+            Parameters are renamed ``<prefix>.loss_scale`` and ``<prefix>.loss_scale_counter``. Default: ``None``,
+            no scaling.
+        prefix (str): Name prefix of the Parameters. Default: ``"guard"``.
+
+    Attributes:
+        loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
+        skipped_windows (Parameter): int32, windows not applied because they were not finite.
+        skipped_micro_batches (Parameter): int32, micro-batches left out by ``"skip_microbatch"``.
+        window_bad (Parameter): float32, non-finite micro-batches in the open window.
+
+    Raises:
+        TypeError: If `loss_scaler` is not a MindSpore loss scaler.
+        ValueError: If `policy` is unknown.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
+                 prefix: str = "guard") -> None:
+        check_value_in(policy, "policy", POLICIES, "WindowGuard")
+        if loss_scaler is None:
+            loss_scaler = amp.StaticLossScaler(1.0)  # adjust() does nothing; unscaling divides by 1, exactly
+        check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler), "WindowGuard")
+        self.scaler = loss_scaler
+        self.loss_scale = loss_scaler.scale_value
+        self.loss_scale.name = f"{prefix}.loss_scale"
+        self.state = [self.loss_scale]
+        if isinstance(loss_scaler, amp.DynamicLossScaler):
+            loss_scaler.counter.name = f"{prefix}.loss_scale_counter"
+            self.state.append(loss_scaler.counter)
+        # Chosen here rather than by a flag in the graph: see _ops.accumulate on MindSpore 2.10's tensor-`if` bug.
+        self.filter = _KeepAll() if policy == "skip_window" else _DropNonFinite()
+        self.whole_window = float(policy == "skip_window")  # 1.0: one bad micro-batch skips the window
+        self.window_bad = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_bad", requires_grad=False)
+        self.skipped_windows = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_windows", requires_grad=False)
+        self.skipped_micro_batches = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_micro_batches",
+                                               requires_grad=False)
+        self.state += [self.window_bad, self.skipped_windows, self.skipped_micro_batches]
+
+    def parameters(self) -> list:
+        """Every Parameter of the guard: the loss scale (and a dynamic scaler's counter), then the counters."""
+        return list(self.state)
+
+    def micro_batch(self, loss, grads, weight):
+        """What one micro-batch adds to the window, `(grads, weight)`, after the policy; counts a bad one."""
+        grads, weight, bad = self.filter(loss, grads, weight)
+        ops.assign_add(self.window_bad, bad)
+        dropped = ops.cast(bad * (1.0 - self.whole_window), ms.int32)
+        ops.assign_add(self.skipped_micro_batches, dropped)
+        return grads, weight
+
+    def close(self, grads, reducer, micro_batches):
+        """Whether the window's unscaled, reduced `grads` may be applied; adjusts the scale and the counters.
+
+        `micro_batches` is this rank's micro-step count; `reducer` sums the counts over the ranks.
+        """
+        # One all-reduce for both counts. `* 1.0` reads the Parameter's value: PyNative refuses to stack a
+        # Parameter (a Ref) with a Tensor.
+        counts = reducer.total(ops.stack([self.window_bad * 1.0, ops.cast(micro_batches, ms.float32)]))
+        bad, seen = counts[0], counts[1]
+        clean = bad <= 0.0
+        apply = ops.logical_and(amp.all_finite(grads),
+                                ops.logical_and(bad * self.whole_window <= 0.0, bad < seen))
+        self.scaler.adjust(ops.logical_and(apply, clean))
+        ops.assign_add(self.skipped_windows, 1 - ops.cast(apply, ms.int32))
+        ops.assign(self.window_bad, ops.zeros((), ms.float32))
+        return apply

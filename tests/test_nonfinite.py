@@ -1,0 +1,176 @@
+"""Non-finite windows and loss scaling: skipped windows never reach the parameters, counters are right,
+the scale changes once per window, and scaled training equals unscaled training."""
+import numpy as np
+import pytest
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import amp, nn
+
+from ms_accum import AccumulationBuffer, GradientAccumulation, TrainAccumulationCell, TrainClear, \
+    TrainForwardBackward, TrainOptim
+from ms_accum.executor import NonFiniteError
+from ms_accum.guard import WindowGuard
+
+BATCH, K = 4, 3
+
+
+def make_net(seed: int = 0, dtype=None):
+    ms.set_seed(seed)
+    net = nn.SequentialCell(nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3))
+    return net if dtype is None else net.to_float(dtype)
+
+
+def batches(bad: tuple = (), count: int = 6):
+    rng = np.random.RandomState(0)
+    x = rng.randn(count * BATCH, 6).astype(np.float32)
+    y = rng.randint(0, 3, count * BATCH).astype(np.int32)
+    for index in bad:
+        x[index * BATCH] = np.nan  # one sample poisons its micro-batch's loss and gradient
+    return [(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]) for i in range(count)]
+
+
+def dataset(items):
+    x = np.concatenate([b[0] for b in items])
+    y = np.concatenate([b[1] for b in items])
+    return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
+
+
+def loss_fn():
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def train(items, dtype=None, mini_steps=K, **kwargs):
+    net = make_net(dtype=dtype)
+    executor = GradientAccumulation(net, loss_fn(), nn.Momentum(net.trainable_params(), 0.1, 0.9), **kwargs)
+    result = executor.train_process(1, dataset(items), mini_steps, ckpt_dir=None, verbose=False)
+    return result, params_of(net), executor
+
+
+def params_of(net):
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+
+def assert_finite(params):
+    assert all(np.isfinite(v).all() for v in params.values())
+
+
+def test_nonfinite_window_is_skipped_with_a_warning():
+    items = batches(bad=(1,))
+    with pytest.warns(RuntimeWarning, match="step 1: the window's gradient or loss is not finite, so it was skipped"):
+        result, params, _ = train(items)
+    assert [r.skipped for r in result.steps] == [True, False]
+    assert result.skipped_windows == 1 and result.skipped_micro_batches == 0
+    assert_finite(params)
+    # Exactly as if the first window had never been there (Momentum's state untouched as well).
+    _, expected, _ = train(items[K:])
+    for name in expected:
+        np.testing.assert_array_equal(params[name], expected[name])
+
+
+def test_skip_microbatch_leaves_out_the_bad_micro_batch_and_renormalizes():
+    items = batches(bad=(1,))
+    result, params, _ = train(items, policy="skip_microbatch")
+    assert result.skipped_windows == 0 and result.skipped_micro_batches == 1
+    assert [r.skipped for r in result.steps] == [False, False]
+    assert np.isfinite(result.steps[0].loss)  # the window's loss is over the micro-batches it kept
+    assert_finite(params)
+    # Reference: the three-graph Cells fed the two good micro-batches of window 1, then window 2.
+    net = make_net()
+    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    buffer = AccumulationBuffer(optimizer.parameters)
+    forward_backward = TrainForwardBackward(nn.WithLossCell(net, loss_fn()), optimizer, buffer)
+    optim, clear = TrainOptim(optimizer, buffer), TrainClear(buffer)
+    for window in ([items[0], items[2]], items[3:]):
+        for x, y in window:
+            forward_backward(ms.Tensor(x), ms.Tensor(y))
+        optim()
+        clear()
+    for name, value in params_of(net).items():
+        np.testing.assert_allclose(params[name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_a_window_whose_micro_batches_were_all_left_out_is_skipped():
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        result, params, _ = train(batches(bad=(0, 1, 2)), policy="skip_microbatch", reduction="sum")
+    assert result.skipped_micro_batches == 3 and result.skipped_windows == 1
+    assert [r.skipped for r in result.steps] == [True, False]
+    assert_finite(params)
+
+
+def test_stop_on_nonfinite_raises_with_parameters_untouched():
+    net = make_net()
+    before = params_of(net)
+    executor = GradientAccumulation(net, loss_fn(), nn.Momentum(net.trainable_params(), 0.1, 0.9),
+                                    stop_on_nonfinite=True)
+    with pytest.raises(NonFiniteError, match="epoch 1 step 1: .* not finite.*'stop_on_nonfinite' is True"):
+        executor.train_process(1, dataset(batches(bad=(2,))), K, ckpt_dir=None, verbose=False)
+    for name, value in params_of(net).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_static_loss_scale_trains_exactly_like_no_scale():
+    items = batches()
+    _, plain, _ = train(items)
+    result, scaled, executor = train(items, loss_scaler=amp.StaticLossScaler(2.0 ** 12))
+    assert executor.buffer.guard.loss_scale.asnumpy() == 2.0 ** 12
+    assert result.skipped_windows == 0
+    for name in plain:  # powers of two scale and unscale float32 exactly
+        np.testing.assert_array_equal(scaled[name], plain[name])
+
+
+def test_dynamic_loss_scale_skips_the_overflowing_window_and_lowers_the_scale_once():
+    items = batches()
+    # 4 samples * 2**127 overflows float32 in the backward pass: the first window must be skipped.
+    scaler = amp.DynamicLossScaler(2.0 ** 127, scale_factor=2 ** 20, scale_window=1000)
+    result, scaled, _ = train(items, loss_scaler=scaler)
+    assert [r.skipped for r in result.steps] == [True, False]
+    assert [r.loss_scale for r in result.steps] == [2.0 ** 107, 2.0 ** 107]  # lowered once, not per micro-batch
+    assert_finite(scaled)
+    _, expected, _ = train(items[K:])
+    for name in expected:
+        np.testing.assert_array_equal(scaled[name], expected[name])
+
+
+def test_dynamic_loss_scale_grows_once_per_window():
+    result, _, _ = train(batches(count=9), loss_scaler=amp.DynamicLossScaler(16.0, scale_factor=2, scale_window=1))
+    assert [r.loss_scale for r in result.steps] == [32.0, 64.0, 128.0]
+
+
+def test_float16_network_with_dynamic_loss_scale():
+    # Mixed precision on CPU: float16 Dense layers; 2**24 times the gradient overflows float16 at first.
+    scaler = amp.DynamicLossScaler(2.0 ** 24, scale_factor=16, scale_window=1000)
+    result, params, _ = train(batches(count=24), dtype=ms.float16, loss_scaler=scaler)
+    assert result.steps[0].skipped and result.skipped_windows >= 1
+    assert not result.steps[-1].skipped
+    assert result.steps[-1].loss_scale < 2.0 ** 24
+    assert_finite(params)
+
+
+def test_guard_state_is_part_of_the_training_state():
+    net = make_net()
+    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    cell = TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), optimizer, K,
+                                 loss_scaler=amp.DynamicLossScaler(8.0, 2, 10))
+    names = {p.name for p in cell.get_parameters()}
+    assert {"accumulate.loss_scale", "accumulate.loss_scale_counter", "accumulate.skipped_windows",
+            "accumulate.skipped_micro_batches", "accumulate.window_bad"} <= names
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"policy": "skip"}, ValueError, "'policy' must be one of"),
+    ({"loss_scaler": 1024.0}, TypeError, "'loss_scaler' must be"),
+])
+def test_bad_guard_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        WindowGuard(**kwargs)
+    net = make_net()
+    with pytest.raises(error, match=match):
+        GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params()), **kwargs)
+
+
+def test_policy_and_scaler_belong_to_a_given_buffer():
+    net = make_net()
+    optimizer = nn.SGD(net.trainable_params())
+    with pytest.raises(ValueError, match="'policy' and 'loss_scaler' belong to the buffer"):
+        TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), optimizer, K,
+                              buffer=AccumulationBuffer(optimizer.parameters), policy="skip_microbatch")
