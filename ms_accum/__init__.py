@@ -12,6 +12,7 @@ _EXPORTS = {
     "TrainClear": "cells",
     "TrainForwardBackward": "cells",
     "TrainOptim": "cells",
+    "TrainWindowCell": "window",
     "TrainingState": "cells",
     "GradientAccumulation": "executor",
     "StepRecord": "executor",

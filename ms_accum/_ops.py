@@ -16,6 +16,7 @@ _accumulate_op = ops.MultitypeFuncGraph("ms_accum_accumulate")
 _accumulate_scaled_op = ops.MultitypeFuncGraph("ms_accum_accumulate_scaled")
 _scale_op = ops.MultitypeFuncGraph("ms_accum_scale")
 _clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
+_dense_shape_op = ops.MultitypeFuncGraph("ms_accum_dense_shape")
 
 
 def _densify(grad):
@@ -23,6 +24,37 @@ def _densify(grad):
     # are summed into a dense tensor first. This must live inside a registered dispatch function: the same
     # conversion written outside one crashed the 2.10 compiler.
     return ops.unsorted_segment_sum(grad.values, grad.indices, grad.dense_shape[0])
+
+
+@_dense_shape_op.register("Tensor")
+def _tensor_shape(grad):
+    return ops.shape(grad)
+
+
+@_dense_shape_op.register("RowTensor")
+def _row_tensor_shape(grad):
+    # A RowTensor has no `.shape` in graph mode: the shape of its parameter is its dense_shape.
+    return grad.dense_shape
+
+
+def dense_shape(grad):
+    """The shape of the parameter `grad` is the gradient of, whether `grad` is a Tensor or a RowTensor."""
+    return _dense_shape_op(grad)
+
+
+def shape_matches(shape, expected) -> bool:
+    """Compares a gradient's shape with a parameter's element by element.
+
+    When a network has sparse gradients, MindSpore 2.10 compares its gradients' shape tuples wrongly (a (5,)
+    gradient's `shape == (5,)` is False, and `tuple(shape)` fails with "Not support the type: Undetermined"),
+    while comparing lengths and elements works (measured).
+    """
+    if len(shape) != len(expected):
+        return False
+    for k in range(len(expected)):
+        if shape[k] != expected[k]:
+            return False
+    return True
 
 
 @_accumulate_op.register("Tensor", "Tensor")

@@ -140,7 +140,8 @@ class Accumulator:
             raise ValueError(f"For 'Accumulator', the argument 'grads' must hold {len(self.param_shapes)} "
                              f"tensors, one per optimizer parameter, but got {len(grads)}.")
         for i in range(len(grads)):
-            if tuple(grads[i].shape) != self.param_shapes[i]:
+            shape = _ops.dense_shape(grads[i])
+            if not _ops.shape_matches(shape, self.param_shapes[i]):
                 raise ValueError(f"For 'Accumulator', the argument 'grads' must match the optimizer's parameter "
-                                 f"shapes, but grads[{i}] has shape {grads[i].shape}, expected "
+                                 f"shapes, but grads[{i}] has shape {shape}, expected "
                                  f"{self.param_shapes[i]}.")

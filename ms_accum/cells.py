@@ -21,7 +21,7 @@ from . import _ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
-from .guard import LossScaler
+from .guard import LossScaler, check_policy_fits
 from .parallel import window_reducer
 
 
@@ -147,6 +147,7 @@ class TrainForwardBackward(_WindowCell):
         check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainForwardBackward")
         super().__init__(_check_buffer(buffer, optimizer, "TrainForwardBackward"))
         self.network = _check_network(network, "TrainForwardBackward")
+        check_policy_fits(network, buffer.guard.policy, "TrainForwardBackward")
         self.network.set_grad()
         self.weights = optimizer.parameters
         # 1.0 or 0.0: an arithmetic switch, because a Python if/else ahead of a tensor `if` in the same graph
@@ -294,6 +295,7 @@ class TrainAccumulationCell(_WindowCell):
             raise ValueError(f"For '{name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
                              f"them to the AccumulationBuffer given as 'buffer', not here.")
         super().__init__(_check_buffer(buffer, optimizer, name))
+        check_policy_fits(network, buffer.guard.policy, name)
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer

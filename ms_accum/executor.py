@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional, Union
 
 import numpy as np
-from mindspore import nn
+from mindspore import Tensor, nn
 from mindspore.dataset import Dataset, config as ds_config
 
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
@@ -18,11 +18,12 @@ from .buffer import AccumulationBuffer
 from .checkpoint import CheckpointError, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
     save_checkpoint
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim, TrainingState
+from .window import TrainWindowCell
 from .parallel import check_same_on_all_ranks, data_parallel_info
 
 
 PARTIAL_WINDOWS = ("apply", "drop")
-STRUCTURES = ("fused", "three_graphs")
+STRUCTURES = ("fused", "window", "three_graphs")
 STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 
 
@@ -113,7 +114,7 @@ class GradientAccumulation:
         ``Ascend`` ``GPU`` ``CPU``
 
     Examples:
-        >>> from mindspore import nn
+        >>> from mindspore import Tensor, nn
         >>> from ms_accum import GradientAccumulation, LeNet5
         >>> net = LeNet5()
         >>> loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -149,10 +150,25 @@ class GradientAccumulation:
         if self._structure == "three_graphs":
             return self._train_forward_backward
         if mini_steps not in self._fused:
-            self._fused[mini_steps] = TrainAccumulationCell(
-                self._net_with_loss, self._optimizer, mini_steps, self._clip_norm, self._reduction,
-                buffer=self.buffer).set_train()
+            cls = TrainWindowCell if self._structure == "window" else TrainAccumulationCell
+            self._fused[mini_steps] = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm,
+                                          self._reduction, buffer=self.buffer).set_train()
         return self._fused[mini_steps]
+
+    def _run_window(self, cell: nn.Cell, window: list) -> list:
+        """One full window with `TrainWindowCell`: its micro-batches stacked into one call when of equal shapes."""
+        if all(tuple(x.shape) == tuple(y.shape) for inputs in window[1:] for x, y in zip(inputs, window[0])):
+            stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
+            return list(cell(*stacked).asnumpy())
+        # Micro-batches of different sizes (a dataset batched without drop_remainder): one graph per micro-batch
+        # on the same buffer, with the same arithmetic.
+        return self._run_partial(window)
+
+    def _run_partial(self, window: list) -> list:
+        losses = [self._train_forward_backward(*inputs) for inputs in window]
+        self._train_optim()
+        self._train_clear()
+        return losses
 
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
@@ -241,7 +257,7 @@ class GradientAccumulation:
                "data_seed": ds_config.get_seed()}
 
         cell = self._micro_step_cell(mini_steps)
-        fused = cell is not self._train_forward_backward
+        per_window = self._structure == "window"  # the cell takes a whole window, stacked
         result = TrainResult()
         self._train_clear()  # start from an empty window whatever happened before
         position = Position()
@@ -267,24 +283,32 @@ class GradientAccumulation:
         for epoch_index in range(1, epoch + 1):
             position.epoch, position.batch = epoch_index, 0
             skip = num_batches if epoch_index < first_epoch else done_batches if epoch_index == first_epoch else 0
-            window_losses, window_samples = [], []
+            window, window_losses, window_samples = [], [], []
             for inputs in iterator:
                 position.batch += 1
                 if position.batch <= skip:  # trained before the run was resumed: read to keep the data order
                     continue
-                window_losses.append(cell(*inputs))
                 window_samples.append(inputs[0].shape[0])
-                if len(window_losses) < mini_steps:
+                if per_window:
+                    window.append(inputs)
+                else:
+                    window_losses.append(cell(*inputs))
+                if len(window_samples) < mini_steps:
                     continue
-                if not fused:
+                if per_window:
+                    window_losses = self._run_window(cell, window)
+                elif self._structure == "three_graphs":
                     self._train_optim()
                     self._train_clear()
                 close_window(window_losses, window_samples)
-                window_losses, window_samples = [], []
-            if window_losses:  # the epoch's last window is partial
+                window, window_losses, window_samples = [], [], []
+            if window_samples:  # the epoch's last window is partial
                 if partial_window == "apply":
-                    self._train_optim()
-                    self._train_clear()
+                    if per_window:
+                        window_losses = self._run_partial(window)
+                    else:
+                        self._train_optim()
+                        self._train_clear()
                     close_window(window_losses, window_samples)
                 else:
                     self._train_clear()
@@ -322,7 +346,8 @@ class GradientAccumulation:
     def _record(self, result: TrainResult, epoch: int, step: int, losses: list, samples: list, log_every: int,
                 verbose: bool, on_step) -> None:
         weights = np.asarray(samples, np.float64)
-        values = np.asarray([float(loss.asnumpy()) for loss in losses], np.float64)
+        values = np.asarray([float(loss.asnumpy()) if isinstance(loss, Tensor) else float(loss) for loss in losses],
+                            np.float64)
         finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
         loss = float((values[finite] * weights[finite]).sum() / weights[finite].sum()) if finite.any() else np.nan
         guard = self.buffer.guard

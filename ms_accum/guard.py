@@ -33,16 +33,35 @@ _hyper_map = ops.HyperMap()
 _keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
 
 
+def check_policy_fits(network, policy: str, cls_name: str) -> None:
+    """Refuses ``"skip_microbatch"`` for a network with sparse gradients, before anything compiles.
+
+    Checking a micro-batch's gradients needs them as Tensors. With a RowTensor among them (from
+    `nn.EmbeddingLookup(sparse=True)`), MindSpore 2.10 cannot compile the check: `amp.all_finite` fails in its
+    `mutable` ("AbstractUndetermined"), a HyperMap of per-gradient tests yields Undetermined types, and an
+    unrolled loop over them crashed the process (measured). ``"skip_window"`` checks the dense window instead.
+    """
+    if policy != "skip_microbatch":
+        return
+    sparse = sparse_gradient_cell(network)
+    if sparse is not None:
+        raise ValueError(f"For '{cls_name}', the argument 'policy' must be 'skip_window' for a network with sparse "
+                         f"gradients (its cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check "
+                         f"sparse gradients one micro-batch at a time.")
+
+
+def sparse_gradient_cell(network) -> Optional[str]:
+    """The name of a sub-Cell whose gradient is a RowTensor (it gathers with SparseGatherV2), or None."""
+    for name, cell in network.cells_and_names():
+        if any(isinstance(p, ops.SparseGatherV2) for p in getattr(cell, "_primitives", {}).values()):
+            return name or type(cell).__name__
+    return None
+
+
 @_keep_op.register("Tensor", "Tensor")
 def _keep_dense(finite, grad):
     # select, not a multiplication: 0 * inf is nan.
     return ops.select(finite, grad, ops.zeros_like(grad))
-
-
-@_keep_op.register("Tensor", "RowTensor")
-def _keep_row_tensor(finite, grad):
-    values = ops.select(finite, grad.values, ops.zeros_like(grad.values))
-    return ms.RowTensor(grad.indices, values, grad.dense_shape)
 
 
 def _finite_float(flag):
@@ -99,7 +118,7 @@ class WindowGuard:
 
     def __init__(self, policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
                  prefix: str = "guard") -> None:
-        check_value_in(policy, "policy", POLICIES, "WindowGuard")
+        self.policy = check_value_in(policy, "policy", POLICIES, "WindowGuard")
         if loss_scaler is None:
             loss_scaler = amp.StaticLossScaler(1.0)  # adjust() does nothing; unscaling divides by 1, exactly
         check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler), "WindowGuard")
@@ -126,10 +145,13 @@ class WindowGuard:
     def micro_batch(self, loss, grads, weight):
         """What one micro-batch adds to the window, `(grads, weight)`, after the policy; counts a bad one."""
         grads, weight, bad = self.filter(loss, grads, weight)
-        ops.assign_add(self.window_bad, bad)
-        dropped = ops.cast(bad * (1.0 - self.whole_window), ms.int32)
-        ops.assign_add(self.skipped_micro_batches, dropped)
+        self.count(bad)
         return grads, weight
+
+    def count(self, bad):
+        """Counts `bad` non-finite micro-batches into the open window (and as left out, by skip_microbatch)."""
+        ops.assign_add(self.window_bad, bad)
+        return ops.assign_add(self.skipped_micro_batches, ops.cast(bad * (1.0 - self.whole_window), ms.int32))
 
     def close(self, grads, reducer, micro_batches):
         """Whether the window's unscaled, reduced `grads` may be applied; adjusts the scale and the counters.

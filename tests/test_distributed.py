@@ -155,11 +155,11 @@ def test_one_all_reduce_per_tensor_per_window_not_per_micro_batch(dp_run):
 @pytest.mark.distributed
 def test_executor_saves_on_rank_0_only_and_refuses_uneven_shards(dp_run):
     out, reports = dp_run
-    for name in ("executor_fused", "executor_three_graphs"):
+    for name in ("executor_fused", "executor_window", "executor_three_graphs"):
         assert reports[0][name]["checkpoint"] == str(out / "ckpt" / f"{CASES[name]['structure']}.ckpt")
         assert reports[1][name]["checkpoint"] is None
         assert reports[0][name]["steps"] == reports[1][name]["steps"] == 3  # two full windows and a partial one
-    assert sorted(os.listdir(out / "ckpt")) == ["fused.ckpt", "three_graphs.ckpt"]
+    assert sorted(os.listdir(out / "ckpt")) == ["fused.ckpt", "three_graphs.ckpt", "window.ckpt"]
     for report in reports:
         assert report["mismatch_error"] == (
             "For 'GradientAccumulation.train_process', the number of batches of 'train_dataset' must be the same "

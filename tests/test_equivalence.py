@@ -119,7 +119,7 @@ def dataset_of(kind, k, windows, micro=MICRO):
     return ds.NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(micro)
 
 
-@pytest.mark.parametrize("structure", ["fused", "three_graphs"])
+@pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
 @pytest.mark.parametrize("kind,opt_name,k", [c for c in CASES if c[2] != 1])
 def test_executor_matches_big_batch(kind, opt_name, k, structure, mode, tmp_path):
     _, expected = reference_run(kind, opt_name, k)

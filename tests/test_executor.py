@@ -36,7 +36,7 @@ def executor(structure="fused", **kwargs):
                                      structure=structure, **kwargs)
 
 
-@pytest.mark.parametrize("structure", ["fused", "three_graphs"])
+@pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
 def test_partial_window_is_applied_as_mean_of_samples_seen(structure, tmp_path):
     # 10 batches of 4 with K=4: windows of 16, 16 and a partial window of 8 samples.
     x, y = batch_for("mlp", 40, seed=1)
@@ -62,7 +62,7 @@ def test_partial_window_can_be_dropped(tmp_path):
     assert not any(b.asnumpy().any() for b in ex.buffer.grad_sum)
 
 
-@pytest.mark.parametrize("structure", ["fused", "three_graphs"])
+@pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
 def test_unequal_micro_batches_match_concatenated_batch(structure, tmp_path):
     # 22 samples in batches of 8: 8, 8, 6 -> with K=3 one window of all 22, the last micro-batch smaller.
     x, y = batch_for("mlp", 22, seed=2)

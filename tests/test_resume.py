@@ -34,7 +34,7 @@ def final_params(ckpt_dir) -> dict:
     return {name: value.asnumpy() for name, value in params.items()}
 
 
-@pytest.fixture(scope="module", params=["fused", "three_graphs"])
+@pytest.fixture(scope="module", params=["fused", "window", "three_graphs"])
 def reference(request, tmp_path_factory):
     ckpt_dir = tmp_path_factory.mktemp(f"reference_{request.param}")
     done = run_worker(ckpt_dir, request.param)

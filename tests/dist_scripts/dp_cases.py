@@ -22,6 +22,8 @@ CASES = {
                            reduction="mean", clip_norm=None),
     "executor_three_graphs": dict(api="executor", structure="three_graphs", k=2, micro=5, sizes=(2, 6),
                                   optimizer="momentum", reduction="mean", clip_norm=None),
+    "executor_window": dict(api="executor", structure="window", k=2, micro=5, sizes=(2, 6), optimizer="momentum",
+                            reduction="mean", clip_norm=None),
 }
 # The case whose all-reduce launches the workers count with MindSpore's profiler.
 PROFILED_CASE = "fused_unequal"

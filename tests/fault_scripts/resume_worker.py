@@ -2,7 +2,8 @@
 
     python resume_worker.py CKPT_DIR STRUCTURE FAULT
 
-FAULT is ``none``, ``micro:N`` (killed right after the N-th micro-batch of this process ran), ``boundary:S``
+FAULT is ``none``, ``micro:N`` (killed right after the N-th micro-batch of this process ran; with the window
+structure, after the window call that ran it), ``boundary:S``
 (killed right after the training state of optimizer step S was saved) or ``save:S`` (killed while the state of
 step S is being written: the temporary file is left torn). The run always asks to resume, so a second run of
 the same command continues where the killed one stopped. It prints one JSON line, the result.
@@ -20,6 +21,7 @@ from mindspore import nn
 import ms_accum.checkpoint
 from ms_accum import GradientAccumulation, MLP
 from ms_accum.cells import TrainForwardBackward, TrainAccumulationCell
+from ms_accum.window import TrainWindowCell
 from ms_accum.executor import GradientAccumulation as Executor
 
 EPOCHS, MINI_STEPS, BATCH, SAMPLES = 2, 3, 8, 100  # 13 batches an epoch: 4 full windows and a partial one
@@ -34,14 +36,14 @@ def inject(fault: str) -> None:
     kind, _, value = fault.partition(":")
     if kind == "micro":
         calls = {"n": 0}
-        for cls in (TrainAccumulationCell, TrainForwardBackward):
+        for cls in (TrainAccumulationCell, TrainForwardBackward, TrainWindowCell):
             original = cls.__call__
 
             def counted(self, *inputs, _original=original):
                 out = _original(self, *inputs)
-                out.asnumpy()  # the micro-batch has run
-                calls["n"] += 1
-                if calls["n"] == int(value):
+                out.asnumpy()  # the micro-batch (or window) has run
+                calls["n"] += out.size  # a window call returns one loss per micro-batch
+                if calls["n"] >= int(value):
                     die()
                 return out
             cls.__call__ = counted

@@ -1,0 +1,166 @@
+"""A whole accumulation window in one graph call: K stacked micro-batches, one optimizer step.
+
+`TrainAccumulationCell` costs one Python-to-graph launch per micro-batch. `TrainWindowCell` takes the window's
+K micro-batches stacked on a leading axis and runs their forward and backward passes as a loop unrolled in one
+graph, so a window is one launch (LeNet5 b32, K=4 on 2 CPU cores: see benchmarks sections a, c and d).
+
+The window's gradient is summed in graph-local tensors, and the window's side effects (the guard's counters,
+the optimizer step) come after the K passes. Measured on a 50M-parameter MLP, as growth of the peak resident
+memory in multiples of the parameters: 2.5x, against 3.9x for accumulating each micro-batch into the
+`AccumulationBuffer` and clearing it at the end, and 3.7x for K calls of `TrainAccumulationCell`; any side
+effect between the micro-batches cost MindSpore 2.10 about 1.7x (it then keeps more of the backward passes'
+tensors alive). Speed was the same within noise. The buffer is still the shared window state: its guard (loss
+scale, non-finite counts) is used here, and an epoch's partial window can run through `TrainForwardBackward` /
+`TrainOptim` / `TrainClear` on the same buffer with the same arithmetic. Networks with sparse (RowTensor)
+gradients are refused: MindSpore 2.10 cannot compile the guard's check of such a graph-local sum.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from . import _ops
+from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .accumulator import REDUCTIONS
+from .buffer import AccumulationBuffer
+from .cells import _check_buffer, _check_network, _sample_weight, _sens, _WindowCell
+from .guard import LossScaler, sparse_gradient_cell
+from .parallel import window_reducer
+
+_hyper_map = ops.HyperMap()
+_add_op = ops.MultitypeFuncGraph("ms_accum_window_add")
+
+
+@_add_op.register("Tensor", "Tensor")
+def _add(total, grad):
+    return total + grad
+
+
+class TrainWindowCell(_WindowCell):
+    r"""
+    One accumulation window in one graph: K forward and backward passes, then the optimizer step on the
+    window's mean.
+
+    A call equals `accumulate_step` calls of `TrainAccumulationCell` on the same micro-batches, bit for bit:
+    each micro-batch's gradient is weighted by its sample count through the backward pass's sensitivity, the K
+    gradients are summed in the same order, and the sum is reduced (all-reduced once in data parallel), divided
+    by the samples, unscaled, checked by the buffer's guard, optionally clipped and applied. The passes run one
+    after the other (micro-batch i starts once the sum holds i-1), so one micro-batch's activations are alive at
+    a time. The sum lives only during the call: the buffer's gradients and counters are neither read nor
+    written, so they must be empty (as every other Cell leaves them after a full window).
+
+    Args:
+        network (nn.Cell): The network with its loss, returning a scalar.
+        optimizer (nn.Optimizer): The optimizer.
+        accumulate_step (int): Micro-batches per optimizer step, K: the length of the inputs' leading axis.
+        clip_norm (float, optional): Clip the window's gradient to this global norm. Default: ``None``.
+        reduction (str): ``"mean"`` (sample-weighted) or ``"sum"``. Default: ``"mean"``.
+        buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
+        policy (str): What a non-finite micro-batch does to its window when the buffer is new: ``"skip_window"``
+            (default) or ``"skip_microbatch"`` (see `ms_accum.guard`). A non-finite window is never applied.
+        loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler, when
+            the buffer is new. Default: ``None``.
+
+    Inputs:
+        - **\*inputs** (Tensor) - The window: each input of `network` with a leading axis of K micro-batches,
+          shape :math:`(K, B, \ldots)`, so a window's micro-batches are of equal size B.
+
+    Outputs:
+        Tensor of shape :math:`(K,)`, the loss of each micro-batch.
+
+    Raises:
+        TypeError: If an argument has the wrong type, or `network` has sparse (RowTensor) gradients.
+        ValueError: If `accumulate_step` or `clip_norm` is not positive, `reduction` is unknown, `network` has no
+            trainable parameters, `buffer` does not fit `optimizer` or comes with `policy` or `loss_scaler`,
+            MindSpore's parallel mode is neither stand-alone nor data parallel, or (when the graph compiles) the
+            inputs' leading axis is not K long.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> import numpy as np
+        >>> from mindspore import Tensor, nn
+        >>> from ms_accum import TrainWindowCell
+        >>> net = nn.WithLossCell(nn.Dense(4, 2), nn.MSELoss())
+        >>> cell = TrainWindowCell(net, nn.SGD(net.trainable_params(), 0.1), accumulate_step=4)
+        >>> x, y = np.ones((4, 8, 4), np.float32), np.zeros((4, 8, 2), np.float32)
+        >>> cell(Tensor(x), Tensor(y)).shape   # one optimizer step on 4 micro-batches of 8
+        (4,)
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, accumulate_step: int,
+                 clip_norm: Optional[float] = None, reduction: str = "mean",
+                 buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
+                 loss_scaler: Optional[LossScaler] = None) -> None:
+        name = "TrainWindowCell"
+        check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
+        _check_network(network, name)
+        sparse = sparse_gradient_cell(network)
+        if sparse is not None:
+            # In MindSpore 2.10 anything HyperMap derives from a gradient tuple holding a RowTensor keeps an
+            # undetermined type, and the guard's amp.all_finite on the window's sum then fails to compile
+            # (measured, also when summed into a Parameter); TrainAccumulationCell checks the buffer it reads back.
+            raise TypeError(f"For '{name}', the argument 'network' must have dense gradients, but its cell "
+                            f"'{sparse}' gathers with SparseGatherV2 (e.g. nn.EmbeddingLookup(sparse=True)), whose "
+                            f"RowTensor gradients MindSpore 2.10 cannot check inside one window graph: use "
+                            f"TrainAccumulationCell.")
+        accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
+        clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
+        # 1.0 or 0.0: an arithmetic switch, because a Python if/else ahead of the tensor `if` below would make
+        # MindSpore 2.10 drop that branch's side effects (the optimizer step; see _ops.accumulate).
+        mean = float(check_value_in(reduction, "reduction", REDUCTIONS, name) == "mean")
+        if buffer is None:
+            buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler)
+        elif policy != "skip_window" or loss_scaler is not None:
+            raise ValueError(f"For '{name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
+                             f"them to the AccumulationBuffer given as 'buffer', not here.")
+        super().__init__(_check_buffer(buffer, optimizer, name))
+        self.network = network
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.accumulate_step = accumulate_step
+        self.micro_batches = Tensor(accumulate_step, ms.int32)  # the guard's count of the window's micro-batches
+        self.clip_norm = clip_norm
+        self.mean = mean
+        self.reducer = window_reducer(reduction, name)
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def construct(self, *inputs):
+        # Shapes are compile-time constants, so a window of the wrong length fails when the graph compiles.
+        if ops.shape(inputs[0])[0] != self.accumulate_step:
+            raise ValueError("For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long.")
+        loss, total, weight, bad = self._micro_batch(tuple([x[0] for x in inputs]))
+        samples = ops.zeros((), ms.float32) + weight  # summed in the buffer's order and dtype: exact counts
+        losses = [loss]
+        for i in range(1, self.accumulate_step):  # unrolled at compile time: K is a constant
+            # Micro-batch i waits for the sum of 0..i-1, so the graph cannot run several forward passes ahead
+            # and hold their activations at once.
+            loss, grads, weight, step_bad = self._micro_batch(tuple([ops.depend(x[i], total) for x in inputs]))
+            total = _hyper_map(_add_op, total, grads)
+            samples = samples + weight
+            bad = bad + step_bad
+            losses.append(loss)
+        # The guard's per-micro-batch counts, written once: any side effect between the micro-batches (these
+        # counters, or accumulating into the buffer) raised the graph's peak memory by 1.7x the parameters.
+        self.guard.count(bad)
+        # As _WindowCell.apply_window, on the local sum instead of the buffer. In data parallel this is the
+        # window's only communication.
+        grad_sum, divisor = self.reducer(total, samples)
+        grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, self.clip_norm)
+        applied = self.guard.close(grads, self.reducer, self.micro_batches)
+        if applied:
+            self.optimizer(grads)
+        return ops.stack(losses)
+
+    def _micro_batch(self, inputs):
+        loss = self.network(*inputs)
+        weight = _sample_weight(inputs[0], self.mean)
+        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
+        # The guard's policy without its counting (WindowGuard.micro_batch = filter + count), done once per window.
+        grads, weight, bad = self.guard.filter(loss, grads, weight)
+        return loss, grads, weight, bad
+

@@ -1,0 +1,191 @@
+"""TrainWindowCell: one call per window equals K calls of TrainAccumulationCell, bit for bit.
+
+The reference is the library's own fused micro-step Cell (itself tested against the big batch in
+test_equivalence.py) on the same micro-batches from the same weights. Both add the same float32 gradients in the
+same order, so parameters, losses and optimizer state agree exactly.
+"""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, amp, nn
+
+from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainForwardBackward, TrainOptim, TrainWindowCell
+from conftest import make_optimizer
+
+K, B, FEATURES, CLASSES, WINDOWS = 4, 5, 6, 3, 3
+
+
+def small_net(seed: int = 0) -> nn.Cell:
+    ms.set_seed(seed)
+    return nn.SequentialCell(nn.Dense(FEATURES, 8), nn.ReLU(), nn.Dense(8, CLASSES))
+
+
+def with_loss(net: nn.Cell) -> nn.Cell:
+    return nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+
+
+def windows(count: int = WINDOWS, seed: int = 0, nan_micro_batch=None):
+    """(K, B, FEATURES) images and (K, B) labels per window."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((count, K, B, FEATURES)).astype(np.float32)
+    y = rng.integers(0, CLASSES, (count, K, B)).astype(np.int32)
+    if nan_micro_batch is not None:
+        x[nan_micro_batch] = np.nan  # (window, micro-batch): one sample poisons that micro-batch
+    return x, y
+
+
+def params_of(opt):
+    return [p.asnumpy().copy() for p in opt.parameters]
+
+
+def optimizer_state(opt):
+    return {p.name: p.asnumpy().copy() for p in opt.get_parameters()}
+
+
+def twins(optimizer: str = "momentum", **kwargs):
+    """(window cell, its optimizer), (fused cell, its optimizer): identical weights, identical settings."""
+    cells = []
+    for cls in (TrainWindowCell, TrainAccumulationCell):
+        net = small_net()
+        opt = make_optimizer(optimizer, net.trainable_params())
+        cells.append((cls(with_loss(net), opt, K, **kwargs).set_train(), opt))
+    return cells
+
+
+def assert_buffer_empty(cell):
+    assert not any(g.asnumpy().any() for g in cell.grad_sum)
+    assert int(cell.mini_step.asnumpy()) == 0 and float(cell.num_samples.asnumpy()) == 0.0
+
+
+CASES = {
+    "momentum": ("momentum", {}),
+    "adam": ("adam", {}),  # Adam(eps=1e-6), conftest.make_optimizer
+    # clip_norm far below the gradients' norm (~1), so every window is clipped, and clipped after unscaling.
+    "clip_scaled": ("momentum", {"clip_norm": 0.05, "loss_scaler": amp.StaticLossScaler(1024.0)}),
+    "sum": ("momentum", {"reduction": "sum"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_window_equals_k_fused_micro_steps(case):
+    optimizer, kwargs = CASES[case]
+    (window, window_opt), (fused, fused_opt) = twins(optimizer, **kwargs)
+    start = params_of(window_opt)
+    x, y = windows()
+    for w in range(WINDOWS):
+        losses = window(Tensor(x[w]), Tensor(y[w]))
+        expected = [fused(Tensor(x[w, i]), Tensor(y[w, i])).asnumpy() for i in range(K)]
+        assert losses.shape == (K,)
+        np.testing.assert_array_equal(losses.asnumpy(), np.stack(expected))
+        for a, e in zip(params_of(window_opt), params_of(fused_opt)):
+            np.testing.assert_array_equal(a, e)
+        assert_buffer_empty(window)
+    assert all((a != s).any() for a, s in zip(params_of(window_opt), start))  # it did train
+    state, expected_state = optimizer_state(window_opt), optimizer_state(fused_opt)
+    for name in expected_state:  # moments, Adam's beta powers: the optimizer ran exactly WINDOWS times
+        np.testing.assert_array_equal(state[name], expected_state[name], err_msg=name)
+
+
+def test_pynative_equals_graph():
+    x, y = windows(count=2)
+    results = []
+    for mode in (ms.GRAPH_MODE, ms.PYNATIVE_MODE):
+        ms.set_context(mode=mode)
+        net = small_net()
+        opt = make_optimizer("momentum", net.trainable_params())
+        cell = TrainWindowCell(with_loss(net), opt, K).set_train()
+        for w in range(2):
+            cell(Tensor(x[w]), Tensor(y[w]))
+        results.append(params_of(opt))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    for a, e in zip(*results):
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)
+
+
+def test_partial_window_through_the_three_graphs_on_the_same_buffer():
+    # What the executor does at an epoch's end: full windows through TrainWindowCell, then the last 2 micro-batches
+    # through TrainForwardBackward + TrainOptim sharing its buffer; the reference runs all 6 through the fused Cell.
+    x, y = windows(count=2)
+    cells, buffers = [], []
+    for cls in (TrainWindowCell, TrainAccumulationCell):
+        net = small_net()
+        opt = make_optimizer("momentum", net.trainable_params())
+        buffers.append(AccumulationBuffer(opt.parameters))
+        cells.append((cls(with_loss(net), opt, K, buffer=buffers[-1]).set_train(), opt))
+    (window, opt), (fused, ref_opt) = cells
+    forward_backward = TrainForwardBackward(window.network, opt, buffers[0]).set_train()
+    window(Tensor(x[0]), Tensor(y[0]))
+    for i in range(2):
+        forward_backward(Tensor(x[1, i]), Tensor(y[1, i]))
+        fused(Tensor(x[0, i]), Tensor(y[0, i]))
+    for i in range(2, K):
+        fused(Tensor(x[0, i]), Tensor(y[0, i]))
+    for i in range(2):
+        fused(Tensor(x[1, i]), Tensor(y[1, i]))
+    for a, e in zip(window.grad_sum, fused.grad_sum):  # the open partial window, accumulated alike
+        np.testing.assert_array_equal(a.asnumpy(), e.asnumpy())
+    TrainOptim(opt, buffers[0]).set_train()()
+    TrainOptim(ref_opt, buffers[1]).set_train()()
+    for a, e in zip(params_of(opt), params_of(ref_opt)):
+        np.testing.assert_array_equal(a, e)
+
+
+@pytest.mark.parametrize("policy", ["skip_window", "skip_microbatch"])
+def test_non_finite_micro_batch_handled_as_the_fused_cell_does(policy):
+    (window, window_opt), (fused, fused_opt) = twins(policy=policy)
+    x, y = windows(nan_micro_batch=(1, 2))
+    for w in range(WINDOWS):
+        window(Tensor(x[w]), Tensor(y[w]))
+        for i in range(K):
+            fused(Tensor(x[w, i]), Tensor(y[w, i]))
+    for a, e in zip(params_of(window_opt), params_of(fused_opt)):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, e)
+    counters = ("skipped_windows", "skipped_micro_batches", "window_bad")
+    assert {c: int(getattr(window.guard, c).asnumpy()) for c in counters} == \
+        {c: int(getattr(fused.guard, c).asnumpy()) for c in counters}
+    assert int(window.guard.skipped_windows.asnumpy()) == (policy == "skip_window")
+
+
+def test_wrong_window_length_fails_when_compiling():
+    (window, _), _ = twins()
+    x, y = windows(count=1)
+    with pytest.raises(ValueError, match="the inputs' leading axis must be 'accumulate_step' long"):
+        window(Tensor(x[0, :K - 1]), Tensor(y[0, :K - 1]))
+
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (1.5, TypeError), (None, TypeError),
+                                         (True, TypeError)])
+def test_bad_accumulate_step(value, error):
+    net = with_loss(small_net())
+    with pytest.raises(error, match="For 'TrainWindowCell', the argument 'accumulate_step' must be a positive int"):
+        TrainWindowCell(net, nn.SGD(net.trainable_params(), 0.1), value)
+
+
+def test_bad_arguments():
+    net = with_loss(small_net())
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'optimizer' must be Optimizer"):
+        TrainWindowCell(net, None, K)
+    with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'network' must be Cell"):
+        TrainWindowCell(lambda x: x, opt, K)
+    with pytest.raises(ValueError, match="For 'TrainWindowCell', the argument 'network' must have trainable"):
+        TrainWindowCell(nn.WithLossCell(nn.ReLU(), nn.MSELoss()), opt, K)
+    with pytest.raises(ValueError, match="For 'TrainWindowCell', the argument 'clip_norm' must be a positive float"):
+        TrainWindowCell(net, opt, K, clip_norm=0.0)
+    with pytest.raises(ValueError, match=r"the argument 'reduction' must be one of \['mean', 'sum'\], but got 'avg'"):
+        TrainWindowCell(net, opt, K, reduction="avg")
+    with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'buffer' must be AccumulationBuffer"):
+        TrainWindowCell(net, opt, K, buffer=[])
+    with pytest.raises(ValueError, match="'buffer' must hold one gradient per optimizer parameter"):
+        TrainWindowCell(net, opt, K, buffer=AccumulationBuffer(opt.parameters[:1]))
+    with pytest.raises(ValueError, match="'policy' and 'loss_scaler' belong to the buffer"):
+        TrainWindowCell(net, opt, K, buffer=AccumulationBuffer(opt.parameters), policy="skip_microbatch")
+
+
+def test_sparse_gradients_are_refused_with_the_alternative():
+    # MindSpore 2.10 cannot check a window sum of RowTensor gradients for finiteness in one graph (see window.py).
+    net = nn.WithLossCell(nn.SequentialCell(nn.EmbeddingLookup(10, 4, sparse=True), nn.Dense(4, 2)), nn.MSELoss())
+    with pytest.raises(TypeError, match="'network' must have dense gradients, but its cell '_backbone.0' gathers "
+                                        "with SparseGatherV2.*use TrainAccumulationCell"):
+        TrainWindowCell(net, nn.SGD(net.trainable_params(), 0.1), K)
