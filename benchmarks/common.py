@@ -219,6 +219,13 @@ def tensors(batches):
     return [(Tensor(x), Tensor(y)) for x, y in batches]
 
 
+def window_tensors(batches, k: int = K):
+    """numpy (images, labels) micro-batches -> TrainWindowCell's inputs: (K, B, ...) Tensors, one pair per window."""
+    from mindspore import Tensor
+    return [(Tensor(np.stack([x for x, _ in batches[i:i + k]])), Tensor(np.stack([y for _, y in batches[i:i + k]])))
+            for i in range(0, len(batches) - k + 1, k)]
+
+
 def cycle_calls(fn, inputs):
     """fn(n): call `fn(*inputs[i % len])` n times, then wait for the last result."""
     def run(n: int) -> None:

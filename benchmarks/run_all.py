@@ -6,10 +6,10 @@ Sections (LeNet5, Momentum(0.01, 0.9), micro-batch 32, K = 4; contenders interle
 excluded, median ms and the ratio to a baseline):
   a  ms_accum's micro-step and executor loop vs nn.TrainOneStepCell (target <= 1.02)
   b  ms_accum vs the documentation's two implementations (the benchmark's own copies)
-  c  a window of 4 x b32 vs one b128 step (target <= 1.00), with the WindowCell prototype
+  c  a window of 4 x b32 vs one b128 step (target <= 1.00), with TrainWindowCell (one call per window)
   d  vs the equivalent PyTorch CPU loop (target throughput >= 1.0x), and MindSpore thread settings
   e  the tutorial's epoch end to end (real MNIST pipeline) vs the step alone
-  f  memory the accumulator adds, as a multiple of the parameters
+  f  memory the accumulator adds, as a multiple of the parameters (Parameters counted; peak RSS per structure)
   profile  where the time goes: MindSpore profiler, ONEDNN_VERBOSE=1, torch.profiler; max-pooling rewrites
   g  DIR/ratios.png; DIR/report.txt and DIR/results.json hold the tables.
 --quick is a ~1-2 minute smoke run (few rounds, fewer contenders): a check that everything runs, not a measurement.
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     rounds, calls, windows, images, traced = (3, 8, 2, 1024, 8) if args.quick else (21, 32, 8, 6400, 64)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
-    report, tables, memory_rows = [common.header()], [], None
+    report, tables, memory_rows, peak_rows = [common.header()], [], None, None
 
     def emit(text: str) -> None:
         print(text, flush=True)
@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     if "f" in args.only:
         memory_rows, trainable = memory.accumulator_memory()
         emit(memory.render(memory_rows, trainable))
+        common.log(f"-- f2: peak resident memory, one process per structure ({time.time() - started:.0f} s so far)")
+        peak_rows, peak_params = memory.peak_rss()
+        emit(memory.render_peak(peak_rows, peak_params))
     if "profile" in args.only:
         common.log(f"-- profile ({time.time() - started:.0f} s so far)")
         emit(profile.breakdown(traced, args.quick))
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
         handle.write("\n\n".join(report) + "\n")
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
         json.dump({"header": report[0], "quick": args.quick, "tables": [t.to_json() for t in tables],
-                   "memory": memory_rows}, handle, indent=1)
+                   "memory": memory_rows, "peak_memory": peak_rows}, handle, indent=1)
     print(f"wrote {args.out}/report.txt, results.json and {os.path.basename(png)}", flush=True)
     return 0
 

@@ -3,14 +3,14 @@
 a. ms_accum's micro-step vs the fastest plain MindSpore step (nn.TrainOneStepCell), and the executor's loop
    vs a plain loop over the same in-memory dataset;
 b. ms_accum vs the documentation's two implementations (the benchmark's own copies, doc_impls.py);
-c. a window of 4 x b32 vs one step on b128, with the WindowCell prototype (window_cell.py).
+c. a window of 4 x b32 vs one step on b128, with TrainWindowCell (one graph call per window).
 LeNet5, Momentum(0.01, 0.9), micro-batch 32, K = 4, every contender on its own identically initialised copy.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .common import BATCH, K, Table, cycle_calls, interleave, lenet, sync, tensors
+from .common import BATCH, K, Table, cycle_calls, interleave, lenet, sync, tensors, window_tensors
 
 
 def _one_step_cell(seed=0):
@@ -26,18 +26,33 @@ def _accumulation_cell(seed=0):
     return TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K).set_train()
 
 
+def _window_cell(seed=0):
+    from mindspore import nn
+    from ms_accum import TrainWindowCell
+    net, loss, opt = lenet(seed)
+    return TrainWindowCell(nn.WithLossCell(net, loss), opt, K).set_train()
+
+
+def per_micro_batch(window_fn):
+    """fn(n) over micro-batches from fn(n) over windows of K (n is a multiple of K in every section)."""
+    return lambda n: window_fn(n // K)
+
+
 def micro_step(batches, rounds: int, calls: int) -> Table:
     """a1: one micro-batch through each structure, the Cells called directly on pre-loaded tensors."""
     inputs = tensors(batches)
     table = Table("a1", "ms_accum micro-step vs plain nn.TrainOneStepCell (LeNet5 b32, pre-loaded tensors)",
                   "one micro-batch of 32", BATCH, "nn.TrainOneStepCell (no accumulation)", "<= 1.02",
-                  ["TrainAccumulationCell K=4"])
+                  ["TrainAccumulationCell K=4", "TrainWindowCell K=4, one call per window"])
     contenders = {
         "nn.TrainOneStepCell (no accumulation)": cycle_calls(_one_step_cell(), inputs),
         "TrainAccumulationCell K=4": cycle_calls(_accumulation_cell(), inputs),
+        "TrainWindowCell K=4, one call per window":
+            per_micro_batch(cycle_calls(_window_cell(), window_tensors(batches))),
     }
     table.rows = interleave(contenders, rounds, calls)
-    table.notes.append("TrainAccumulationCell is the Cell GradientAccumulation's default ('fused') path calls.")
+    table.notes.append("TrainAccumulationCell is the Cell GradientAccumulation's default ('fused') path calls; "
+                       "TrainWindowCell takes the 4 micro-batches stacked, (4, 32, 1, 32, 32), in one call.")
     return table
 
 
@@ -73,14 +88,37 @@ def executor_loop(batches, rounds: int) -> Table:
     def accumulate(_n):
         executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False)
 
+    window_name, window_loop = _window_loop(dataset)
     table = Table("a2", f"executor loop vs plain loop over one in-memory dataset ({len(batches)} batches of 32 "
                   "per round, iterator start included)", "one micro-batch of 32", BATCH,
-                  "plain loop: nn.TrainOneStepCell", "<= 1.02", ["GradientAccumulation.train_process (default)"])
+                  "plain loop: nn.TrainOneStepCell", "<= 1.02",
+                  ["GradientAccumulation.train_process (default)", window_name])
     table.rows = interleave({"plain loop: nn.TrainOneStepCell": plain,
-                             "GradientAccumulation.train_process (default)": accumulate}, rounds, len(batches))
+                             "GradientAccumulation.train_process (default)": accumulate,
+                             window_name: window_loop}, rounds, len(batches))
     table.notes.append("train_process reads each window's losses back (asnumpy) to log the step; the plain loop "
                        "never waits for a result until its last step.")
     return table
+
+
+def _window_loop(dataset):
+    """TrainWindowCell over the same dataset: through the executor once it offers structure='window', until then
+    a loop over dataset.batch(K) (windows stacked by the pipeline) that reads each window's losses like it."""
+    from ms_accum import GradientAccumulation, executor as executor_module
+    net, loss_fn, opt = lenet()
+    if "window" in executor_module.STRUCTURES:
+        executor = GradientAccumulation(net, loss_fn, opt, structure="window")
+        return ("GradientAccumulation.train_process (structure='window')",
+                lambda _n: executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False))
+    from mindspore import nn
+    from ms_accum import TrainWindowCell
+    cell = TrainWindowCell(nn.WithLossCell(net, loss_fn), opt, K).set_train()
+    windows = dataset.batch(K, drop_remainder=True)
+
+    def run(_n):
+        for x, y in windows.create_tuple_iterator(num_epochs=1):
+            cell(x, y).asnumpy()
+    return "loop over dataset.batch(4): TrainWindowCell", run
 
 
 def jit_accumulator_step(net, loss_fn, opt, k: int = K):
@@ -172,37 +210,39 @@ def _doc002(executor, inputs):
 
 
 def window(batches, rounds: int, windows: int):
-    """c: one window of 4 x b32 vs one b128 step, including the WindowCell prototype. Returns (table, max diff)."""
-    from mindspore import Tensor, nn
-    from .window_cell import WindowCell, check_equivalence, stack_window
+    """c: one window of 4 x b32 vs one b128 step, including TrainWindowCell. Returns (table, max diff)."""
+    from mindspore import Tensor
 
-    stacked = stack_window(batches, K)
-    big = [(Tensor(x.reshape((-1,) + x.shape[2:])), Tensor(y.reshape(-1))) for x, y in stacked]
-    stacked_t = [(Tensor(x), Tensor(y)) for x, y in stacked]
+    stacked = window_tensors(batches)
+    big = [(Tensor(x.asnumpy().reshape((-1,) + x.shape[2:])), Tensor(y.asnumpy().reshape(-1))) for x, y in stacked]
     micro = tensors(batches)
-
-    def window_cell(chain):
-        net, loss, opt = lenet()
-        return cycle_calls(WindowCell(nn.WithLossCell(net, loss), opt, K, chain=chain).set_train(), stacked_t)
-
     accumulation = cycle_calls(_accumulation_cell(), micro)
     small_steps = cycle_calls(_one_step_cell(), micro)
     contenders = {
         "nn.TrainOneStepCell on b128": cycle_calls(_one_step_cell(), big),
         "TrainAccumulationCell, 4 calls of b32": lambda n: accumulation(K * n),
-        "WindowCell prototype, 1 call of (4,32,...)": window_cell(True),
-        "WindowCell prototype, unchained": window_cell(False),
+        "TrainWindowCell, 1 call of (4,32,...)": cycle_calls(_window_cell(), stacked),
         "nn.TrainOneStepCell, 4 calls of b32 (4 updates)": lambda n: small_steps(K * n),
     }
     table = Table("c", "a window of 4 x b32 vs one step on b128", "one window of 128 images", K * BATCH,
                   "nn.TrainOneStepCell on b128", "<= 1.00",
-                  ["TrainAccumulationCell, 4 calls of b32", "WindowCell prototype, 1 call of (4,32,...)"])
+                  ["TrainAccumulationCell, 4 calls of b32", "TrainWindowCell, 1 call of (4,32,...)"])
     table.rows = interleave(contenders, rounds, windows)
-    diff = check_equivalence(batches, K)
-    table.notes.append(f"WindowCell vs TrainOneStepCell(b128) after 3 windows, same init: max |param diff| = "
+    diff = _window_vs_big_batch(stacked, big)
+    table.notes.append(f"TrainWindowCell vs TrainOneStepCell(b128) after 3 windows, same init: max |param diff| = "
                        f"{diff:.2e} (float32 summation order only)")
-    win, acc = (np.median(table.rows[name]) for name in ("WindowCell prototype, 1 call of (4,32,...)",
+    win, acc = (np.median(table.rows[name]) for name in ("TrainWindowCell, 1 call of (4,32,...)",
                                                             "TrainAccumulationCell, 4 calls of b32"))
-    table.notes.append(f"WindowCell: {win / K:.3f} ms per micro-batch, {win / acc:.3f}x the time of 4 separate "
+    table.notes.append(f"TrainWindowCell: {win / K:.3f} ms per micro-batch, {win / acc:.3f}x the time of 4 separate "
                        f"TrainAccumulationCell calls ({'beats' if win < acc else 'does not beat'} them)")
     return table, diff
+
+
+def _window_vs_big_batch(stacked, big) -> float:
+    """Max |param difference| after 3 windows: TrainWindowCell on K micro-batches vs TrainOneStepCell on K*B."""
+    big_cell, win_cell = _one_step_cell(seed=1), _window_cell(seed=1)
+    for window_inputs, big_inputs in list(zip(stacked, big))[:3]:
+        big_cell(*big_inputs)
+        win_cell(*window_inputs)
+    return max(float(np.abs(a.asnumpy() - b.asnumpy()).max())
+               for a, b in zip(big_cell.optimizer.parameters, win_cell.optimizer.parameters))

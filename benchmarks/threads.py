@@ -17,8 +17,8 @@ from .common import BATCH, REPO, Table, interleave, log, version
 WORKERS = [
     ("torch: SGD(momentum) loop, K=4, set_num_threads(cores)", "torch", "default", {}),
     ("ms_accum TrainAccumulationCell, defaults", "ms_cell", "default", {}),
+    ("ms_accum TrainWindowCell (one call per window), defaults", "ms_window", "default", {}),
     ("ms_accum Accumulator + @ms.jit, defaults", "ms_jit", "default", {}),
-    ("WindowCell prototype, defaults", "ms_window", "default", {}),
     ("TrainAccumulationCell, op threads_num(1)", "ms_cell", "threads_num=1", {}),
     ("TrainAccumulationCell, op threads_num(2)", "ms_cell", "threads_num=2", {}),
     ("TrainAccumulationCell, dispatch_threads_num(1)", "ms_cell", "dispatch_threads_num=1", {}),
@@ -26,7 +26,7 @@ WORKERS = [
     ("TrainAccumulationCell, OMP_NUM_THREADS=1", "ms_cell", "env", {"OMP_NUM_THREADS": "1"}),
     ("torch, set_num_threads(1)", "torch", "threads_num=1", {}),
 ]
-QUICK_WORKERS = 2  # --quick: torch and the library's default structure
+QUICK_WORKERS = 3  # --quick: torch, the library's default structure and its one-call-per-window Cell
 
 
 class Worker:

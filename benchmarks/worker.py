@@ -46,20 +46,19 @@ def torch_contender(batches, k: int, threads: int = 0):
 
 
 def mindspore_contender(name: str, batches, k: int):
-    from mindspore import Tensor, nn
-    from ms_accum import TrainAccumulationCell
-    from .common import cycle_calls, lenet, tensors
+    from mindspore import nn
+    from ms_accum import TrainAccumulationCell, TrainWindowCell
+    from .common import cycle_calls, lenet, tensors, window_tensors
     from .steps import jit_accumulator_step
-    from .window_cell import WindowCell, stack_window
     net, loss_fn, opt = lenet()
     if name == "ms_cell":
         return cycle_calls(TrainAccumulationCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(), tensors(batches))
     if name == "ms_one_step":
         return cycle_calls(nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt).set_train(), tensors(batches))
     if name == "ms_window":
-        window = cycle_calls(WindowCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(),
-                             [(Tensor(x), Tensor(y)) for x, y in stack_window(batches, k)])
-        return lambda n: window(n // k)
+        window = cycle_calls(TrainWindowCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(),
+                             window_tensors(batches, k))
+        return lambda n: window(n // k)  # n is a multiple of k: threads.py asks for blocks of 2 x 8 or 2 x 32
     return cycle_calls(jit_accumulator_step(net, loss_fn, opt, k), tensors(batches))
 
 

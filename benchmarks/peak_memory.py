@@ -1,0 +1,65 @@
+"""Section f, second part: peak resident memory of a train structure, one process per structure.
+
+    python -m benchmarks.peak_memory CONTENDER
+
+Counting Parameters (memory.py) misses what a graph allocates while it runs: gradients, the temporaries of
+clearing a buffer, a window's graph-local sum. So each structure trains a few windows of an MLP large enough
+(3 x 4096^2 weights, 192 MiB) for its parameter-sized tensors to dominate, in a fresh process, and prints
+``PEAK <bytes> PARAMS <bytes>``: the growth of the process's peak RSS (VmHWM) from just before the Cell is
+built, and the trainable bytes. SGD without momentum, so the optimizer adds no state of its own.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+CONTENDERS = ("one_step", "fused", "window")
+K, B, WIDTH, WINDOWS = 4, 8, 4096, 4
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def measure(contender: str):
+    import mindspore as ms
+    from mindspore import Tensor, nn
+    from ms_accum import TrainAccumulationCell, TrainWindowCell
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(WIDTH, WIDTH), nn.ReLU(), nn.Dense(WIDTH, WIDTH), nn.ReLU(),
+                             nn.Dense(WIDTH, WIDTH), nn.ReLU(), nn.Dense(WIDTH, 10)])
+    net_with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    opt = nn.SGD(net.trainable_params(), 0.01)
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((K, B, WIDTH)).astype(np.float32))
+    y = Tensor(rng.integers(0, 10, (K, B)).astype(np.int32))
+    micro = [(Tensor(x.asnumpy()[i]), Tensor(y.asnumpy()[i])) for i in range(K)]
+    start = _status("VmRSS")
+    if contender == "window":
+        cell = TrainWindowCell(net_with_loss, opt, K).set_train()
+        run = lambda: cell(x, y).asnumpy()  # noqa: E731
+    else:
+        cell = (nn.TrainOneStepCell(net_with_loss, opt) if contender == "one_step"
+                else TrainAccumulationCell(net_with_loss, opt, K)).set_train()
+        run = lambda: [cell(*inputs) for inputs in micro][-1].asnumpy()  # noqa: E731
+    for _ in range(WINDOWS):
+        run()
+    return _status("VmHWM") - start, sum(p.nbytes for p in net.trainable_params())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("contender", choices=CONTENDERS)
+    peak, params = measure(parser.parse_args(argv).contender)
+    print(f"PEAK {peak} PARAMS {params}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
