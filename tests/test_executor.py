@@ -8,7 +8,7 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, nn
 
-from ms_accum import GradientAccumulation
+from ms_accum import GradientAccumulation, MLP
 from conftest import batch_for, make_net, params_of
 
 
@@ -205,3 +205,17 @@ def test_executor_owns_one_buffer_per_parameter_plus_scalars():
     known = {id(p) for _, p in ex._optimizer.parameters_and_names()} | {id(p) for p in owned}
     for cell in (ex._train_forward_backward, ex._train_optim, ex._train_clear, ex._fused[4]):
         assert {id(p) for _, p in cell.parameters_and_names()} <= known
+
+
+def test_auto_structure_unrolls_small_windows_of_dense_networks_only():
+    net = MLP()
+    ex = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                              nn.SGD(net.trainable_params()))
+    assert ex.structure_for(4) == ex.structure_for(16) == "window"
+    assert ex.structure_for(17) == "fused"  # compile time of the unrolled graph grows with K
+    sparse = nn.SequentialCell(nn.EmbeddingLookup(20, 4, sparse=True), nn.Flatten(), nn.Dense(8, 3))
+    ex = GradientAccumulation(sparse, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                              nn.SGD(sparse.trainable_params()))
+    assert ex.structure_for(4) == "fused"  # TrainWindowCell refuses RowTensor gradients
+    assert GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()),
+                                structure="three_graphs").structure_for(4) == "three_graphs"
