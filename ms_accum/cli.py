@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
     train.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
     train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
+    train.add_argument("--structure", choices=("auto", "window", "fused", "three_graphs"), default="auto",
+                       help="how micro-batches run (default auto: one graph call per window up to K=16)")
+    train.add_argument("--policy", choices=("skip_window", "skip_microbatch"), default="skip_window",
+                       help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
+    train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")
+    train.add_argument("--loss-scale", choices=("none", "static", "dynamic"), default="none",
+                       help="MindSpore loss scaling, checked and updated once per window (default none)")
+    train.add_argument("--loss-scale-value", type=positive_float, default=2.0 ** 16, metavar="S",
+                       help="the (initial) loss scale (default 65536)")
+    train.add_argument("--recompute", nargs="+", metavar="CELL", help="sub-cells to recompute in the backward "
+                                                                      "pass, e.g. conv1 conv2 (saves memory)")
     train.add_argument("--partial-window", choices=("apply", "drop"), default="apply",
                        help="what to do with an epoch's last, incomplete window (default apply)")
     train.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
@@ -239,7 +250,9 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     windows = batches // args.accumulate_steps
     if args.partial_window == "apply" and batches % args.accumulate_steps:
         windows += 1
-    executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm)
+    executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
+                                    policy=args.policy, loss_scaler=_loss_scaler(args),
+                                    stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute)
     label = f"{args.model}, K={args.accumulate_steps} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if synthetic else "")
     if parallel is not None:
@@ -261,12 +274,15 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
                "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
-               "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from}
+               "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
+               "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
         resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
         loss = "" if summary["final_loss"] is None else f", final window loss {summary['final_loss']:.6f}"
-        print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{tag}")
+        skipped = f", {result.skipped_windows} non-finite window(s) skipped" if result.skipped_windows else ""
+        print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{skipped}"
+              f"{tag}")
         print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
     if not args.no_eval:
         evaluation, _ = _evaluate(result.checkpoint, args.model, data_dir, 256, None, args.quiet)
@@ -274,6 +290,15 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         if not args.json:
             print(_accuracy_line(evaluation, synthetic))
     return summary
+
+
+def _loss_scaler(args: argparse.Namespace):
+    from mindspore import amp
+    if args.loss_scale == "static":
+        return amp.StaticLossScaler(args.loss_scale_value)
+    if args.loss_scale == "dynamic":  # MindSpore's usual settings: halve on overflow, double after 1000 clean steps
+        return amp.DynamicLossScaler(args.loss_scale_value, scale_factor=2, scale_window=1000)
+    return None
 
 
 def _optimizer(settings: dict, params):
@@ -319,7 +344,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .data import DataError
     try:
         summary = run_train(args) if args.command == "train" else run_eval(args)
-    except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError) as err:
+    except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError, FloatingPointError) as err:
         print(f"ms-accum {args.command}: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

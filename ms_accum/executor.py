@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -20,6 +20,7 @@ from .checkpoint import CheckpointError, checkpoint_path, find_latest, load_chec
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim, TrainingState
 from .window import TrainWindowCell
 from .parallel import check_same_on_all_ranks, data_parallel_info
+from .recompute import recompute_cells
 
 
 PARTIAL_WINDOWS = ("apply", "drop")
@@ -110,6 +111,10 @@ class GradientAccumulation:
             dynamic scale is adjusted once per window. Overflowing windows are skipped and logged. Default: ``None``.
         stop_on_nonfinite (bool): Raise `NonFiniteError` at the first skipped window instead of going on.
             Default: ``False``.
+        recompute (Sequence[str], optional): Paths of sub-cells of `network` (``network.cells_and_names()``) whose
+            forward pass is recomputed in the backward pass instead of keeping their activations
+            (`ms_accum.recompute.recompute_cells`), for networks where even one micro-batch does not fit.
+            Gradients are unchanged. Default: ``None``.
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
@@ -132,7 +137,7 @@ class GradientAccumulation:
     def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
                  clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "auto",
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
-                 stop_on_nonfinite: bool = False) -> None:
+                 stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None) -> None:
         name = "GradientAccumulation"
         self._network = check_isinstance(network, "network", nn.Cell, name)
         self._loss_fn = check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
@@ -142,6 +147,8 @@ class GradientAccumulation:
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone
+        if recompute is not None:
+            recompute_cells(network, recompute)
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, "grad_sum", policy, loss_scaler)

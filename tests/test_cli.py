@@ -153,3 +153,38 @@ def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "train" in out.stdout and "eval" in out.stdout
+
+
+def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, capsys):
+    argv = ["train", "--model", "mlp", "--accumulate-steps", "3", "--batch-size", "16", "--epochs", "2",
+            "--num-samples", "320", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
+            "--json", "--save-every", "4", "--keep-last", "2"]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["resumed_from"] is None and first["optimizer_steps"] == 14  # 20 batches: 7 windows an epoch
+    expected, _ = load_checkpoint(str(tmp_path / "mlp.ckpt"))
+    states = sorted(p.name for p in tmp_path.glob("mlp-*.ckpt"))
+    assert states == ["mlp-000000008.ckpt", "mlp-000000012.ckpt"]  # keep-last 2
+    os.remove(tmp_path / states[-1])  # as if the run had died before step 12 was saved
+    os.remove(tmp_path / "mlp.ckpt")
+
+    assert cli.main(argv + ["--resume"]) == 0
+    resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resumed["resumed_from"] == str(tmp_path / states[0]) and resumed["optimizer_steps"] == 6
+    got, _ = load_checkpoint(str(tmp_path / "mlp.ckpt"))
+    for name, value in expected.items():
+        assert np.array_equal(got[name].asnumpy(), value.asnumpy()), name
+
+
+def test_loss_scale_policy_and_recompute_flags(tmp_path, synthetic, capsys):
+    assert cli.main(["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "16",
+                     "--num-samples", "64", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
+                     "--json", "--loss-scale", "dynamic", "--loss-scale-value", "1024", "--policy", "skip_microbatch",
+                     "--recompute", "conv1", "conv2", "--structure", "fused"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["optimizer_steps"] == 2 and summary["skipped_windows"] == 0
+    _, meta = load_checkpoint(str(tmp_path / "lenet5.ckpt"))
+    assert meta["step"] == 2
+    assert cli.main(["train", "--recompute", "conv9", "--data", synthetic, "--ckpt-dir", str(tmp_path),
+                     "--quiet"]) == 1
+    assert "'names' must hold sub-cells of the network, but got 'conv9'" in capsys.readouterr().err

@@ -33,3 +33,23 @@ def test_bad_names():
         recompute_cells(make_net("lenet5"), ["conv9"])
     with pytest.raises(TypeError, match="the argument 'names' must be str"):
         recompute_cells(make_net("lenet5"), [3])
+
+
+def test_executor_option_recomputes_and_trains_the_same():
+    import mindspore.dataset as ds
+    from ms_accum import GradientAccumulation
+    x, y = batch_for("lenet5", 16, seed=3)
+    trained = []
+    for recompute in (["conv1", "conv2"], None):
+        net = make_net("lenet5")
+        executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                        nn.Momentum(net.trainable_params(), 0.05, 0.9), recompute=recompute)
+        assert ("output_recompute" in net.conv2.get_flags()) == bool(recompute)
+        executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4), 2, ckpt_dir=None,
+                               verbose=False)
+        trained.append(params_of(net))
+    for a, b in zip(*trained):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="but got 'conv9'"):
+        GradientAccumulation(make_net("lenet5"), nn.MSELoss(), nn.SGD(make_net("lenet5").trainable_params()),
+                             recompute=["conv9"])
