@@ -51,8 +51,9 @@ def micro_step(batches, rounds: int, calls: int) -> Table:
             per_micro_batch(cycle_calls(_window_cell(), window_tensors(batches))),
     }
     table.rows = interleave(contenders, rounds, calls)
-    table.notes.append("TrainAccumulationCell is the Cell GradientAccumulation's default ('fused') path calls; "
-                       "TrainWindowCell takes the 4 micro-batches stacked, (4, 32, 1, 32, 32), in one call.")
+    table.notes.append("TrainWindowCell is what GradientAccumulation's default ('auto') runs for K=4: it takes the 4 "
+                       "micro-batches stacked, (4, 32, 1, 32, 32), in one call; TrainAccumulationCell is the "
+                       "structure='fused' Cell, one call per micro-batch.")
     return table
 
 
@@ -88,37 +89,26 @@ def executor_loop(batches, rounds: int) -> Table:
     def accumulate(_n):
         executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False)
 
-    window_name, window_loop = _window_loop(dataset)
+    fused_name, fused_loop = _fused_loop(dataset)
     table = Table("a2", f"executor loop vs plain loop over one in-memory dataset ({len(batches)} batches of 32 "
                   "per round, iterator start included)", "one micro-batch of 32", BATCH,
                   "plain loop: nn.TrainOneStepCell", "<= 1.02",
-                  ["GradientAccumulation.train_process (default)", window_name])
+                  ["GradientAccumulation.train_process (default)", fused_name])
     table.rows = interleave({"plain loop: nn.TrainOneStepCell": plain,
                              "GradientAccumulation.train_process (default)": accumulate,
-                             window_name: window_loop}, rounds, len(batches))
+                             fused_name: fused_loop}, rounds, len(batches))
     table.notes.append("train_process reads each window's losses back (asnumpy) to log the step; the plain loop "
                        "never waits for a result until its last step.")
     return table
 
 
-def _window_loop(dataset):
-    """TrainWindowCell over the same dataset: through the executor once it offers structure='window', until then
-    a loop over dataset.batch(K) (windows stacked by the pipeline) that reads each window's losses like it."""
-    from ms_accum import GradientAccumulation, executor as executor_module
+def _fused_loop(dataset):
+    """train_process with one graph call per micro-batch (structure='fused'), over the same dataset."""
+    from ms_accum import GradientAccumulation
     net, loss_fn, opt = lenet()
-    if "window" in executor_module.STRUCTURES:
-        executor = GradientAccumulation(net, loss_fn, opt, structure="window")
-        return ("GradientAccumulation.train_process (structure='window')",
-                lambda _n: executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False))
-    from mindspore import nn
-    from ms_accum import TrainWindowCell
-    cell = TrainWindowCell(nn.WithLossCell(net, loss_fn), opt, K).set_train()
-    windows = dataset.batch(K, drop_remainder=True)
-
-    def run(_n):
-        for x, y in windows.create_tuple_iterator(num_epochs=1):
-            cell(x, y).asnumpy()
-    return "loop over dataset.batch(4): TrainWindowCell", run
+    executor = GradientAccumulation(net, loss_fn, opt, structure="fused")
+    return ("GradientAccumulation.train_process (structure='fused')",
+            lambda _n: executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False))
 
 
 def jit_accumulator_step(net, loss_fn, opt, k: int = K):
@@ -168,7 +158,7 @@ def documentation(batches, rounds: int, calls: int) -> Table:
     checked after timing, so a contender that silently skipped work would be caught.
     """
     from mindspore import nn
-    from ms_accum import TrainAccumulationCell
+    from ms_accum import TrainAccumulationCell, TrainWindowCell
     from . import doc_impls
 
     inputs = tensors(batches)
@@ -181,8 +171,10 @@ def documentation(batches, rounds: int, calls: int) -> Table:
             lambda net, loss, opt: cycle_calls(jit_accumulator_step(net, loss, opt), inputs),
         "ms_accum three graphs (structure='three_graphs')":
             lambda net, loss, opt: _three_graphs(net, loss, opt, inputs),
-        "ms_accum TrainAccumulationCell (default)": lambda net, loss, opt: cycle_calls(
+        "ms_accum TrainAccumulationCell (structure='fused')": lambda net, loss, opt: cycle_calls(
             TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K).set_train(), inputs),
+        "ms_accum TrainWindowCell (default)": lambda net, loss, opt: per_micro_batch(cycle_calls(
+            TrainWindowCell(nn.WithLossCell(net, loss), opt, K).set_train(), window_tensors(batches))),
         "nn.TrainOneStepCell (no accumulation)": lambda net, loss, opt: cycle_calls(
             nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train(), inputs),
     }
@@ -194,7 +186,7 @@ def documentation(batches, rounds: int, calls: int) -> Table:
     table = Table("b", "ms_accum vs MindSpore's documented implementations (LeNet5 b32, K=4, own copies)",
                   "one micro-batch of 32", BATCH, "docs 000: @jit_class Accumulator + @ms.jit step")
     table.rows = interleave(contenders, rounds, calls)
-    reference = optimizers["ms_accum TrainAccumulationCell (default)"].parameters
+    reference = optimizers["ms_accum TrainAccumulationCell (structure='fused')"].parameters
     diffs = {name: max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip(opt.parameters, reference))
              for name, opt in optimizers.items()}
     table.notes.append("exactness after the run, max |weight - TrainAccumulationCell's weight| (same init, same "
