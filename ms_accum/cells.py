@@ -40,6 +40,17 @@ def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> Accumulatio
     return buffer
 
 
+def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
+                loss_scaler: Optional[LossScaler], cls_name: str) -> AccumulationBuffer:
+    """The buffer a window Cell trains on: the one given, or a new one with `policy` and `loss_scaler`."""
+    if buffer is None:
+        return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler)
+    if policy != "skip_window" or loss_scaler is not None:
+        raise ValueError(f"For '{cls_name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
+                         f"them to the AccumulationBuffer given as 'buffer', not here.")
+    return _check_buffer(buffer, optimizer, cls_name)
+
+
 class _WindowCell(nn.Cell):
     """Holds a buffer's Parameters as attributes, so every graph built on one buffer shares them."""
 
@@ -289,13 +300,8 @@ class TrainAccumulationCell(_WindowCell):
         accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
         clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
         mean = float(check_value_in(reduction, "reduction", REDUCTIONS, name) == "mean")
-        if buffer is None:
-            buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler)
-        elif policy != "skip_window" or loss_scaler is not None:
-            raise ValueError(f"For '{name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
-                             f"them to the AccumulationBuffer given as 'buffer', not here.")
-        super().__init__(_check_buffer(buffer, optimizer, name))
-        check_policy_fits(network, buffer.guard.policy, name)
+        super().__init__(_own_buffer(optimizer, buffer, policy, loss_scaler, name))
+        check_policy_fits(network, self.guard.policy, name)
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer

@@ -82,7 +82,7 @@ class GradientAccumulation:
     The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on
     the concatenated window (the tutorial sums K mean losses and so steps K times too far). By default each
     window of equal-size micro-batches runs as one graph call (`TrainWindowCell`): on a 2-core CPU with LeNet5
-    b32, 0.81-0.90x the time of one fused call per micro-batch (`TrainAccumulationCell`), which itself takes
+    b32, 0.84-0.91x the time of one fused call per micro-batch (`TrainAccumulationCell`), which itself takes
     0.7-0.8x the tutorial's three graphs. Every structure shares one `AccumulationBuffer`, so an epoch's partial
     window, or a window of unequal micro-batches, runs through the tutorial's three graphs on the same state.
 

@@ -25,7 +25,7 @@ from . import _ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .accumulator import REDUCTIONS
 from .buffer import AccumulationBuffer
-from .cells import _check_buffer, _check_network, _sample_weight, _sens, _WindowCell
+from .cells import _check_network, _own_buffer, _sample_weight, _sens, _WindowCell
 from .guard import LossScaler, sparse_gradient_cell
 from .parallel import window_reducer
 
@@ -112,12 +112,7 @@ class TrainWindowCell(_WindowCell):
         # 1.0 or 0.0: an arithmetic switch, because a Python if/else ahead of the tensor `if` below would make
         # MindSpore 2.10 drop that branch's side effects (the optimizer step; see _ops.accumulate).
         mean = float(check_value_in(reduction, "reduction", REDUCTIONS, name) == "mean")
-        if buffer is None:
-            buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler)
-        elif policy != "skip_window" or loss_scaler is not None:
-            raise ValueError(f"For '{name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
-                             f"them to the AccumulationBuffer given as 'buffer', not here.")
-        super().__init__(_check_buffer(buffer, optimizer, name))
+        super().__init__(_own_buffer(optimizer, buffer, policy, loss_scaler, name))
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer
