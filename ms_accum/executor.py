@@ -126,7 +126,7 @@ class GradientAccumulation:
         ``Ascend`` ``GPU`` ``CPU``
 
     Examples:
-        >>> from mindspore import Tensor, nn
+        >>> from mindspore import nn
         >>> from ms_accum import GradientAccumulation, LeNet5
         >>> net = LeNet5()
         >>> loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
