@@ -125,7 +125,8 @@ def _python_value(value) -> MetaValue:
 
 
 def load_into(network: nn.Cell, path: str, strict: bool = True,
-              expected: Optional[Dict[str, MetaValue]] = None) -> Dict[str, MetaValue]:
+              expected: Optional[Dict[str, MetaValue]] = None,
+              contents: Optional[Tuple[Dict[str, Parameter], Dict[str, MetaValue]]] = None) -> Dict[str, MetaValue]:
     """
     Loads a checkpoint into `network`, checking everything before changing anything.
 
@@ -136,6 +137,8 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
             Default: ``True``. Buffers of the accumulator (``grad_sum.*``, ``accumulate.*``) and optimizer state
             are ignored either way.
         expected (dict, optional): Metadata values the checkpoint must carry, e.g. ``{"model": "lenet5"}``.
+        contents (tuple, optional): ``(params, metadata)`` of `path` as `load_checkpoint` returned them, for a
+            caller that read the file already (to check its metadata first): the file is then not read again.
 
     Returns:
         dict, the checkpoint's metadata.
@@ -144,7 +147,7 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
         CheckpointError: If the file cannot be read, its metadata differs from `expected`, or (when `strict`) a
             parameter is missing or extra; or if a shape or dtype differs. The network is then left untouched.
     """
-    params, metadata = load_checkpoint(path)
+    params, metadata = load_checkpoint(path) if contents is None else contents
     for key, value in (expected or {}).items():
         if key in metadata and metadata[key] != value:
             raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={metadata[key]!r}, but {key}={value!r} "

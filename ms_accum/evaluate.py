@@ -87,7 +87,8 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
     check_positive_int(batch_size, "batch_size", name)
     if num_samples is not None:
         check_positive_int(num_samples, "num_samples", name)
-    _, metadata = load_checkpoint(ckpt)
+    contents = load_checkpoint(ckpt)
+    metadata = contents[1]
     recorded = metadata.get("model")
     if model is None:
         if recorded not in MODELS:
@@ -96,6 +97,6 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         model = recorded
     check_value_in(model, "model", MODELS, name)
     network = build_model(model)
-    load_into(network, ckpt, strict=True, expected={"model": model})
+    load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents)
     dataset = dataset_for(model, checkpoint_data_dir(metadata, data), batch_size, usage="test", num_samples=num_samples)
     return evaluate(network, dataset, callbacks=callbacks), metadata

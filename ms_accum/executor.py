@@ -167,8 +167,8 @@ class GradientAccumulation:
         dense = sparse_gradient_cell(self._network) is None  # TrainWindowCell refuses sparse gradients
         return "window" if mini_steps <= AUTO_WINDOW_MAX_STEPS and dense else "fused"
 
-    def _micro_step_cell(self, mini_steps: int) -> nn.Cell:
-        structure = self.structure_for(mini_steps)
+    def _micro_step_cell(self, mini_steps: int, structure: Optional[str] = None) -> nn.Cell:
+        structure = structure or self.structure_for(mini_steps)  # train_process passes the one it resolved
         if structure == "three_graphs":
             return self._train_forward_backward
         if mini_steps not in self._fused:
@@ -278,8 +278,8 @@ class GradientAccumulation:
         run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
                "data_seed": ds_config.get_seed()}
 
-        cell = self._micro_step_cell(mini_steps)
         structure = self.structure_for(mini_steps)
+        cell = self._micro_step_cell(mini_steps, structure)
         per_window = structure == "window"  # the cell takes a whole window, stacked
         result = TrainResult()
         self._train_clear()  # start from an empty window whatever happened before
@@ -352,7 +352,8 @@ class GradientAccumulation:
             prune(ckpt_dir, ckpt_name, keep_last)
 
     def _load_state(self, path: str, run: dict, epoch: int, name: str) -> "Position":
-        _, meta = load_checkpoint(path)
+        contents = load_checkpoint(path)
+        meta = contents[1]
         if meta.get("kind") != STATE_KIND:
             raise CheckpointError(f"Checkpoint '{path}' holds no training state to resume from (it was not saved "
                                   f"with 'save_every').")
@@ -363,7 +364,7 @@ class GradientAccumulation:
         if meta["epoch"] > epoch:
             raise CheckpointError(f"Checkpoint '{path}' is at epoch {meta['epoch']}, beyond this run's {epoch} "
                                   f"epochs.")
-        load_into(self._state, path, strict=True)
+        load_into(self._state, path, strict=True, contents=contents)
         return Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
 
     def _record(self, result: TrainResult, epoch: int, step: int, losses: list, samples: list, log_every: int,
