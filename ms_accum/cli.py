@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
     train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
     train.add_argument("--structure", choices=("auto", "window", "fused", "three_graphs"), default="auto",
-                       help="how micro-batches run (default auto: one graph call per window up to K=16)")
+                       help="how micro-batches run (default auto: three_graphs, the least memory; window and "
+                            "fused are faster and keep more activations alive)")
     train.add_argument("--policy", choices=("skip_window", "skip_microbatch"), default="skip_window",
                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")

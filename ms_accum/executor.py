@@ -13,7 +13,7 @@ from mindspore.dataset import Dataset, config as ds_config
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
 from .accumulator import REDUCTIONS
-from .guard import LossScaler, sparse_gradient_cell
+from .guard import LossScaler
 from .buffer import AccumulationBuffer
 from .checkpoint import CheckpointError, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
     save_checkpoint
@@ -25,9 +25,9 @@ from .recompute import recompute_cells
 
 PARTIAL_WINDOWS = ("apply", "drop")
 STRUCTURES = ("auto", "window", "fused", "three_graphs")
-# "auto" unrolls windows up to this many micro-batches: compiling the window graph grows with K (LeNet5, 2 CPU
-# cores: 3.4 s at K=4, 8.9 s at 16, 14.4 s at 32, against 2.0 s for the fused Cell).
-AUTO_WINDOW_MAX_STEPS = 16
+# What "auto" runs: the one structure whose peak memory stayed within the goal (1.15x one micro-batch's step plus
+# the buffer) at every K measured; the faster ones keep more activations alive (README, "Memory").
+AUTO_STRUCTURE = "three_graphs"
 STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 
 
@@ -81,10 +81,11 @@ class GradientAccumulation:
 
     The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on
     the concatenated window (the tutorial sums K mean losses and so steps K times too far). By default each
-    window of equal-size micro-batches runs as one graph call (`TrainWindowCell`): on a 2-core CPU with LeNet5
-    b32, 0.84-0.91x the time of one fused call per micro-batch (`TrainAccumulationCell`), which itself takes
-    0.7-0.8x the tutorial's three graphs. Every structure shares one `AccumulationBuffer`, so an epoch's partial
-    window, or a window of unequal micro-batches, runs through the tutorial's three graphs on the same state.
+    micro-batch runs through `TrainForwardBackward`, a graph without control flow, and each window closes with
+    `TrainOptim` and `TrainClear`: the structure whose peak memory stays closest to one micro-batch's step (the
+    README's "Memory" section has the measurements and what the faster structures cost). Every structure shares
+    one `AccumulationBuffer`, so an epoch's partial window, or a window of unequal micro-batches, runs through the
+    tutorial's three graphs on the same state.
 
     Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.parallel.init_data_parallel`
     under `msrun`) is detected when the executor is built: each rank accumulates its shard's micro-batches without
@@ -98,11 +99,11 @@ class GradientAccumulation:
         optimizer (nn.Optimizer): The optimizer over `network`'s parameters.
         clip_norm (float, optional): Clip each window's gradient to this global norm. Default: ``None``.
         reduction (str): ``"mean"`` (sample-weighted, the default) or ``"sum"``.
-        structure (str): How micro-batches run. ``"window"``: a whole window in one graph call
-            (`TrainWindowCell`, fastest measured, least memory); ``"fused"``: one call per micro-batch
-            (`TrainAccumulationCell`); ``"three_graphs"``: the tutorial's `TrainForwardBackward` / `TrainOptim` /
-            `TrainClear`. ``"auto"`` (default) takes ``"window"`` for `mini_steps` up to 16 (the unrolled graph
-            compiles in time growing with K) and networks with dense gradients, else ``"fused"``.
+        structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` /
+            `TrainOptim` / `TrainClear`, least memory; ``"fused"``: one call per micro-batch
+            (`TrainAccumulationCell`), faster, more memory; ``"window"``: a whole window in one graph call
+            (`TrainWindowCell`), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
+            ``"three_graphs"``.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
             (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
             mean over the rest (see `ms_accum.guard`). Skips are counted, and warned about without a loss scaler.
@@ -162,10 +163,7 @@ class GradientAccumulation:
 
     def structure_for(self, mini_steps: int) -> str:
         """The structure that trains windows of `mini_steps`: what ``structure="auto"`` resolves to."""
-        if self._structure != "auto":
-            return self._structure
-        dense = sparse_gradient_cell(self._network) is None  # TrainWindowCell refuses sparse gradients
-        return "window" if mini_steps <= AUTO_WINDOW_MAX_STEPS and dense else "fused"
+        return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
     def _micro_step_cell(self, mini_steps: int, structure: Optional[str] = None) -> nn.Cell:
         structure = structure or self.structure_for(mini_steps)  # train_process passes the one it resolved

@@ -1,18 +1,17 @@
 """A whole accumulation window in one graph call: K stacked micro-batches, one optimizer step.
 
 `TrainAccumulationCell` costs one Python-to-graph launch per micro-batch. `TrainWindowCell` takes the window's
-K micro-batches stacked on a leading axis and runs their forward and backward passes as a loop unrolled in one
-graph, so a window is one launch (LeNet5 b32, K=4 on 2 CPU cores: see benchmarks sections a, c and d).
+K micro-batches stacked on a leading axis and runs their forward and backward passes in a graph-mode ``while``
+loop over a tensor index, so a window is one launch and one micro-batch's activations are alive at a time. (An
+unrolled Python loop, the first design, kept every micro-batch's activations alive: README, "Known MindSpore
+behaviour".) Its peak memory is still above the tutorial's three graphs' (README, "Memory"), so the executor's
+``structure="auto"`` does not choose it.
 
-The window's gradient is summed in graph-local tensors, and the window's side effects (the guard's counters,
-the optimizer step) come after the K passes. Measured on a 50M-parameter MLP, as growth of the peak resident
-memory in multiples of the parameters: 2.5x, against 3.9x for accumulating each micro-batch into the
-`AccumulationBuffer` and clearing it at the end, and 3.7x for K calls of `TrainAccumulationCell`; any side
-effect between the micro-batches cost MindSpore 2.10 about 1.7x (it then keeps more of the backward passes'
-tensors alive). Speed was the same within noise. The buffer is still the shared window state: its guard (loss
-scale, non-finite counts) is used here, and an epoch's partial window can run through `TrainForwardBackward` /
+The window's gradient is summed in loop-carried tensors and the window's side effects (the guard's counters,
+the optimizer step) come after the loop. The buffer is still the shared window state: its guard (loss scale,
+non-finite counts) is used here, and an epoch's partial window can run through `TrainForwardBackward` /
 `TrainOptim` / `TrainClear` on the same buffer with the same arithmetic. Networks with sparse (RowTensor)
-gradients are refused: MindSpore 2.10 cannot compile the guard's check of such a graph-local sum.
+gradients are refused: MindSpore 2.10 cannot compile the guard's check of such a loop-carried sum.
 """
 from __future__ import annotations
 
@@ -33,9 +32,17 @@ _hyper_map = ops.HyperMap()
 _add_op = ops.MultitypeFuncGraph("ms_accum_window_add")
 
 
+_zeros_op = ops.MultitypeFuncGraph("ms_accum_window_zeros")
+
+
 @_add_op.register("Tensor", "Tensor")
 def _add(total, grad):
     return total + grad
+
+
+@_zeros_op.register("Tensor")
+def _zeros(param):
+    return ops.zeros_like(param)
 
 
 class TrainWindowCell(_WindowCell):
@@ -47,9 +54,10 @@ class TrainWindowCell(_WindowCell):
     each micro-batch's gradient is weighted by its sample count through the backward pass's sensitivity, the K
     gradients are summed in the same order, and the sum is reduced (all-reduced once in data parallel), divided
     by the samples, unscaled, checked by the buffer's guard, optionally clipped and applied. The passes run one
-    after the other (micro-batch i starts once the sum holds i-1), so one micro-batch's activations are alive at
-    a time. The sum lives only during the call: the buffer's gradients and counters are neither read nor
-    written, so they must be empty (as every other Cell leaves them after a full window).
+    after the other in a graph-mode loop, so one micro-batch's activations are alive at a time; the loop's control
+    flow still costs more memory than `TrainForwardBackward` (README, "Memory"). The sum lives only during the
+    call: the buffer's gradients and counters are neither read nor written, so they must be empty (as every other
+    Cell leaves them after a full window).
 
     Args:
         network (nn.Cell): The network with its loss, returning a scalar.
@@ -128,19 +136,22 @@ class TrainWindowCell(_WindowCell):
         # Shapes are compile-time constants, so a window of the wrong length fails when the graph compiles.
         if ops.shape(inputs[0])[0] != self.accumulate_step:
             raise ValueError("For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long.")
-        loss, total, weight, bad = self._micro_batch(tuple([x[0] for x in inputs]))
-        samples = ops.zeros((), ms.float32) + weight  # summed in the buffer's order and dtype: exact counts
-        losses = [loss]
-        for i in range(1, self.accumulate_step):  # unrolled at compile time: K is a constant
-            # Micro-batch i waits for the sum of 0..i-1, so the graph cannot run several forward passes ahead
-            # and hold their activations at once.
-            loss, grads, weight, step_bad = self._micro_batch(tuple([ops.depend(x[i], total) for x in inputs]))
+        total = _hyper_map(_zeros_op, self.weights)
+        samples = ops.zeros((), ms.float32)
+        bad = ops.zeros((), ms.float32)
+        losses = ops.zeros((self.accumulate_step,), ms.float32)
+        i = ops.zeros((), ms.int32)
+        # A graph-mode loop over a tensor index stays a loop (README, "Known MindSpore behaviour": an unrolled
+        # window kept every micro-batch's activations alive): one micro-batch's activations live at a time.
+        while i < self.accumulate_step:
+            loss, grads, weight, step_bad = self._micro_batch(tuple([x[i] for x in inputs]))
             total = _hyper_map(_add_op, total, grads)
             samples = samples + weight
             bad = bad + step_bad
-            losses.append(loss)
-        # The guard's per-micro-batch counts, written once: any side effect between the micro-batches (these
-        # counters, or accumulating into the buffer) raised the graph's peak memory by 1.7x the parameters.
+            losses = ops.tensor_scatter_update(losses, ops.reshape(i, (1, 1)),
+                                               ops.reshape(ops.cast(loss, ms.float32), (1,)))
+            i = i + 1
+        # The guard's per-micro-batch counts, written once, after the loop.
         self.guard.count(bad)
         # As _WindowCell.apply_window, on the local sum instead of the buffer. In data parallel this is the
         # window's only communication.
@@ -149,7 +160,7 @@ class TrainWindowCell(_WindowCell):
         applied = self.guard.close(grads, self.reducer, self.micro_batches)
         if applied:
             self.optimizer(grads)
-        return ops.stack(losses)
+        return losses
 
     def _micro_batch(self, inputs):
         loss = self.network(*inputs)
