@@ -10,6 +10,8 @@ excluded, median ms and the ratio to a baseline):
   d  vs the equivalent PyTorch CPU loop (target throughput >= 1.0x), and MindSpore thread settings
   e  the tutorial's epoch end to end (real MNIST pipeline) vs the step alone
   f  memory the accumulator adds, as a multiple of the parameters (Parameters counted; peak RSS per structure)
+  m  activation memory: every structure's peak RSS over a dataset as a multiple of one micro-batch's step, for an
+     activation-heavy conv net and a small transformer, K in {4, 8, 16} (one fresh process per figure)
   profile  where the time goes: MindSpore profiler, ONEDNN_VERBOSE=1, torch.profiler; max-pooling rewrites
   g  DIR/ratios.png; DIR/report.txt and DIR/results.json hold the tables.
 --quick is a ~1-2 minute smoke run (few rounds, fewer contenders): a check that everything runs, not a measurement.
@@ -21,7 +23,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("a", "b", "c", "d", "e", "f", "profile")
+SECTIONS = ("a", "b", "c", "d", "e", "f", "m", "profile")
 
 
 def parse_args(argv=None):
@@ -29,6 +31,8 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="a short smoke run (few rounds)")
     parser.add_argument("--out", help="output directory (default benchmarks/results/full or .../quick)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections to run")
+    parser.add_argument("--memory-repeats", type=int, default=3, metavar="N",
+                        help="processes per figure in section m, whose median is shown (default 3; 1 with --quick)")
     parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
     args = parser.parse_args(argv)
     args.only = set(args.only.split(","))
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
     rounds, calls, windows, images, traced = (3, 8, 2, 1024, 8) if args.quick else (21, 32, 8, 6400, 64)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
-    report, tables, memory_rows, peak_rows = [common.header()], [], None, None
+    report, tables, memory_rows, peak_rows, activation_rows = [common.header()], [], None, None, None
 
     def emit(text: str) -> None:
         print(text, flush=True)
@@ -91,6 +95,12 @@ def main(argv=None) -> int:
         common.log(f"-- f2: peak resident memory, one process per structure ({time.time() - started:.0f} s so far)")
         peak_rows, peak_params = memory.peak_rss()
         emit(memory.render_peak(peak_rows, peak_params))
+    if "m" in args.only:
+        from benchmarks import activation_memory
+        common.log(f"-- m: activation memory, one process per figure ({time.time() - started:.0f} s so far)")
+        activation_rows = activation_memory.table(ks=(4,) if args.quick else (4, 8, 16),
+                                                  repeats=1 if args.quick else args.memory_repeats, log=common.log)
+        emit(activation_memory.render(activation_rows))
     if "profile" in args.only:
         common.log(f"-- profile ({time.time() - started:.0f} s so far)")
         emit(profile.breakdown(traced, args.quick))
@@ -105,7 +115,8 @@ def main(argv=None) -> int:
         handle.write("\n\n".join(report) + "\n")
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as handle:
         json.dump({"header": report[0], "quick": args.quick, "tables": [t.to_json() for t in tables],
-                   "memory": memory_rows, "peak_memory": peak_rows}, handle, indent=1)
+                   "memory": memory_rows, "peak_memory": peak_rows,
+                   "activation_memory": activation_rows}, handle, indent=1)
     print(f"wrote {args.out}/report.txt, results.json and {os.path.basename(png)}", flush=True)
     return 0
 
