@@ -14,7 +14,7 @@ import argparse
 
 import numpy as np
 
-CONTENDERS = ("one_step", "fused", "window")
+CONTENDERS = ("one_step", "fused", "three_graphs", "window", "accumulator")
 K, B, WIDTH, WINDOWS = 4, 8, 4096, 4
 
 
@@ -28,8 +28,9 @@ def _status(key: str) -> int:
 
 def measure(contender: str):
     import mindspore as ms
-    from mindspore import Tensor, nn
-    from ms_accum import TrainAccumulationCell, TrainWindowCell
+    from mindspore import Tensor, nn, ops
+    from ms_accum import (Accumulator, AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward,
+                          TrainOptim, TrainWindowCell)
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
@@ -45,6 +46,26 @@ def measure(contender: str):
     if contender == "window":
         cell = TrainWindowCell(net_with_loss, opt, K).set_train()
         run = lambda: cell(x, y).asnumpy()  # noqa: E731
+    elif contender == "three_graphs":
+        buffer = AccumulationBuffer(opt.parameters)
+        forward_backward = TrainForwardBackward(net_with_loss, opt, buffer).set_train()
+        optim, clear = TrainOptim(opt, buffer).set_train(), TrainClear(buffer).set_train()
+
+        def run():
+            for inputs in micro:
+                forward_backward(*inputs)
+            optim()
+            clear().asnumpy()
+    elif contender == "accumulator":
+        accumulator = Accumulator(opt, K)
+        grad_fn = ms.value_and_grad(net_with_loss, None, opt.parameters)
+
+        @ms.jit
+        def step(data, label):
+            loss, grads = grad_fn(data, label)
+            return ops.depend(loss, accumulator(grads))
+
+        run = lambda: [step(*inputs) for inputs in micro][-1].asnumpy()  # noqa: E731
     else:
         cell = (nn.TrainOneStepCell(net_with_loss, opt) if contender == "one_step"
                 else TrainAccumulationCell(net_with_loss, opt, K)).set_train()

@@ -14,6 +14,8 @@ def plot(tables, memory_rows, path: str, title: str) -> str:
     if memory_rows:
         panels.append(("f", "memory added / trainable parameter bytes",
                        [(name, multiple) for name, _, multiple in memory_rows], None, "x parameter bytes"))
+    if not panels:  # e.g. --only m: nothing timed, nothing to plot
+        return None
     cols = 2
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(18, 3.4 * rows), squeeze=False)

@@ -117,7 +117,8 @@ def main(argv=None) -> int:
         json.dump({"header": report[0], "quick": args.quick, "tables": [t.to_json() for t in tables],
                    "memory": memory_rows, "peak_memory": peak_rows,
                    "activation_memory": activation_rows}, handle, indent=1)
-    print(f"wrote {args.out}/report.txt, results.json and {os.path.basename(png)}", flush=True)
+    print(f"wrote {args.out}/report.txt, results.json" + (f" and {os.path.basename(png)}" if png else ""),
+          flush=True)
     return 0
 
 

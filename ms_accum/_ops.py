@@ -14,8 +14,10 @@ _hyper_map = ops.HyperMap()
 
 _accumulate_op = ops.MultitypeFuncGraph("ms_accum_accumulate")
 _accumulate_scaled_op = ops.MultitypeFuncGraph("ms_accum_accumulate_scaled")
-_scale_op = ops.MultitypeFuncGraph("ms_accum_scale")
+_scale_in_place_op = ops.MultitypeFuncGraph("ms_accum_scale_in_place")
 _clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
+_zero_in_place_op = ops.MultitypeFuncGraph("ms_accum_zero_in_place")
+_sum_op = ops.MultitypeFuncGraph("ms_accum_sum")
 _dense_shape_op = ops.MultitypeFuncGraph("ms_accum_dense_shape")
 
 
@@ -78,16 +80,30 @@ def _accumulate_scaled_row_tensor(weight, grad_sum, grad):
     return ops.assign_add(grad_sum, dense * ops.cast(weight, dense.dtype))
 
 
-@_scale_op.register("Tensor", "Tensor")
-def _scale(scale, grad):
-    return grad * ops.cast(scale, grad.dtype)
+@_scale_in_place_op.register("Tensor", "Tensor")
+def _scale_in_place(scale, grad):
+    # In place in graph mode: `grad * scale` would hold a second copy of the window's gradient (README,
+    # "Memory"). PyNative returns a new tensor instead; callers use the result and clear the buffer after.
+    return grad.mul_(ops.cast(scale, grad.dtype))
+
+
+@_zero_in_place_op.register("Tensor")
+def _zero_in_place(grad_sum):
+    # x - x is exactly 0 for finite x, with no temporary; inf or nan become nan, see clear_window. (Tensor.mul_
+    # would do in graph mode, but in PyNative MindSpore 2.10 it returns a new tensor and leaves the buffer as is.)
+    return ops.assign_sub(grad_sum, grad_sum)
 
 
 @_clear_op.register("Tensor")
 def _clear(grad_sum):
-    # Zeros are made on the fly rather than copied from a second all-zeros ParameterTuple (MindSpore's
-    # documentation keeps one, doubling the accumulator's memory).
-    return ops.assign(grad_sum, ops.zeros_like(grad_sum))
+    # A broadcast zero copied in place, not a second all-zeros ParameterTuple as MindSpore's documentation keeps
+    # (2x the memory), nor `zeros_like` (a temporary copy of the whole buffer, README "Memory").
+    return grad_sum.copy_(ops.zeros((1,), grad_sum.dtype))
+
+
+@_sum_op.register("Tensor")
+def _sum(grad_sum):
+    return ops.reduce_sum(ops.cast(ops.reduce_sum(grad_sum), ms.float32))
 
 
 def accumulate(grad_sum, mini_step, num_samples, grads, weight):
@@ -115,12 +131,12 @@ def accumulate_weighted(grad_sum, mini_step, num_samples, grads, weight):
 
 
 def window_grads(grad_sum, divisor, clip_norm):
-    """The gradient a window applies: the buffer divided by `divisor`, clipped to `clip_norm` if given.
+    """The gradient a window applies: `grad_sum` divided by `divisor` in place, clipped to `clip_norm` if given.
 
     Callers pass the samples seen for a mean and 1 for a sum (dividing by 1.0 is exact), so no Python
     if/else has to choose between them: see `accumulate`'s note on MindSpore 2.10's tensor-`if` bug.
     """
-    grads = _hyper_map(ops.partial(_scale_op, 1.0 / divisor), grad_sum)
+    grads = _hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum)
     if clip_norm is not None:
         grads = ops.clip_by_global_norm(grads, clip_norm)
     return grads
@@ -132,8 +148,14 @@ def mean_divisor(num_samples, mean: float):
 
 
 def clear_window(grad_sum, mini_step, num_samples):
-    """Zero the buffer and both counters: the window is closed."""
-    done = _hyper_map(_clear_op, grad_sum)
+    """Zero the buffer and both counters: the window is closed.
+
+    Subtracting the buffer from itself needs no temporary and zeroes every finite value; a buffer that held inf
+    or nan (a skipped window) then sums to nan and is overwritten with zeros, which costs a temporary.
+    """
+    done = _hyper_map(_zero_in_place_op, grad_sum)
+    if not ops.isfinite(ops.addn(_hyper_map(_sum_op, done))):
+        done = _hyper_map(_clear_op, grad_sum)
     zero = ops.depend(ops.zeros((), ms.int32), done)
     ops.assign(num_samples, ops.cast(zero, ms.float32))
     return ops.assign(mini_step, zero)

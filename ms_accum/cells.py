@@ -71,6 +71,24 @@ class _WindowCell(nn.Cell):
             optimizer(grads)
         return applied
 
+    def close_window(self, optimizer, reducer, clip_norm):
+        """`apply_window`, then clear the buffer for the next window; returns whether the optimizer ran."""
+        applied = self.apply_window(optimizer, reducer, clip_norm)
+        _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+        return applied
+
+    def micro_batch(self, inputs):
+        """Forward, backward and accumulation of one micro-batch: `(loss, micro-steps in the window now)`.
+
+        For the Cells that own `network`, `grad`, `weights` and `by_samples` (1.0: weight each micro-batch by its
+        sample count, folded into the backward pass's sensitivity for free; 0.0: weight 1).
+        """
+        loss = self.network(*inputs)
+        weight = _sample_weight(inputs[0], self.by_samples)
+        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
+        grads, weight = self.guard.micro_batch(loss, grads, weight)
+        return loss, _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+
 
 class TrainingState(_WindowCell):
     r"""
@@ -167,11 +185,8 @@ class TrainForwardBackward(_WindowCell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def construct(self, *inputs):
-        loss = self.network(*inputs)
-        weight = _sample_weight(inputs[0], self.by_samples)
-        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
-        grads, weight = self.guard.micro_batch(loss, grads, weight)
-        return ops.depend(loss, _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight))
+        loss, step = self.micro_batch(inputs)
+        return ops.depend(loss, step)
 
 
 class TrainOptim(_WindowCell):
@@ -294,7 +309,7 @@ class TrainAccumulationCell(_WindowCell):
                  clip_norm: Optional[float] = None, reduction: str = "mean",
                  buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None) -> None:
-        name = "TrainAccumulationCell"
+        name = type(self).__name__
         check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
         _check_network(network, name)
         accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
@@ -308,20 +323,15 @@ class TrainAccumulationCell(_WindowCell):
         self.weights = optimizer.parameters
         self.accumulate_step = accumulate_step
         self.clip_norm = clip_norm
-        self.mean = mean
+        self.by_samples = mean
         self.reducer = window_reducer(reduction, name)
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def construct(self, *inputs):
-        loss = self.network(*inputs)
-        weight = _sample_weight(inputs[0], self.mean)
-        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
-        grads, weight = self.guard.micro_batch(loss, grads, weight)
-        step = _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+        loss, step = self.micro_batch(inputs)
         if step >= self.accumulate_step:
             # The window's only communication in data parallel: micro-steps before it stay local.
-            self.apply_window(self.optimizer, self.reducer, self.clip_norm)
-            _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+            self.close_window(self.optimizer, self.reducer, self.clip_norm)
         return loss
 
 

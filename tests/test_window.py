@@ -183,9 +183,22 @@ def test_bad_arguments():
         TrainWindowCell(net, opt, K, buffer=AccumulationBuffer(opt.parameters), policy="skip_microbatch")
 
 
-def test_sparse_gradients_are_refused_with_the_alternative():
-    # MindSpore 2.10 cannot check a window sum of RowTensor gradients for finiteness in one graph (see window.py).
-    net = nn.WithLossCell(nn.SequentialCell(nn.EmbeddingLookup(10, 4, sparse=True), nn.Dense(4, 2)), nn.MSELoss())
-    with pytest.raises(TypeError, match="'network' must have dense gradients, but its cell '_backbone.0' gathers "
-                                        "with SparseGatherV2.*use TrainAccumulationCell"):
-        TrainWindowCell(net, nn.SGD(net.trainable_params(), 0.1), K)
+def test_sparse_gradients_equal_the_fused_cell():
+    # nn.EmbeddingLookup(sparse=True) yields RowTensor gradients, summed into the dense buffer inside the loop.
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 10, (WINDOWS, K, B, 3)).astype(np.int32)
+    targets = rng.standard_normal((WINDOWS, K, B, 3, 2)).astype(np.float32)
+    cells = []
+    for cls in (TrainWindowCell, TrainAccumulationCell):
+        ms.set_seed(0)
+        net = nn.WithLossCell(nn.SequentialCell(nn.EmbeddingLookup(10, 4, sparse=True), nn.Dense(4, 2)),
+                              nn.MSELoss())
+        opt = make_optimizer("momentum", net.trainable_params())
+        cells.append((cls(net, opt, K).set_train(), opt))
+    (window, window_opt), (fused, fused_opt) = cells
+    for w in range(WINDOWS):
+        window(Tensor(ids[w]), Tensor(targets[w]))
+        for i in range(K):
+            fused(Tensor(ids[w, i]), Tensor(targets[w, i]))
+    for a, e in zip(params_of(window_opt), params_of(fused_opt)):
+        np.testing.assert_array_equal(a, e)
