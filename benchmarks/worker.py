@@ -15,7 +15,10 @@ import os
 import sys
 import time
 
-CONTENDERS = ("torch", "ms_cell", "ms_jit", "ms_window", "ms_one_step")
+import numpy as np
+
+CONTENDERS = ("torch", "ms_cell", "ms_jit", "ms_window", "ms_one_step", "torch_loader", "ms_executor",
+              "ms_executor_fused", "ms_executor_window", "ms_loop_one_step")
 SETTINGS = ("default", "threads_num=1", "threads_num=2", "dispatch_threads_num=1", "cpu_affinity", "env")
 
 
@@ -42,6 +45,63 @@ def torch_contender(batches, k: int, threads: int = 0):
             if state["micro"] % k == 0:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+    run.model, run.opt = model, opt
+    return run
+
+
+def _block(batches, n: int):
+    """n micro-batches cycled from `batches`, as two arrays of n * B samples (what a data loader reads)."""
+    xs = np.concatenate([batches[i % len(batches)][0] for i in range(n)])
+    ys = np.concatenate([batches[i % len(batches)][1] for i in range(n)])
+    return xs, ys
+
+
+def torch_loader_contender(batches, k: int):
+    """The PyTorch loop as users write it: a DataLoader over the samples, batch 32, no worker processes."""
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+    step = torch_contender([], k)  # its model and optimizer; the data comes from the loader
+    model, opt = step.model, step.opt
+    blocks = {}
+
+    def run(n: int) -> None:
+        if n not in blocks:
+            xs, ys = _block(batches, n)
+            blocks[n] = TensorDataset(torch.from_numpy(xs), torch.from_numpy(ys).long())
+        for i, (x, y) in enumerate(DataLoader(blocks[n], batch_size=len(batches[0][0]))):
+            (F.cross_entropy(model(x), y) / k).backward()
+            if (i + 1) % k == 0:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    return run
+
+
+def mindspore_dataset_contender(name: str, batches, k: int):
+    """What users run: a MindSpore dataset of the block's samples, batched by B, trained by the executor (or by a
+    plain TrainOneStepCell loop over the same dataset)."""
+    import mindspore.dataset as ds
+    from mindspore import nn
+    from ms_accum import GradientAccumulation
+    from .common import lenet
+    net, loss_fn, opt = lenet()
+    structure = {"ms_executor": "auto", "ms_executor_fused": "fused", "ms_executor_window": "window"}.get(name)
+    executor = GradientAccumulation(net, loss_fn, opt, structure=structure) if structure else None
+    one_step = None if structure else nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt).set_train()
+    blocks = {}
+
+    def run(n: int) -> None:
+        if n not in blocks:
+            blocks[n] = _block(batches, n)
+        xs, ys = blocks[n]
+        dataset = ds.NumpySlicesDataset({"x": xs, "y": ys}, shuffle=False).batch(len(batches[0][0]))
+        if executor is not None:
+            executor.train_process(1, dataset, k, ckpt_dir=None, verbose=False)
+            return
+        out = None
+        for x, y in dataset.create_tuple_iterator():
+            out = one_step(x, y)
+        out.asnumpy()
     return run
 
 
@@ -75,11 +135,15 @@ def apply_setting(setting: str) -> None:
 
 def build(contender: str, setting: str):
     from .common import K, micro_batches, mnist_dir, setup_mindspore
-    if contender == "torch":
+    if contender.startswith("torch"):
         batches = micro_batches(16, None)  # random data: no MindSpore in the torch process
+        if contender == "torch_loader":
+            return torch_loader_contender(batches, K)
         return torch_contender(batches, K, int(setting.split("=")[1]) if setting.startswith("threads_num=") else 0)
     setup_mindspore()
     apply_setting(setting)
+    if contender.startswith("ms_executor") or contender == "ms_loop_one_step":
+        return mindspore_dataset_contender(contender, micro_batches(16, mnist_dir()), K)
     return mindspore_contender(contender, micro_batches(16, mnist_dir()), K)
 
 
