@@ -47,7 +47,7 @@ def version(package: str) -> str:
 
 
 def source_revision() -> str:
-    """Where ms_accum is imported from and its git revision (+dirty when the working tree differs)."""
+    """ms_accum's git revision (+dirty when the working tree differs), and whether it is this checkout's."""
     import subprocess
     import ms_accum
     where = os.path.dirname(os.path.dirname(os.path.abspath(ms_accum.__file__)))
@@ -59,7 +59,8 @@ def source_revision() -> str:
         rev += "+dirty" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
         rev = "not a git checkout"
-    return f"{where} ({rev})"
+    # No absolute path: reports are kept in the repository.
+    return f"{'this checkout' if os.path.samefile(where, REPO) else 'another checkout'} ({rev})"
 
 
 def header() -> str:

@@ -3,7 +3,7 @@
     python -m benchmarks.peak_memory CONTENDER
 
 Counting Parameters (memory.py) misses what a graph allocates while it runs: gradients, the temporaries of
-clearing a buffer, a window's graph-local sum. So each structure trains a few windows of an MLP large enough
+clearing a buffer, dividing the window's sum. So each structure trains a few windows of an MLP large enough
 (3 x 4096^2 weights, 192 MiB) for its parameter-sized tensors to dominate, in a fresh process, and prints
 ``PEAK <bytes> PARAMS <bytes>``: the growth of the process's peak RSS (VmHWM) from just before the Cell is
 built, and the trainable bytes. SGD without momentum, so the optimizer adds no state of its own.
