@@ -3,7 +3,7 @@
 a. ms_accum's micro-step vs the fastest plain MindSpore step (nn.TrainOneStepCell), and the executor's loop
    vs a plain loop over the same in-memory dataset;
 b. ms_accum vs the documentation's two implementations (the benchmark's own copies, doc_impls.py);
-c. a window of 4 x b32 vs one step on b128, with TrainWindowCell (one graph call per window).
+c. a window of 4 x b32 vs one step on b128, for each structure.
 LeNet5, Momentum(0.01, 0.9), micro-batch 32, K = 4, every contender on its own identically initialised copy.
 """
 from __future__ import annotations
@@ -41,19 +41,22 @@ def per_micro_batch(window_fn):
 def micro_step(batches, rounds: int, calls: int) -> Table:
     """a1: one micro-batch through each structure, the Cells called directly on pre-loaded tensors."""
     inputs = tensors(batches)
+    default = "three graphs K=4 (the executor's default)"
     table = Table("a1", "ms_accum micro-step vs plain nn.TrainOneStepCell (LeNet5 b32, pre-loaded tensors)",
                   "one micro-batch of 32", BATCH, "nn.TrainOneStepCell (no accumulation)", "<= 1.02",
-                  ["TrainAccumulationCell K=4", "TrainWindowCell K=4, one call per window"])
+                  [default, "TrainAccumulationCell K=4", "TrainWindowCell K=4, one call per window"])
+    net, loss, opt = lenet()
     contenders = {
         "nn.TrainOneStepCell (no accumulation)": cycle_calls(_one_step_cell(), inputs),
+        default: _three_graphs(net, loss, opt, inputs),
         "TrainAccumulationCell K=4": cycle_calls(_accumulation_cell(), inputs),
         "TrainWindowCell K=4, one call per window":
             per_micro_batch(cycle_calls(_window_cell(), window_tensors(batches))),
     }
     table.rows = interleave(contenders, rounds, calls)
-    table.notes.append("TrainWindowCell is what GradientAccumulation's default ('auto') runs for K=4: it takes the 4 "
-                       "micro-batches stacked, (4, 32, 1, 32, 32), in one call; TrainAccumulationCell is the "
-                       "structure='fused' Cell, one call per micro-batch.")
+    table.notes.append("the three graphs are TrainForwardBackward per micro-batch, TrainOptim and TrainClear per "
+                       "window; TrainAccumulationCell is structure='fused', one call per micro-batch; TrainWindowCell "
+                       "takes the 4 micro-batches stacked, (4, 32, 1, 32, 32), in one call.")
     return table
 
 
@@ -169,11 +172,11 @@ def documentation(batches, rounds: int, calls: int) -> Table:
             lambda net, loss, opt: _doc002(doc_impls.DocGradientAccumulation(net, loss, opt), inputs),
         "ms_accum Accumulator + @ms.jit step":
             lambda net, loss, opt: cycle_calls(jit_accumulator_step(net, loss, opt), inputs),
-        "ms_accum three graphs (structure='three_graphs')":
+        "ms_accum three graphs (the executor's default)":
             lambda net, loss, opt: _three_graphs(net, loss, opt, inputs),
         "ms_accum TrainAccumulationCell (structure='fused')": lambda net, loss, opt: cycle_calls(
             TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K).set_train(), inputs),
-        "ms_accum TrainWindowCell (default)": lambda net, loss, opt: per_micro_batch(cycle_calls(
+        "ms_accum TrainWindowCell (structure='window')": lambda net, loss, opt: per_micro_batch(cycle_calls(
             TrainWindowCell(nn.WithLossCell(net, loss), opt, K).set_train(), window_tensors(batches))),
         "nn.TrainOneStepCell (no accumulation)": lambda net, loss, opt: cycle_calls(
             nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train(), inputs),
@@ -209,16 +212,19 @@ def window(batches, rounds: int, windows: int):
     big = [(Tensor(x.asnumpy().reshape((-1,) + x.shape[2:])), Tensor(y.asnumpy().reshape(-1))) for x, y in stacked]
     micro = tensors(batches)
     accumulation = cycle_calls(_accumulation_cell(), micro)
+    three_graphs = _three_graphs(*lenet(), micro)
     small_steps = cycle_calls(_one_step_cell(), micro)
     contenders = {
         "nn.TrainOneStepCell on b128": cycle_calls(_one_step_cell(), big),
+        "three graphs (default), 4 + 2 calls": lambda n: three_graphs(K * n),
         "TrainAccumulationCell, 4 calls of b32": lambda n: accumulation(K * n),
         "TrainWindowCell, 1 call of (4,32,...)": cycle_calls(_window_cell(), stacked),
         "nn.TrainOneStepCell, 4 calls of b32 (4 updates)": lambda n: small_steps(K * n),
     }
     table = Table("c", "a window of 4 x b32 vs one step on b128", "one window of 128 images", K * BATCH,
                   "nn.TrainOneStepCell on b128", "<= 1.00",
-                  ["TrainAccumulationCell, 4 calls of b32", "TrainWindowCell, 1 call of (4,32,...)"])
+                  ["three graphs (default), 4 + 2 calls", "TrainAccumulationCell, 4 calls of b32",
+                   "TrainWindowCell, 1 call of (4,32,...)"])
     table.rows = interleave(contenders, rounds, windows)
     diff = _window_vs_big_batch(stacked, big)
     table.notes.append(f"TrainWindowCell vs TrainOneStepCell(b128) after 3 windows, same init: max |param diff| = "
