@@ -37,14 +37,6 @@ GOAL = 1.15  # x the one-B step's growth, plus the buffer (1x the parameters)
 VOCAB, SEQ, WIDTH = 65, 256, 64
 
 
-def _status(key: str) -> int:
-    with open("/proc/self/status", encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
 def build(net_name: str):
     """(network, loss, numpy inputs, numpy labels) for `net_name`; the data is GLOBAL_BATCH * WINDOWS samples."""
     import mindspore as ms
@@ -97,7 +89,9 @@ def measure(net_name: str, contender: str, k: int):
     """Peak RSS growth (bytes) and trainable bytes of one contender, in this (fresh) process."""
     import mindspore as ms
     import mindspore.dataset as ds
-    from mindspore import nn, ops
+    from mindspore import nn
+    from .peak_memory import status
+    from .steps import jit_accumulator_step
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     net, loss, x, y = build(net_name)
@@ -106,26 +100,14 @@ def measure(net_name: str, contender: str, k: int):
     micro = GLOBAL_BATCH // k
     batch = GLOBAL_BATCH if contender == "one_kb" else micro
     dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch, drop_remainder=True)
-    start = _status("VmRSS")
+    start = status("VmRSS")
     if contender in STRUCTURES or contender == "executor":
         from ms_accum import GradientAccumulation
         structure = "auto" if contender == "executor" else contender
         GradientAccumulation(net, loss, opt, structure=structure).train_process(
             1, dataset, k, ckpt_dir=None, verbose=False)
     elif contender == "accumulator":
-        from ms_accum import Accumulator
-        accumulator = Accumulator(opt, k)
-
-        def forward(data, label):
-            return loss(net(data), label)
-
-        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-
-        @ms.jit
-        def step(data, label):
-            value, grads = grad_fn(data, label)
-            return ops.depend(value, accumulator(grads))
-
+        step = jit_accumulator_step(net, loss, opt, k)
         for data, label in dataset.create_tuple_iterator():
             out = step(data, label)
         out.asnumpy()
@@ -134,7 +116,7 @@ def measure(net_name: str, contender: str, k: int):
         for data, label in dataset.create_tuple_iterator():
             out = cell(data, label)
         out.asnumpy()
-    return _status("VmHWM") - start, params
+    return status("VmHWM") - start, params
 
 
 def run_one(net_name: str, contender: str, k: int) -> Dict[str, int]:

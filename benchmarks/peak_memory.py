@@ -18,7 +18,8 @@ CONTENDERS = ("one_step", "fused", "three_graphs", "window", "accumulator")
 K, B, WIDTH, WINDOWS = 4, 8, 4096, 4
 
 
-def _status(key: str) -> int:
+def status(key: str) -> int:
+    """A /proc/self/status figure in bytes (VmRSS: resident now; VmHWM: the peak so far)."""
     with open("/proc/self/status", encoding="utf-8") as handle:
         for line in handle:
             if line.startswith(key + ":"):
@@ -28,21 +29,23 @@ def _status(key: str) -> int:
 
 def measure(contender: str):
     import mindspore as ms
-    from mindspore import Tensor, nn, ops
-    from ms_accum import (Accumulator, AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward,
-                          TrainOptim, TrainWindowCell)
+    from mindspore import Tensor, nn
+    from ms_accum import (AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim,
+                          TrainWindowCell)
+    from .steps import jit_accumulator_step
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
     net = nn.SequentialCell([nn.Dense(WIDTH, WIDTH), nn.ReLU(), nn.Dense(WIDTH, WIDTH), nn.ReLU(),
                              nn.Dense(WIDTH, WIDTH), nn.ReLU(), nn.Dense(WIDTH, 10)])
-    net_with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    net_with_loss = nn.WithLossCell(net, loss)
     opt = nn.SGD(net.trainable_params(), 0.01)
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((K, B, WIDTH)).astype(np.float32))
     y = Tensor(rng.integers(0, 10, (K, B)).astype(np.int32))
     micro = [(Tensor(x.asnumpy()[i]), Tensor(y.asnumpy()[i])) for i in range(K)]
-    start = _status("VmRSS")
+    start = status("VmRSS")
     if contender == "window":
         cell = TrainWindowCell(net_with_loss, opt, K).set_train()
         run = lambda: cell(x, y).asnumpy()  # noqa: E731
@@ -57,14 +60,7 @@ def measure(contender: str):
             optim()
             clear().asnumpy()
     elif contender == "accumulator":
-        accumulator = Accumulator(opt, K)
-        grad_fn = ms.value_and_grad(net_with_loss, None, opt.parameters)
-
-        @ms.jit
-        def step(data, label):
-            loss, grads = grad_fn(data, label)
-            return ops.depend(loss, accumulator(grads))
-
+        step = jit_accumulator_step(net, loss, opt, K)
         run = lambda: [step(*inputs) for inputs in micro][-1].asnumpy()  # noqa: E731
     else:
         cell = (nn.TrainOneStepCell(net_with_loss, opt) if contender == "one_step"
@@ -72,7 +68,7 @@ def measure(contender: str):
         run = lambda: [cell(*inputs) for inputs in micro][-1].asnumpy()  # noqa: E731
     for _ in range(WINDOWS):
         run()
-    return _status("VmHWM") - start, sum(p.nbytes for p in net.trainable_params())
+    return status("VmHWM") - start, sum(p.nbytes for p in net.trainable_params())
 
 
 def main(argv=None) -> None:
