@@ -194,7 +194,9 @@ class TrainOptim(_WindowCell):
     Applies the window's gradient: the sample-weighted mean (or the sum), unscaled, clipped, then `optimizer`,
     unless the buffer's `WindowGuard` finds it not finite (the window is then skipped and counted).
 
-    In data parallel the buffer and the sample count are first all-reduced over the ranks.
+    In data parallel the buffer and the sample count are first all-reduced over the ranks. The division happens in
+    place (in graph mode the buffer then holds the applied gradient), so `TrainClear` must follow before the next
+    window, as in the tutorial's loop.
 
     Args:
         optimizer (nn.Optimizer): The optimizer.
