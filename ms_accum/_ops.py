@@ -103,7 +103,7 @@ def _clear(grad_sum):
 
 @_sum_op.register("Tensor")
 def _sum(grad_sum):
-    return ops.reduce_sum(ops.cast(ops.reduce_sum(grad_sum), ms.float32))
+    return ops.cast(ops.reduce_sum(grad_sum), ms.float32)
 
 
 def accumulate(grad_sum, mini_step, num_samples, grads, weight):

@@ -92,7 +92,7 @@ class WindowGuard:
     Decides, once per window, whether the window's gradient may be applied, and keeps the loss scale.
 
     Used inside the train Cells (`TrainForwardBackward` / `TrainOptim`, `TrainAccumulationCell`): each
-    micro-batch goes through `micro_batch`, each window through `unscale` and `close`. Its Parameters are part
+    micro-batch goes through `micro_batch`, each window through `close`. Its Parameters are part
     of the training state, so they are saved and resumed with it.
 
     Args:
@@ -145,13 +145,10 @@ class WindowGuard:
     def micro_batch(self, loss, grads, weight):
         """What one micro-batch adds to the window, `(grads, weight)`, after the policy; counts a bad one."""
         grads, weight, bad = self.filter(loss, grads, weight)
-        self.count(bad)
-        return grads, weight
-
-    def count(self, bad):
-        """Counts `bad` non-finite micro-batches into the open window (and as left out, by skip_microbatch)."""
+        # A bad micro-batch counts in the open window, and as left out when the policy is skip_microbatch.
         ops.assign_add(self.window_bad, bad)
-        return ops.assign_add(self.skipped_micro_batches, ops.cast(bad * (1.0 - self.whole_window), ms.int32))
+        ops.assign_add(self.skipped_micro_batches, ops.cast(bad * (1.0 - self.whole_window), ms.int32))
+        return grads, weight
 
     def close(self, grads, reducer, micro_batches):
         """Whether the window's unscaled, reduced `grads` may be applied; adjusts the scale and the counters.
