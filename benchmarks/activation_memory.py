@@ -1,6 +1,6 @@
 """Section m: activation memory. Peak memory of each structure as a multiple of one micro-batch's step.
 
-    python -m benchmarks.activation_memory NET CONTENDER K [--global-batch N]     (one measurement)
+    python -m benchmarks.activation_memory NET CONTENDER K     (one measurement)
 
 Accumulation exists so that a window of K micro-batches of B costs about one B step's memory, not one K·B
 step's. Each measurement runs in a fresh process and prints ``PEAK <bytes> PARAMS <bytes>``: the growth of the
@@ -20,13 +20,12 @@ Contenders: ``one_b`` / ``one_kb`` (`nn.TrainOneStepCell` on B, on K·B), ``wind
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
-from typing import Dict, List, Optional
+from typing import List
 
 import numpy as np
+
+from .common import peak_in_fresh_process
 
 NETS = ("conv", "transformer")
 CONTENDERS = ("one_b", "one_kb", "window", "fused", "three_graphs", "executor", "accumulator")
@@ -119,14 +118,6 @@ def measure(net_name: str, contender: str, k: int):
     return status("VmHWM") - start, params
 
 
-def run_one(net_name: str, contender: str, k: int) -> Dict[str, int]:
-    """One measurement in a fresh process: {'peak': bytes, 'params': bytes}."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-m", "benchmarks.activation_memory", net_name, contender, str(k)],
-                         cwd=repo, env=os.environ, capture_output=True, text=True, check=True).stdout.split()
-    return {"peak": int(out[out.index("PEAK") + 1]), "params": int(out[out.index("PARAMS") + 1])}
-
-
 def table(ks=(4, 8, 16), nets=NETS, repeats: int = 1, log=None) -> List[dict]:
     """Rows {net, k, contender, peak (median over `repeats` processes), peaks, params}."""
     rows = []
@@ -139,14 +130,15 @@ def table(ks=(4, 8, 16), nets=NETS, repeats: int = 1, log=None) -> List[dict]:
                     continue
                 if log:
                     log(f"   m: {net_name} K={k} {contender}")
-                runs = [run_one(net_name, contender, k) for _ in range(repeats)]
+                runs = [peak_in_fresh_process("activation_memory", net_name, contender, str(k))
+                        for _ in range(repeats)]
                 peaks = [r["peak"] for r in runs]
                 rows.append({"net": net_name, "k": k, "contender": contender, "peak": statistics.median(peaks),
                              "peaks": peaks, "params": runs[0]["params"]})
     return rows
 
 
-def render(rows: List[dict], auto_picks: Optional[Dict[int, str]] = None) -> str:
+def render(rows: List[dict]) -> str:
     lines = [f"== m. activation memory: peak RSS growth while training 2 windows over a dataset, as a multiple of "
              f"one B step's (K x B = {GLOBAL_BATCH}; one fresh process per figure, median of "
              f"{len(rows[0]['peaks'])}); goal for what 'auto' may pick: <= {GOAL} x one B + the buffer",

@@ -76,6 +76,15 @@ def header() -> str:
     ])
 
 
+# ----------------------------------------------------------------------------------------------- memory
+def peak_in_fresh_process(module: str, *args: str) -> Dict[str, int]:
+    """Run `python -m benchmarks.<module> ARGS`, which prints ``PEAK <bytes> PARAMS <bytes>``, and read both."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO, env=os.environ,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return {"peak": int(out[out.index("PEAK") + 1]), "params": int(out[out.index("PARAMS") + 1])}
+
+
 # ----------------------------------------------------------------------------------------------- timing
 def interleave(contenders: Dict[str, Callable[[int], None]], rounds: int, calls: int,
                warmup: int = 1) -> Dict[str, List[float]]:

@@ -67,7 +67,9 @@ def accumulator_memory():
 
 
 def _executor_with_fused_cell(executor):
-    executor._micro_step_cell(K)  # build the default path's Cell, as train_process does (private, benchmark only)
+    # Build the fused Cell beside the three graphs, as train_process does (private, benchmark only): "auto" alone
+    # would build no further Cell, and the row is about both sharing one buffer.
+    executor._micro_step_cell(K, "fused")
     return executor
 
 
@@ -96,15 +98,11 @@ PEAK_ROWS = [("nn.TrainOneStepCell, 4 steps (no accumulation)", "one_step"),
 
 def peak_rss():
     """Rows (name, peak RSS growth in bytes, multiple of the trainable bytes), one fresh process per row."""
-    import os
-    import subprocess
-    import sys
-    from .common import REPO
+    from .common import peak_in_fresh_process
     rows = []
     for name, contender in PEAK_ROWS:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.peak_memory", contender], cwd=REPO, env=os.environ,
-                             capture_output=True, text=True, check=True).stdout.split()
-        peak, params = int(out[out.index("PEAK") + 1]), int(out[out.index("PARAMS") + 1])
+        run = peak_in_fresh_process("peak_memory", contender)
+        peak, params = run["peak"], run["params"]
         rows.append((name, peak, peak / params))
     return rows, params
 

@@ -22,18 +22,24 @@ CONTENDERS = ("torch", "ms_cell", "ms_jit", "ms_window", "ms_one_step", "torch_l
 SETTINGS = ("default", "threads_num=1", "threads_num=2", "dispatch_threads_num=1", "cpu_affinity", "env")
 
 
-def torch_contender(batches, k: int, threads: int = 0):
-    """The PyTorch CPU loop equivalent to the tutorial: LeNet5, b32, loss/K, backward, step + zero every K."""
+def _torch_lenet(threads: int = 0):
+    """(model, optimizer): the tutorial's LeNet5 and Momentum(0.01, 0.9) in PyTorch, on `threads` (0: all cores)."""
     import torch
     from torch import nn
-    from torch.nn import functional as F
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
         nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def torch_contender(batches, k: int, threads: int = 0):
+    """The PyTorch CPU loop equivalent to the tutorial: LeNet5, b32, loss/K, backward, step + zero every K."""
+    import torch
+    from torch.nn import functional as F
+    model, opt = _torch_lenet(threads)
     data = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in batches]
     state = {"micro": 0}
 
@@ -45,7 +51,6 @@ def torch_contender(batches, k: int, threads: int = 0):
             if state["micro"] % k == 0:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-    run.model, run.opt = model, opt
     return run
 
 
@@ -61,8 +66,7 @@ def torch_loader_contender(batches, k: int):
     import torch
     from torch.nn import functional as F
     from torch.utils.data import DataLoader, TensorDataset
-    step = torch_contender([], k)  # its model and optimizer; the data comes from the loader
-    model, opt = step.model, step.opt
+    model, opt = _torch_lenet()
     blocks = {}
 
     def run(n: int) -> None:
