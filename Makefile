@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 # Real MNIST kept beside the checkout, if this machine has it; otherwise ms-accum looks in ./datasets/MNIST_Data,
 # downloads it, and offline falls back to a synthetic MNIST-format set that every output labels SYNTHETIC.
-MS_ACCUM_MNIST ?= $(firstword $(wildcard $(CURDIR)/../shared/data/MNIST_Data /work/shared/data/MNIST_Data))
+MS_ACCUM_MNIST ?= $(wildcard $(CURDIR)/../shared/data/MNIST_Data)
 export MS_ACCUM_MNIST
 
 .PHONY: run test test-all install clean

@@ -63,10 +63,9 @@ def params_of(net: nn.Cell):
 
 
 def mnist_dir():
-    """Real MNIST from MS_ACCUM_MNIST or ../shared/data/MNIST_Data (beside this checkout or /work's), else None."""
+    """Real MNIST from MS_ACCUM_MNIST or ../shared/data/MNIST_Data beside this checkout, else None."""
     for candidate in (os.environ.get("MS_ACCUM_MNIST"),
-                      Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST_Data",
-                      Path("/work/shared/data/MNIST_Data")):
+                      Path(__file__).resolve().parents[2] / "shared" / "data" / "MNIST_Data"):
         if candidate and (Path(candidate) / "train" / "train-images-idx3-ubyte").is_file():
             return str(candidate)
     return None
