@@ -58,7 +58,7 @@ def accumulator_memory():
         ("ms_accum TrainAccumulationCell",
          measure(lambda net, loss, opt: TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K))),
         ("ms_accum GradientAccumulation (fused + three graphs, one buffer)",
-         measure(lambda net, loss, opt: _executor_with_fused_cell(GradientAccumulation(net, loss, opt)))),
+         measure(lambda net, loss, opt: _executor_with_fused_cell(net, loss, opt))),
         ("ms_accum TrainWindowCell (the same buffer)",
          measure(lambda net, loss, opt: TrainWindowCell(nn.WithLossCell(net, loss), opt, K))),
         ("for scale: the Momentum optimizer's own state", _momentum_state_bytes()),
@@ -66,10 +66,10 @@ def accumulator_memory():
     return [(name, size, size / trainable) for name, size in rows], trainable
 
 
-def _executor_with_fused_cell(executor):
-    # Build the fused Cell beside the three graphs, as train_process does (private, benchmark only): "auto" alone
-    # would build no further Cell, and the row is about both sharing one buffer.
-    executor._micro_step_cell(K, "fused")
+def _executor_with_fused_cell(net, loss, opt):
+    # The fused Cell beside the three graphs on one buffer: "auto" alone would build no further Cell.
+    executor = GradientAccumulation(net, loss, opt, structure="fused")
+    executor.runner(K)
     return executor
 
 

@@ -15,6 +15,7 @@ _EXPORTS = {
     "TrainWindowCell": "window",
     "TrainingState": "cells",
     "GradientAccumulation": "executor",
+    "NonFiniteError": "executor",
     "StepRecord": "executor",
     "TrainResult": "executor",
     "LeNet5": "models",
@@ -31,7 +32,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -8,10 +8,7 @@ from mindspore import nn, ops
 
 from . import _ops
 from .buffer import AccumulationBuffer
-from .parallel import window_reducer
-from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
-
-REDUCTIONS = ("mean", "sum")
+from ._validation import check_isinstance, check_positive_float, check_positive_int
 
 
 @ms.jit_class
@@ -34,10 +31,11 @@ class Accumulator:
     window's buffer and sample count are all-reduced once, before clipping and the optimizer step, so the mean is
     over the global samples even when ranks' micro-batches differ in size (pass `num_samples` then).
 
-    State (all named Parameters, so `save_checkpoint` can store it):
+    State: an `AccumulationBuffer` (``buffer``; named Parameters, so `save_checkpoint` can store them), whose rules
+    (add, apply, clear) are the ones every Cell uses:
 
     - `inner_grads`: one zero-initialised buffer per optimizer parameter, named `accumulate.<param>`. Unlike
-      the page, no second all-zeros copy is kept: clearing writes zeros made on the fly.
+      the page, no second all-zeros copy is kept.
     - `mini_step` (int32): micro-batches in the open window.
     - `num_samples` (float32): the sum of their weights, the divisor of the mean.
 
@@ -54,7 +52,8 @@ class Accumulator:
           optimizer's order (what `value_and_grad(fn, None, optimizer.parameters)` returns).
         - **num_samples** (Union[int, Tensor], optional) - The micro-batch's sample count. Give it when
           micro-batches differ in size: the mean then weights each by its count, so the window's gradient
-          equals the gradient of the concatenated batch. Default: ``1`` (every micro-batch weighs the same).
+          equals the gradient of the concatenated batch (``"sum"`` ignores it). Default: ``1`` (every micro-batch
+          weighs the same).
 
     Outputs:
         Tensor of bool, whether this call closed a window. The optimizer then ran, unless the window's gradient
@@ -93,25 +92,23 @@ class Accumulator:
         check_isinstance(optimizer, "optimizer", nn.Optimizer, "Accumulator")
         self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "Accumulator")
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "Accumulator", allow_none=True)
-        self.reduction = check_value_in(reduction, "reduction", REDUCTIONS, "Accumulator")
         self.optimizer = optimizer
-        self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate")
+        self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate", reduction=reduction)
         self.inner_grads = self.buffer.grad_sum
         self.mini_step = self.buffer.mini_step
         self.num_samples = self.buffer.num_samples
         self.param_shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
-        # Local, or all-reduced over the ranks in data parallel: chosen here, so the graph has no mode branch.
-        self.reducer = window_reducer(reduction, "Accumulator")
 
     def __call__(self, grads, num_samples=1):
-        # No Python-level `if` may stand before the tensor `if` below: in MindSpore 2.10 a constant if/else
-        # ahead of it makes graph mode drop the branch's side effects (measured). So every micro-batch is
-        # weighted, by 1 unless told otherwise; multiplying by 1.0 is exact.
+        # No Python-level if/else before the tensor `if` below (README, "Known MindSpore behaviour"): every
+        # micro-batch is weighted, by 1 unless told otherwise; multiplying by 1.0 is exact. The Accumulator sees no
+        # loss: a zero stands for it, and the window's gradient check finds what is not finite.
         self._check_grads(grads)
-        step = _ops.accumulate_weighted(self.inner_grads, self.mini_step, self.num_samples, grads, num_samples)
+        weight = self.buffer.reduction.weight(num_samples)
+        step = self.buffer.add(ops.zeros((), ms.float32), _ops.weigh(grads, weight), weight)
         applied = step >= self.accumulate_step
         if applied:
-            self._apply()
+            self.buffer.close(self.optimizer, self.clip_norm)
         return applied
 
     def flush(self):
@@ -122,17 +119,8 @@ class Accumulator:
         """
         applied = self.mini_step > 0
         if applied:
-            self._apply()
+            self.buffer.close(self.optimizer, self.clip_norm)
         return applied
-
-    def _apply(self):
-        grad_sum, divisor = self.reducer(self.inner_grads, self.num_samples)
-        grads = _ops.window_grads(grad_sum, divisor, self.clip_norm)
-        # MindSpore's auto-monad keeps side effects on the same Parameters in program order: the optimizer
-        # reads the buffer before the clear overwrites it.
-        if self.buffer.guard.close(grads, self.reducer, self.mini_step):
-            self.optimizer(grads)
-        return _ops.clear_window(self.inner_grads, self.mini_step, self.num_samples)
 
     def _check_grads(self, grads):
         # Shapes are compile-time constants, so a mismatch fails while the step compiles, before any update.

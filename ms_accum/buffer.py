@@ -1,23 +1,31 @@
-"""The named state of one accumulation window, shared by every graph that touches it."""
+"""The window: its named state and the three rules every graph applies to it (add, apply, clear)."""
 from __future__ import annotations
 
-import mindspore as ms
 from typing import Optional
 
-from mindspore import Parameter, ParameterTuple, Tensor
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, ops
 
+from . import _ops
 from ._validation import check_isinstance
 from .guard import LossScaler, WindowGuard
+from .parallel import window_reducer
 
 
+@ms.jit_class
 class AccumulationBuffer:
-    """
-    One zero-initialised gradient buffer per parameter, the window's two counters, and its `WindowGuard`.
+    r"""
+    One accumulation window: a zero-initialised gradient buffer per parameter, two counters, the `WindowGuard`,
+    and the reduction. Every Cell and the `Accumulator` go through its three rules, written once here:
 
-    It holds no copy of the parameters' values and no second all-zeros tuple, so its memory is exactly
-    that of the trainable parameters plus two scalars. Every Cell built on one buffer reads and writes the
-    same Parameters, so `TrainForwardBackward`, `TrainOptim`, `TrainClear` and `TrainAccumulationCell`
-    can be mixed freely (the executor does so for an epoch's last, partial window).
+    - `add` — one micro-batch: the guard's policy, then its gradient and weight into the window;
+    - `apply` — the window: reduce (all ranks in data parallel), divide, unscale, check, clip, step;
+    - `clear` — zero the buffer and the counters; `close` is `apply` then `clear`.
+
+    Every Cell built on one buffer reads and writes the same Parameters, so `TrainForwardBackward`, `TrainOptim`,
+    `TrainClear`, `TrainAccumulationCell` and `TrainWindowCell` can be mixed freely, and the reduction chosen here
+    decides for all of them. The buffer holds no copy of the parameters' values and no all-zeros tuple: its memory
+    is that of the trainable parameters plus a few scalars.
 
     Args:
         params (Union[ParameterTuple, list[Parameter]]): The parameters to accumulate gradients for,
@@ -27,16 +35,22 @@ class AccumulationBuffer:
             ``"skip_microbatch"`` (see `ms_accum.guard`).
         loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler for
             the backward passes. Default: ``None``.
+        reduction (str): ``"mean"`` (default): each micro-batch weighs its samples and the window is divided by the
+            samples it holds, so an update equals one step on the concatenated batch; ``"sum"``: the plain sum.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
         mini_step (Parameter): int32, micro-batches in the open window.
-        num_samples (Parameter): float32, the sum of their sample weights, the divisor of the mean.
-        guard (WindowGuard): The non-finite check and loss scale every Cell on this buffer shares.
+        num_samples (Parameter): float32, the sum of their weights, the divisor of the mean.
+        guard (WindowGuard): The non-finite check and loss scale.
+        reduction (Union[SampleMean, Sum]): The rule chosen by `reduction`.
+        reducer (Union[LocalWindow, AllReduceWindow]): The window's reduction over the ranks, chosen from
+            MindSpore's parallel mode when the buffer is built.
 
     Raises:
         TypeError: If `params` is not a sequence of Parameters, or `loss_scaler` is not a MindSpore loss scaler.
-        ValueError: If `policy` is unknown.
+        ValueError: If `policy` or `reduction` is unknown, or MindSpore's parallel mode is neither stand-alone nor
+            data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -51,11 +65,13 @@ class AccumulationBuffer:
     """
 
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
-                 loss_scaler: Optional[LossScaler] = None) -> None:
+                 loss_scaler: Optional[LossScaler] = None, reduction: str = "mean") -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple), "AccumulationBuffer")
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
+        self.reducer = window_reducer(reduction, "AccumulationBuffer")
+        self.reduction = self.reducer.reduction
         self.grad_sum = ParameterTuple(params).clone(prefix=prefix, init="zeros")
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
@@ -67,3 +83,36 @@ class AccumulationBuffer:
 
     def __len__(self) -> int:
         return len(self.grad_sum)
+
+    def add(self, loss, grads, weight):
+        """Adds one micro-batch whose `grads` already carry its `weight`; returns the micro-steps in the window.
+
+        The guard's policy decides first: a non-finite micro-batch is counted, and left out under
+        ``"skip_microbatch"``.
+        """
+        grads, weight = self.guard.micro_batch(loss, grads, weight)
+        return _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+
+    def apply(self, optimizer, clip_norm):
+        """Reduces, divides, unscales and clips the window's gradient, and steps `optimizer` if the guard allows.
+
+        The division is in place, so the buffer holds the applied gradient until `clear`. Returns whether the
+        optimizer ran.
+        """
+        grad_sum, divisor = self.reducer(self.grad_sum, self.num_samples)
+        grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, clip_norm)
+        applied = self.guard.close(grads, self.reducer, self.mini_step)
+        if applied:
+            optimizer(grads)
+        return applied
+
+    def clear(self):
+        """Zeroes the buffer, the counters and the guard's open-window count; returns the micro-step count (0)."""
+        ops.assign(self.guard.window_bad, ops.zeros((), ms.float32))
+        return _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+
+    def close(self, optimizer, clip_norm):
+        """`apply`, then `clear`: returns whether the optimizer ran."""
+        applied = self.apply(optimizer, clip_norm)
+        self.clear()
+        return applied

@@ -3,26 +3,21 @@
 `TrainForwardBackward`, `TrainOptim` and `TrainClear` are the tutorial's three graphs. Unlike the
 tutorial, which sums K mean losses and so takes a K-times larger step, `TrainOptim` applies the
 sample-weighted mean: each update equals one step on the concatenated batch. `TrainAccumulationCell`
-does a whole micro-step, with the optimizer step every K calls, in one graph: it is the executor's fast
-path and what `mindspore.train.Model` trains.
+does a whole micro-step, with the optimizer step every K calls, in one graph: what `mindspore.train.Model` trains.
 
-In data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL`` when a Cell is built) `TrainOptim` and
-`TrainAccumulationCell` all-reduce the window's buffer and sample count once, when they apply it: micro-steps
-communicate nothing, and the update is the mean over the global batch (see `ms_accum.parallel`).
+Every Cell works on an `AccumulationBuffer` and applies its rules (add, apply, clear); the Cells that run a network
+share one micro-batch step (`_MicroBatchCell.micro_batch`). In data parallel the buffer all-reduces the window
+once, when it is applied: micro-steps communicate nothing (see `ms_accum.parallel`).
 """
 from __future__ import annotations
 
 from typing import Optional
 
-import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
-from . import _ops
-from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
-from .accumulator import REDUCTIONS
+from ._validation import check_isinstance, check_positive_float, check_positive_int
 from .buffer import AccumulationBuffer
 from .guard import LossScaler, check_policy_fits
-from .parallel import window_reducer
 
 
 def _check_network(network, cls_name: str) -> nn.Cell:
@@ -33,6 +28,7 @@ def _check_network(network, cls_name: str) -> nn.Cell:
 
 
 def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
+    check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
     check_isinstance(buffer, "buffer", AccumulationBuffer, cls_name)
     if len(buffer) != len(optimizer.parameters):
         raise ValueError(f"For '{cls_name}', the argument 'buffer' must hold one gradient per optimizer "
@@ -40,54 +36,59 @@ def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> Accumulatio
     return buffer
 
 
+def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], cls_name: str) -> None:
+    # The buffer's rule decides for every Cell on it; an argument may only repeat it.
+    if reduction is not None and reduction != buffer.reduction.name:
+        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be the buffer's ('{buffer.reduction.name}')"
+                         f" or None, but got {reduction!r}: the AccumulationBuffer decides the reduction.")
+
+
 def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
-                loss_scaler: Optional[LossScaler], cls_name: str) -> AccumulationBuffer:
-    """The buffer a window Cell trains on: the one given, or a new one with `policy` and `loss_scaler`."""
+                loss_scaler: Optional[LossScaler], reduction: Optional[str], cls_name: str) -> AccumulationBuffer:
+    """The buffer a window Cell trains on: the one given, or a new one with `policy`, `loss_scaler`, `reduction`."""
     if buffer is None:
-        return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler)
+        check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
+        return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
+                                  reduction=reduction or "mean")
     if policy != "skip_window" or loss_scaler is not None:
         raise ValueError(f"For '{cls_name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
                          f"them to the AccumulationBuffer given as 'buffer', not here.")
+    _check_reduction(buffer, reduction, cls_name)
     return _check_buffer(buffer, optimizer, cls_name)
 
 
 class _WindowCell(nn.Cell):
-    """Holds a buffer's Parameters as attributes, so every graph built on one buffer shares them."""
+    """A graph on one `AccumulationBuffer`: registers its Parameters, so checkpoints of the Cell hold them."""
 
     def __init__(self, buffer: AccumulationBuffer) -> None:
         super().__init__(auto_prefix=False)
-        self.grad_sum = buffer.grad_sum
-        self.mini_step = buffer.mini_step
-        self.num_samples = buffer.num_samples
-        self.guard = buffer.guard
-        self.guard_state = ParameterTuple(buffer.guard.parameters())  # registered, so checkpoints hold them
+        self.buffer = buffer
+        self.window_state = ParameterTuple(buffer.parameters())
 
-    def apply_window(self, optimizer, reducer, clip_norm):
-        """Reduce, unscale and clip the window's gradient, and step `optimizer` if the guard allows it."""
-        grad_sum, divisor = reducer(self.grad_sum, self.num_samples)
-        grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, clip_norm)
-        applied = self.guard.close(grads, reducer, self.mini_step)
-        if applied:
-            optimizer(grads)
-        return applied
 
-    def close_window(self, optimizer, reducer, clip_norm):
-        """`apply_window`, then clear the buffer for the next window; returns whether the optimizer ran."""
-        applied = self.apply_window(optimizer, reducer, clip_norm)
-        _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
-        return applied
+class _MicroBatchCell(_WindowCell):
+    """A window graph that runs micro-batches of `network`: the one micro-batch step, for every such Cell."""
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer, cls_name: str) -> None:
+        super().__init__(_check_buffer(buffer, optimizer, cls_name))
+        self.network = _check_network(network, cls_name)
+        check_policy_fits(network, buffer.guard.policy, cls_name)
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def micro_batch(self, inputs):
         """Forward, backward and accumulation of one micro-batch: `(loss, micro-steps in the window now)`.
 
-        For the Cells that own `network`, `grad`, `weights` and `by_samples` (1.0: weight each micro-batch by its
-        sample count, folded into the backward pass's sensitivity for free; 0.0: weight 1).
+        The micro-batch's weight (its sample count under ``"mean"``) and the loss scale are the backward pass's
+        sensitivity, so weighting costs nothing.
         """
         loss = self.network(*inputs)
-        weight = _sample_weight(inputs[0], self.by_samples)
-        grads = self.grad(self.network, self.weights)(*inputs, _sens(loss, weight, self.guard.loss_scale))
-        grads, weight = self.guard.micro_batch(loss, grads, weight)
-        return loss, _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+        weight = self.buffer.reduction.weight(ops.shape(inputs[0])[0])
+        sens = ops.ones_like(loss) * ops.cast(weight * self.buffer.guard.loss_scale, ops.dtype(loss))
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        return loss, self.buffer.add(loss, grads, weight)
 
 
 class TrainingState(_WindowCell):
@@ -121,30 +122,29 @@ class TrainingState(_WindowCell):
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainingState")
         super().__init__(_check_buffer(buffer, optimizer, "TrainingState"))
         self.network = check_isinstance(network, "network", nn.Cell, "TrainingState")
         self.optimizer = optimizer
 
     def construct(self):
-        return self.mini_step
+        return self.buffer.mini_step
 
 
-class TrainForwardBackward(_WindowCell):
+class TrainForwardBackward(_MicroBatchCell):
     r"""
     Forward, backward and accumulation of one micro-batch; the parameters do not change.
 
-    The micro-batch's gradient is weighted by its sample count, the leading dimension of the first input,
-    for free: the count is the backward pass's sensitivity. With a loss that is a mean over the batch, the
-    buffer then holds the gradient of the window's summed loss, and `TrainOptim` divides by the samples seen.
+    Under the buffer's ``"mean"`` reduction the micro-batch's gradient is weighted by its sample count, the leading
+    dimension of the first input, for free: the count is the backward pass's sensitivity. With a loss that is a mean
+    over the batch, the buffer then holds the gradient of the window's summed loss, and `TrainOptim` divides by the
+    samples seen.
 
     Args:
         network (nn.Cell): The network with its loss (for example `nn.WithLossCell`), returning a scalar.
         optimizer (nn.Optimizer): The optimizer whose parameters are differentiated.
         buffer (AccumulationBuffer): The window's state, shared with `TrainOptim` and `TrainClear`.
-        weight_by_samples (bool): Weight each micro-batch by its sample count; set False to weigh every
-            micro-batch the same (``reduction="sum"``, or inputs whose first axis is not the batch).
-            Default: ``True``.
+        weight_by_samples (bool, optional): Whether micro-batches are weighted by their sample counts. The buffer's
+            reduction decides (``"mean"``: True, ``"sum"``: False); give it only to state that. Default: ``None``.
 
     Inputs:
         - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the
@@ -156,7 +156,8 @@ class TrainForwardBackward(_WindowCell):
     Raises:
         TypeError: If `network` is not a Cell, `optimizer` not an `nn.Optimizer`, or `buffer` not an
             `AccumulationBuffer`.
-        ValueError: If `network` has no trainable parameters or `buffer` does not fit the optimizer.
+        ValueError: If `network` has no trainable parameters, `buffer` does not fit the optimizer, or
+            `weight_by_samples` contradicts the buffer's reduction.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -172,17 +173,11 @@ class TrainForwardBackward(_WindowCell):
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
-                 weight_by_samples: bool = True) -> None:
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainForwardBackward")
-        super().__init__(_check_buffer(buffer, optimizer, "TrainForwardBackward"))
-        self.network = _check_network(network, "TrainForwardBackward")
-        check_policy_fits(network, buffer.guard.policy, "TrainForwardBackward")
-        self.network.set_grad()
-        self.weights = optimizer.parameters
-        # 1.0 or 0.0: an arithmetic switch, because a Python if/else ahead of a tensor `if` in the same graph
-        # makes MindSpore 2.10 drop that branch's side effects (see _ops).
-        self.by_samples = float(bool(weight_by_samples))
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+                 weight_by_samples: Optional[bool] = None) -> None:
+        super().__init__(network, optimizer, buffer, "TrainForwardBackward")
+        if weight_by_samples is not None:
+            check_isinstance(weight_by_samples, "weight_by_samples", bool, "TrainForwardBackward")
+            _check_reduction(buffer, "mean" if weight_by_samples else "sum", "TrainForwardBackward")
 
     def construct(self, *inputs):
         loss, step = self.micro_batch(inputs)
@@ -192,7 +187,8 @@ class TrainForwardBackward(_WindowCell):
 class TrainOptim(_WindowCell):
     r"""
     Applies the window's gradient: the sample-weighted mean (or the sum), unscaled, clipped, then `optimizer`,
-    unless the buffer's `WindowGuard` finds it not finite (the window is then skipped and counted).
+    unless the buffer's `WindowGuard` finds it not finite (the window is then skipped and counted). The buffer's
+    reduction decides between mean and sum.
 
     In data parallel the buffer and the sample count are first all-reduced over the ranks. The division happens in
     place (in graph mode the buffer then holds the applied gradient), so `TrainClear` must follow before the next
@@ -202,8 +198,8 @@ class TrainOptim(_WindowCell):
         optimizer (nn.Optimizer): The optimizer.
         buffer (AccumulationBuffer): The window's state.
         clip_norm (float, optional): Clip the gradient to this global norm first. Default: ``None``.
-        reduction (str): ``"mean"`` divides by the samples accumulated, ``"sum"`` does not.
-            Default: ``"mean"``.
+        reduction (str, optional): The buffer's reduction, ``"mean"`` or ``"sum"``; give it only to state it.
+            Default: ``None``.
 
     Inputs:
         None.
@@ -213,25 +209,21 @@ class TrainOptim(_WindowCell):
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `clip_norm` is not positive, or `reduction` is unknown, or MindSpore's parallel
-            mode is neither stand-alone nor data parallel.
+        ValueError: If `clip_norm` is not positive, or `reduction` is not the buffer's.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
     """
 
     def __init__(self, optimizer: nn.Optimizer, buffer: AccumulationBuffer, clip_norm: Optional[float] = None,
-                 reduction: str = "mean") -> None:
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, "TrainOptim")
+                 reduction: Optional[str] = None) -> None:
         super().__init__(_check_buffer(buffer, optimizer, "TrainOptim"))
+        _check_reduction(buffer, reduction, "TrainOptim")
         self.optimizer = optimizer
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "TrainOptim", allow_none=True)
-        check_value_in(reduction, "reduction", REDUCTIONS, "TrainOptim")
-        # Local, or all-reduced over the ranks in data parallel: chosen here, so the graph has no mode branch.
-        self.reducer = window_reducer(reduction, "TrainOptim")
 
     def construct(self):
-        return self.apply_window(self.optimizer, self.reducer, self.clip_norm)
+        return self.buffer.apply(self.optimizer, self.clip_norm)
 
 
 class TrainClear(_WindowCell):
@@ -259,11 +251,10 @@ class TrainClear(_WindowCell):
         super().__init__(buffer)
 
     def construct(self):
-        ops.assign(self.guard.window_bad, ops.zeros((), ms.float32))  # a dropped window's count goes too
-        return _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+        return self.buffer.clear()
 
 
-class TrainAccumulationCell(_WindowCell):
+class TrainAccumulationCell(_MicroBatchCell):
     r"""
     One accumulation micro-step in one graph: forward, backward, accumulate, and every `accumulate_step`
     calls the optimizer step on the window's mean and the clear.
@@ -277,7 +268,8 @@ class TrainAccumulationCell(_WindowCell):
         optimizer (nn.Optimizer): The optimizer.
         accumulate_step (int): Micro-batches per optimizer step, K.
         clip_norm (float, optional): Clip the window's gradient to this global norm. Default: ``None``.
-        reduction (str): ``"mean"`` (sample-weighted) or ``"sum"``. Default: ``"mean"``.
+        reduction (str, optional): ``"mean"`` (sample-weighted) or ``"sum"``, for a new buffer (``None``: ``"mean"``);
+            a buffer given decides its own, and `reduction` may only repeat it. Default: ``None``.
         buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
         policy (str): What a non-finite micro-batch does to its window when the buffer is new: ``"skip_window"``
             (default) or ``"skip_microbatch"`` (see `ms_accum.guard`). A non-finite window is never applied.
@@ -308,40 +300,20 @@ class TrainAccumulationCell(_WindowCell):
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, accumulate_step: int,
-                 clip_norm: Optional[float] = None, reduction: str = "mean",
+                 clip_norm: Optional[float] = None, reduction: Optional[str] = None,
                  buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None) -> None:
         name = type(self).__name__
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
-        _check_network(network, name)
-        accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
+        self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
         clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        mean = float(check_value_in(reduction, "reduction", REDUCTIONS, name) == "mean")
-        super().__init__(_own_buffer(optimizer, buffer, policy, loss_scaler, name))
-        check_policy_fits(network, self.guard.policy, name)
-        self.network = network
-        self.network.set_grad()
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.accumulate_step = accumulate_step
+        super().__init__(network, optimizer, _own_buffer(optimizer, buffer, policy, loss_scaler, reduction, name),
+                         name)
         self.clip_norm = clip_norm
-        self.by_samples = mean
-        self.reducer = window_reducer(reduction, name)
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def construct(self, *inputs):
         loss, step = self.micro_batch(inputs)
         if step >= self.accumulate_step:
             # The window's only communication in data parallel: micro-steps before it stay local.
-            self.close_window(self.optimizer, self.reducer, self.clip_norm)
+            self.buffer.close(self.optimizer, self.clip_norm)
         return loss
 
-
-def _sens(loss, weight, loss_scale):
-    # The backward pass's sensitivity: the sample weight times the loss scale, in the loss's dtype.
-    return ops.ones_like(loss) * ops.cast(weight * loss_scale, ops.dtype(loss))
-
-
-def _sample_weight(batch, by_samples: float) -> float:
-    # The batch size is a compile-time constant; `by_samples` is 1.0 (weight = batch size) or 0.0 (weight 1).
-    return ops.shape(batch)[0] * by_samples + (1.0 - by_samples)

@@ -134,8 +134,9 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
         network (nn.Cell): The network to fill.
         path (str): The checkpoint.
         strict (bool): Refuse a checkpoint whose parameters are missing from or extra to the network's.
-            Default: ``True``. Buffers of the accumulator (``grad_sum.*``, ``accumulate.*``) and optimizer state
-            are ignored either way.
+            Default: ``True``. Training state beside the network's parameters is ignored either way: per-parameter
+            slots named ``<slot>.<parameter>`` (optimizer moments, accumulation buffers) and scalars (step counts,
+            learning rate, window counters).
         expected (dict, optional): Metadata values the checkpoint must carry, e.g. ``{"model": "lenet5"}``.
         contents (tuple, optional): ``(params, metadata)`` of `path` as `load_checkpoint` returned them, for a
             caller that read the file already (to check its metadata first): the file is then not read again.
@@ -153,7 +154,7 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
             raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={metadata[key]!r}, but {key}={value!r} "
                                   f"was asked for.")
     own = {p.name: p for p in network.get_parameters()}
-    params = {name: value for name, value in params.items() if not _is_training_state(name, own)}
+    params = {name: value for name, value in params.items() if not _is_training_state(name, value, own)}
     missing = sorted(set(own) - set(params))
     extra = sorted(set(params) - set(own))
     if strict and (missing or extra):
@@ -174,19 +175,12 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
     return metadata
 
 
-# Scalars that MindSpore's optimizers, the accumulation buffer and its guard keep beside the network's parameters.
-_STATE_SCALARS = ("global_step", "learning_rate", "momentum", "beta1_power", "beta2_power", "mini_step",
-                  "num_samples", "loss_scale", "loss_scale_counter", "window_bad", "skipped_windows",
-                  "skipped_micro_batches")
-
-
-def _is_training_state(name: str, own: Dict[str, Parameter]) -> bool:
-    # Optimizer slots ("moments.w", "moment1.w", "accum.w") and accumulator buffers ("grad_sum.w") are named
-    # "<slot>.<parameter>"; saved with a full training state, they are not part of the network.
+def _is_training_state(name: str, value: Parameter, own: Dict[str, Parameter]) -> bool:
+    # What optimizers and accumulation buffers keep beside a network: a slot per parameter ("moments.w",
+    # "accumulate.w") or a scalar ("global_step", "accumulate.mini_step"). No list of names to keep in step.
     if name in own:
         return False
-    slot, _, rest = name.partition(".")
-    return rest in own or (rest or slot) in _STATE_SCALARS
+    return name.partition(".")[2] in own or value.size <= 1
 
 
 def _names(names: Iterable[str], limit: int = 5) -> str:

@@ -1,10 +1,10 @@
-"""GradientAccumulation: the training executor of MindSpore's Cell-graph tutorial, exact and fast."""
+"""GradientAccumulation: the training executor of MindSpore's Cell-graph tutorial, exact, lean and resumable."""
 from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -12,23 +12,22 @@ from mindspore.dataset import Dataset, config as ds_config
 
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
-from .accumulator import REDUCTIONS
-from .guard import LossScaler
 from .buffer import AccumulationBuffer
-from .checkpoint import CheckpointError, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
-    save_checkpoint
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim, TrainingState
-from .window import TrainWindowCell
+from .checkpoint import save_checkpoint
+from .guard import LossScaler
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
-
+from .reduction import reduction_rule
+from .resume import Position, StateCheckpoints
+from .runners import Fused, Stacked, ThreeGraphs
+from .window import TrainWindowCell
 
 PARTIAL_WINDOWS = ("apply", "drop")
 STRUCTURES = ("auto", "window", "fused", "three_graphs")
 # What "auto" runs: the one structure whose peak memory stayed within the goal (1.15x one micro-batch's step plus
 # the buffer) at every K measured; the faster ones keep more activations alive (README, "Memory").
 AUTO_STRUCTURE = "three_graphs"
-STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 
 
 @dataclass
@@ -63,16 +62,6 @@ class TrainResult:
     def losses(self) -> List[float]:
         """The loss of each optimizer step, in order."""
         return [record.loss for record in self.steps]
-
-
-@dataclass
-class Position:
-    """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states)."""
-
-    epoch: int = 1
-    batch: int = 0  # batches of `epoch` already trained
-    step: int = 0  # optimizer steps (windows applied)
-    dropped_windows: int = 0
 
 
 class GradientAccumulation:
@@ -121,7 +110,8 @@ class GradientAccumulation:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
             `loss_scaler` is not a MindSpore loss scaler.
         ValueError: If `clip_norm` is not positive, or `reduction`, `structure` or `policy` is unknown, or
-            MindSpore's parallel mode is neither stand-alone nor data parallel.
+            `optimizer` updates a Parameter that is not `network`'s, or `loss_fn` does not reduce to a scalar
+            (``reduction="none"``), or MindSpore's parallel mode is neither stand-alone nor data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -141,10 +131,12 @@ class GradientAccumulation:
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None) -> None:
         name = "GradientAccumulation"
         self._network = check_isinstance(network, "network", nn.Cell, name)
-        self._loss_fn = check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
+        check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
         self._optimizer = check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
+        _check_optimizer_updates(network, optimizer, name)
+        _check_scalar_loss(loss_fn, name)
         self._clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        self._reduction = check_value_in(reduction, "reduction", REDUCTIONS, name)
+        reduction_rule(reduction, name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone
@@ -152,43 +144,33 @@ class GradientAccumulation:
             recompute_cells(network, recompute)
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
-        self.buffer = AccumulationBuffer(optimizer.parameters, "grad_sum", policy, loss_scaler)
-        mean = reduction == "mean"
-        self._train_forward_backward = TrainForwardBackward(self._net_with_loss, optimizer, self.buffer,
-                                                            weight_by_samples=mean).set_train()
-        self._train_optim = TrainOptim(optimizer, self.buffer, clip_norm, reduction).set_train()
-        self._train_clear = TrainClear(self.buffer).set_train()
+        self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
+                                         reduction=reduction)
+        self._three_graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
+                              TrainOptim(optimizer, self.buffer, clip_norm).set_train(),
+                              TrainClear(self.buffer).set_train())
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
-        self._fused = {}  # mini_steps -> TrainAccumulationCell; K is a graph constant, so one Cell per K
+        self._runners = {}  # mini_steps -> runner; K is a graph constant of the fused and window Cells
 
     def structure_for(self, mini_steps: int) -> str:
         """The structure that trains windows of `mini_steps`: what ``structure="auto"`` resolves to."""
         return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
-    def _micro_step_cell(self, mini_steps: int, structure: Optional[str] = None) -> nn.Cell:
-        structure = structure or self.structure_for(mini_steps)  # train_process passes the one it resolved
-        if structure == "three_graphs":
-            return self._train_forward_backward
-        if mini_steps not in self._fused:
-            cls = TrainWindowCell if structure == "window" else TrainAccumulationCell
-            self._fused[mini_steps] = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm,
-                                          self._reduction, buffer=self.buffer).set_train()
-        return self._fused[mini_steps]
+    def runner(self, mini_steps: int) -> ThreeGraphs:
+        """The runner (`ms_accum.runners`) that trains windows of `mini_steps` with this executor's structure.
 
-    def _run_window(self, cell: nn.Cell, window: list) -> list:
-        """One full window with `TrainWindowCell`: its micro-batches stacked into one call when of equal shapes."""
-        if all(tuple(x.shape) == tuple(y.shape) for inputs in window[1:] for x, y in zip(inputs, window[0])):
-            stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
-            return list(cell(*stacked).asnumpy())
-        # Micro-batches of different sizes (a dataset batched without drop_remainder): one graph per micro-batch
-        # on the same buffer, with the same arithmetic.
-        return self._run_partial(window)
-
-    def _run_partial(self, window: list) -> list:
-        losses = [self._train_forward_backward(*inputs) for inputs in window]
-        self._train_optim()
-        self._train_clear()
-        return losses
+        Its Cells (``forward_backward``, ``optim``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``) all
+        share `buffer`; `train_window` trains one window and says whether it was applied.
+        """
+        if mini_steps not in self._runners:
+            structure = self.structure_for(mini_steps)
+            if structure == "three_graphs":
+                self._runners[mini_steps] = ThreeGraphs(self.buffer, *self._three_graphs)
+            else:
+                cls, runner = (TrainWindowCell, Stacked) if structure == "window" else (TrainAccumulationCell, Fused)
+                cell = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm, buffer=self.buffer)
+                self._runners[mini_steps] = runner(self.buffer, *self._three_graphs, cell.set_train())
+        return self._runners[mini_steps]
 
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
@@ -237,7 +219,8 @@ class GradientAccumulation:
 
         Raises:
             TypeError: If an argument has the wrong type, or `train_dataset` is None.
-            ValueError: If `epoch` or `mini_steps` is not positive, the dataset is empty, `partial_window` is
+            ValueError: If `epoch` or `mini_steps` is not positive, the dataset is empty or does not yield the two
+                columns (data, label) that `network` and `loss_fn` take, `partial_window` is
                 unknown, `ckpt_dir` is not a writable directory, or `save_every` / `resume` is given without
                 `ckpt_dir`; in data parallel, if the ranks' datasets have different numbers of batches (the ranks
                 would wait for each other forever).
@@ -245,8 +228,39 @@ class GradientAccumulation:
                 saved with other `mini_steps`, `partial_window`, dataset size or dataset seed.
         """
         name = "GradientAccumulation.train_process"
-        epoch = check_positive_int(epoch, "epoch", name)
-        mini_steps = check_positive_int(mini_steps, "mini_steps", name)
+        num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
+                                      save_every, keep_last, resume, name)
+        writes = self._parallel is None or self._parallel.is_main
+        run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
+               "data_seed": ds_config.get_seed()}
+        states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last, writes)
+        runner = self.runner(mini_steps)
+        self._three_graphs[2]()  # start from an empty window whatever happened before
+        position, resumed_from = states.resume(resume, epoch)
+        if self._parallel is not None and resume not in (None, False):
+            check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
+        result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
+                             skipped_windows=int(self.buffer.guard.skipped_windows.asnumpy()))
+        for window in _windows(train_dataset, epoch, num_batches, mini_steps, position):
+            if len(window) < mini_steps and partial_window == "drop":
+                position.dropped_windows += 1
+                result.dropped_windows += 1
+                continue
+            losses, applied = runner.train_window(window)
+            position.step += 1
+            self._record(result, position, losses, [inputs[0].shape[0] for inputs in window], applied, log_every,
+                         verbose and writes, on_step)
+            states.window_closed(position)
+        if ckpt_dir is not None and writes:
+            meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
+            result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
+        return result
+
+    def _check_run(self, epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step, save_every,
+                   keep_last, resume, name: str) -> int:
+        """Every argument of `train_process`, checked before anything compiles; returns the epoch's batch count."""
+        check_positive_int(epoch, "epoch", name)
+        check_positive_int(mini_steps, "mini_steps", name)
         check_isinstance(train_dataset, "train_dataset", Dataset, name)
         check_value_in(partial_window, "partial_window", PARTIAL_WINDOWS, name)
         check_positive_int(log_every, "log_every", name)
@@ -260,9 +274,12 @@ class GradientAccumulation:
         for arg_name, value in (("save_every", save_every), ("resume", resume)):
             if value not in (None, False) and ckpt_dir is None:
                 raise ValueError(f"For '{name}', the argument '{arg_name}' needs 'ckpt_dir', but 'ckpt_dir' is None.")
-        main = self._parallel is None or self._parallel.is_main
-        if ckpt_dir is not None and main:
-            ckpt_dir = check_writable_dir(ckpt_dir, "ckpt_dir", name)
+        if ckpt_dir is not None and (self._parallel is None or self._parallel.is_main):
+            check_writable_dir(ckpt_dir, "ckpt_dir", name)
+        columns = train_dataset.get_col_names()
+        if len(columns) != 2:
+            raise ValueError(f"For '{name}', the argument 'train_dataset' must yield 2 columns, the network's input "
+                             f"and the loss's label, but it yields {len(columns)}: {columns}.")
         num_batches = train_dataset.get_dataset_size()
         if self._parallel is not None:
             # Every window closes with a collective: a rank with fewer batches would leave the others waiting.
@@ -272,117 +289,25 @@ class GradientAccumulation:
         if mini_steps > num_batches:
             warnings.warn(f"For '{name}', 'mini_steps' ({mini_steps}) is larger than an epoch's {num_batches} "
                           f"batches: every window is partial and is {partial_window}ed at the end of the epoch.",
-                          stacklevel=2)
-        run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
-               "data_seed": ds_config.get_seed()}
+                          stacklevel=3)
+        return num_batches
 
-        structure = self.structure_for(mini_steps)
-        cell = self._micro_step_cell(mini_steps, structure)
-        per_window = structure == "window"  # the cell takes a whole window, stacked
-        result = TrainResult()
-        self._train_clear()  # start from an empty window whatever happened before
-        position = Position()
-        if resume not in (None, False):
-            path = find_latest(ckpt_dir, ckpt_name) if resume is True else os.fspath(resume)
-            if path is not None:
-                position = self._load_state(path, run, epoch, name)
-                result.resumed_from = path
-            if self._parallel is not None:
-                check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
-        result.dropped_windows = position.dropped_windows
-        result.skipped_windows = int(self.buffer.guard.skipped_windows.asnumpy())  # earlier runs' skips
-
-        def close_window(losses, samples):
-            position.step += 1
-            self._record(result, position.epoch, position.step, losses, samples, log_every, verbose and main,
-                         on_step)
-            if save_every is not None and main and position.step % save_every == 0:
-                self._save_state(ckpt_dir, ckpt_name, keep_last, position, {**run, **(metadata or {})})
-
-        iterator = train_dataset.create_tuple_iterator(num_epochs=epoch)
-        first_epoch, done_batches = position.epoch, position.batch
-        for epoch_index in range(1, epoch + 1):
-            position.epoch, position.batch = epoch_index, 0
-            skip = num_batches if epoch_index < first_epoch else done_batches if epoch_index == first_epoch else 0
-            window, window_losses, window_samples = [], [], []
-            for inputs in iterator:
-                position.batch += 1
-                if position.batch <= skip:  # trained before the run was resumed: read to keep the data order
-                    continue
-                window_samples.append(inputs[0].shape[0])
-                if per_window:
-                    window.append(inputs)
-                else:
-                    window_losses.append(cell(*inputs))
-                if len(window_samples) < mini_steps:
-                    continue
-                if per_window:
-                    window_losses = self._run_window(cell, window)
-                elif structure == "three_graphs":
-                    self._train_optim()
-                    self._train_clear()
-                close_window(window_losses, window_samples)
-                window, window_losses, window_samples = [], [], []
-            if window_samples:  # the epoch's last window is partial
-                if partial_window == "apply":
-                    if per_window:
-                        window_losses = self._run_partial(window)
-                    else:
-                        self._train_optim()
-                        self._train_clear()
-                    close_window(window_losses, window_samples)
-                else:
-                    self._train_clear()
-                    result.dropped_windows += 1
-                    position.dropped_windows += 1
-        if ckpt_dir is not None and main:
-            meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
-            result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
-        return result
-
-    def _save_state(self, ckpt_dir: str, ckpt_name: str, keep_last: Optional[int], position: "Position",
-                    metadata: dict) -> None:
-        # Saved only when a window has just closed, so the buffer holds zeros; it is saved anyway, so the file
-        # is the whole state whatever the structure, and loading it never leaves a stale buffer behind.
-        meta = {**metadata, "kind": STATE_KIND, **asdict(position)}
-        save_checkpoint(self._state, checkpoint_path(ckpt_dir, ckpt_name, position.step), meta)
-        if keep_last is not None:
-            prune(ckpt_dir, ckpt_name, keep_last)
-
-    def _load_state(self, path: str, run: dict, epoch: int, name: str) -> "Position":
-        contents = load_checkpoint(path)
-        meta = contents[1]
-        if meta.get("kind") != STATE_KIND:
-            raise CheckpointError(f"Checkpoint '{path}' holds no training state to resume from (it was not saved "
-                                  f"with 'save_every').")
-        for key, value in run.items():
-            if meta.get(key) != value:
-                raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
-                                      f"{key}={value!r}: resuming would not continue the same training.")
-        if meta["epoch"] > epoch:
-            raise CheckpointError(f"Checkpoint '{path}' is at epoch {meta['epoch']}, beyond this run's {epoch} "
-                                  f"epochs.")
-        load_into(self._state, path, strict=True, contents=contents)
-        return Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
-
-    def _record(self, result: TrainResult, epoch: int, step: int, losses: list, samples: list, log_every: int,
-                verbose: bool, on_step) -> None:
+    def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
+                log_every: int, verbose: bool, on_step) -> None:
         weights = np.asarray(samples, np.float64)
-        values = np.asarray([float(loss.asnumpy()) if isinstance(loss, Tensor) else float(loss) for loss in losses],
-                            np.float64)
+        values = np.asarray([_scalar(loss) for loss in losses], np.float64)
         finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
         loss = float((values[finite] * weights[finite]).sum() / weights[finite].sum()) if finite.any() else np.nan
         guard = self.buffer.guard
-        skipped_windows = int(guard.skipped_windows.asnumpy())
-        skipped = skipped_windows > result.skipped_windows
-        result.skipped_windows = skipped_windows
+        result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
-        record = StepRecord(epoch, step, loss, len(losses), int(weights.sum()), skipped,
+        epoch, step = position.epoch, position.step
+        record = StepRecord(epoch, step, loss, len(losses), int(weights.sum()), not applied,
                             float(guard.loss_scale.asnumpy()))
         result.steps.append(record)
-        if skipped:
+        if not applied:
             what = (f"epoch {epoch} step {step}: the window's gradient or loss is not finite, so it was skipped "
-                    f"(parameters unchanged; {skipped_windows} window(s) skipped so far)")
+                    f"(parameters unchanged; {result.skipped_windows} window(s) skipped so far)")
             if self._stop_on_nonfinite:
                 raise NonFiniteError(f"For 'GradientAccumulation.train_process', {what}; stopping, as "
                                      f"'stop_on_nonfinite' is True.")
@@ -395,3 +320,47 @@ class GradientAccumulation:
             print(f"epoch: {epoch} step: {step} loss is {record.loss:.6f}", flush=True)
         if on_step is not None:
             on_step(record)
+
+
+def _windows(dataset: Dataset, epochs: int, num_batches: int, mini_steps: int, position: Position) -> Iterator[list]:
+    """Each window's micro-batches, epoch by epoch (an epoch's last may be partial), from `position` on.
+
+    `position.epoch` and `position.batch` follow the batches read. Batches before the position (a resumed run) are
+    read but not yielded, so the data order stays that of the uninterrupted run.
+    """
+    iterator = dataset.create_tuple_iterator(num_epochs=epochs)
+    first_epoch, done = position.epoch, position.batch
+    for epoch in range(1, epochs + 1):
+        position.epoch, position.batch = epoch, 0
+        skip = num_batches if epoch < first_epoch else done if epoch == first_epoch else 0
+        window = []
+        for inputs in iterator:
+            position.batch += 1
+            if position.batch <= skip:
+                continue
+            window.append(inputs)
+            if len(window) == mini_steps:
+                yield window
+                window = []
+        if window:
+            yield window
+
+
+def _scalar(loss) -> float:
+    return float(loss.asnumpy()) if isinstance(loss, Tensor) else float(loss)
+
+
+def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer, name: str) -> None:
+    # An optimizer over another network's Parameters would train nothing, silently.
+    own = {id(p) for p in network.get_parameters()}
+    for param in optimizer.parameters:
+        if id(param) not in own:
+            raise ValueError(f"For '{name}', the argument 'optimizer' must update Parameters of 'network', but "
+                             f"'{param.name}' is not one of them (an optimizer built over another network?).")
+
+
+def _check_scalar_loss(loss_fn: nn.Cell, name: str) -> None:
+    # MindSpore's losses say how they reduce; "none" returns one loss per sample, which has no window mean.
+    if getattr(loss_fn, "reduction", None) == "none" or getattr(loss_fn, "reduce", True) is False:
+        raise ValueError(f"For '{name}', the argument 'loss_fn' must reduce the batch to a scalar (reduction "
+                         f"'mean' or 'sum'), but got {type(loss_fn).__name__} with reduction 'none'.")

@@ -75,6 +75,14 @@ class _KeepAll:
     def __call__(self, loss, grads, weight):
         return grads, weight, 1.0 - _finite_float(ops.isfinite(loss).all())
 
+    def left_out(self, bad):
+        """Micro-batches this policy leaves out of the window: none."""
+        return ops.zeros((), ms.int32)
+
+    def spoiled(self, bad, seen):
+        """Whether `bad` non-finite micro-batches of the `seen` in a window (over all ranks) rule it out: any one."""
+        return ops.logical_or(bad > 0.0, bad >= seen)
+
 
 @ms.jit_class
 class _DropNonFinite:
@@ -85,15 +93,21 @@ class _DropNonFinite:
         keep = _finite_float(finite)
         return _hyper_map(ops.partial(_keep_op, finite), grads), weight * keep, 1.0 - keep
 
+    def left_out(self, bad):
+        return ops.cast(bad, ms.int32)
+
+    def spoiled(self, bad, seen):
+        return bad >= seen  # only when no micro-batch is left
+
 
 @ms.jit_class
 class WindowGuard:
     r"""
     Decides, once per window, whether the window's gradient may be applied, and keeps the loss scale.
 
-    Used inside the train Cells (`TrainForwardBackward` / `TrainOptim`, `TrainAccumulationCell`): each
-    micro-batch goes through `micro_batch`, each window through `close`. Its Parameters are part
-    of the training state, so they are saved and resumed with it.
+    Held by an `AccumulationBuffer`: each micro-batch goes through `micro_batch`, each window through `close`, and
+    the buffer's `clear` zeroes `window_bad`. Its Parameters are part of the training state, so they are saved and
+    resumed with it.
 
     Args:
         policy (str): ``"skip_window"`` (default) or ``"skip_microbatch"``; see the module's docstring.
@@ -129,9 +143,8 @@ class WindowGuard:
         if isinstance(loss_scaler, amp.DynamicLossScaler):
             loss_scaler.counter.name = f"{prefix}.loss_scale_counter"
             self.state.append(loss_scaler.counter)
-        # Chosen here rather than by a flag in the graph: see _ops.accumulate on MindSpore 2.10's tensor-`if` bug.
+        # Chosen here, not by a flag in the graph (README, "Known MindSpore behaviour": constant if/else).
         self.filter = _KeepAll() if policy == "skip_window" else _DropNonFinite()
-        self.whole_window = float(policy == "skip_window")  # 1.0: one bad micro-batch skips the window
         self.window_bad = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_bad", requires_grad=False)
         self.skipped_windows = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_windows", requires_grad=False)
         self.skipped_micro_batches = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_micro_batches",
@@ -145,9 +158,8 @@ class WindowGuard:
     def micro_batch(self, loss, grads, weight):
         """What one micro-batch adds to the window, `(grads, weight)`, after the policy; counts a bad one."""
         grads, weight, bad = self.filter(loss, grads, weight)
-        # A bad micro-batch counts in the open window, and as left out when the policy is skip_microbatch.
         ops.assign_add(self.window_bad, bad)
-        ops.assign_add(self.skipped_micro_batches, ops.cast(bad * (1.0 - self.whole_window), ms.int32))
+        ops.assign_add(self.skipped_micro_batches, self.filter.left_out(bad))
         return grads, weight
 
     def close(self, grads, reducer, micro_batches):
@@ -159,10 +171,7 @@ class WindowGuard:
         # Parameter (a Ref) with a Tensor.
         counts = reducer.total(ops.stack([self.window_bad * 1.0, ops.cast(micro_batches, ms.float32)]))
         bad, seen = counts[0], counts[1]
-        clean = bad <= 0.0
-        apply = ops.logical_and(amp.all_finite(grads),
-                                ops.logical_and(bad * self.whole_window <= 0.0, bad < seen))
-        self.scaler.adjust(ops.logical_and(apply, clean))
+        apply = ops.logical_and(amp.all_finite(grads), ops.logical_not(self.filter.spoiled(bad, seen)))
+        self.scaler.adjust(ops.logical_and(apply, bad <= 0.0))
         ops.assign_add(self.skipped_windows, 1 - ops.cast(apply, ms.int32))
-        ops.assign(self.window_bad, ops.zeros((), ms.float32))
         return apply

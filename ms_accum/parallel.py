@@ -9,7 +9,7 @@ per-rank means would not).
 
 The mode is read from MindSpore's context when a Cell is built (``parallel_mode`` set to
 ``ParallelMode.DATA_PARALLEL`` after `mindspore.communication.init()`), and the matching reducer is chosen
-then: graph code holds no Python branch on the mode (see `_ops.accumulate` on why such branches are avoided).
+then: graph code holds no Python branch on the mode (README, "Known MindSpore behaviour").
 
 Under `msrun`, :func:`init_data_parallel` does the whole setup; :func:`distributed_launch` tells whether a
 launcher started this process.
@@ -25,15 +25,14 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank, init
 
-from . import _ops
-from ._validation import check_isinstance, check_value_in
+from ._validation import check_isinstance
+from .reduction import reduction_rule
 
 # What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
 # MS_SCHED_HOST/PORT, MS_NODE_ID, RANK_ID, RANK_SIZE, DEVICE_ID. It also runs the same script once more as the
 # cluster's scheduler, with MS_ROLE=MS_SCHED: there `init()` serves the cluster and never returns, so a script
 # must call it before doing anything else (a scheduler that fails first leaves the workers waiting).
 LAUNCHER_ROLES = ("MS_WORKER", "MS_SCHED")
-_REDUCTIONS = ("mean", "sum")  # accumulator.REDUCTIONS, which cannot be imported here: it imports this module
 
 _hyper_map = ops.HyperMap()
 _all_reduce_op = ops.MultitypeFuncGraph("ms_accum_all_reduce")
@@ -168,11 +167,10 @@ class LocalWindow:
     """
 
     def __init__(self, reduction: str = "mean") -> None:
-        # 1.0 or 0.0: an arithmetic switch (see _ops.accumulate on MindSpore 2.10's tensor-`if` bug).
-        self.mean = float(check_value_in(reduction, "reduction", _REDUCTIONS, "LocalWindow") == "mean")
+        self.reduction = reduction_rule(reduction, "LocalWindow")
 
     def __call__(self, grad_sum, num_samples):
-        return grad_sum, _ops.mean_divisor(num_samples, self.mean)
+        return grad_sum, self.reduction.divisor(num_samples, 1.0)
 
     def total(self, value):
         """`value` summed over the ranks: here, one rank, `value` itself."""
@@ -191,10 +189,8 @@ class AllReduceWindow:
     With ``reduction="sum"`` the divisor is the group size when the context's ``gradients_mean`` is True (what
     `nn.DistributedGradReducer` does), else 1.
 
-    On CPU MindSpore runs each of these all-reduces as its own kernel (measured: 9 per window for LeNet5's 8
-    tensors, about 0.7 ms each on one host). Concatenating the buffer into one all-reduce measured 1 kernel
-    and half the all-reduce time, but no faster windows end to end (the copies cost what the launches saved),
-    so the buffer is reduced in place, tensor by tensor, with no extra memory.
+    The buffer is reduced in place, tensor by tensor, with no extra memory (README, "Data parallel", has the
+    measured alternative of one concatenated all-reduce).
 
     Args:
         reduction (str): ``"mean"`` or ``"sum"``. Default: ``"mean"``.
@@ -215,7 +211,7 @@ class AllReduceWindow:
     """
 
     def __init__(self, reduction: str = "mean", group: Optional[str] = None) -> None:
-        self.mean = float(check_value_in(reduction, "reduction", _REDUCTIONS, "AllReduceWindow") == "mean")
+        self.reduction = reduction_rule(reduction, "AllReduceWindow")
         # GlobalComm.WORLD_COMM_GROUP is set by init() to the backend's group (mccl_world_group on CPU); reading
         # it here, not as a default argument, picks that value up.
         self.group = GlobalComm.WORLD_COMM_GROUP if group is None else group
@@ -226,7 +222,7 @@ class AllReduceWindow:
     def __call__(self, grad_sum, num_samples):
         grads = _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum)
         samples = self.all_reduce(num_samples)
-        return grads, samples * self.mean + (1.0 - self.mean) * self.sum_divisor
+        return grads, self.reduction.divisor(samples, self.sum_divisor)
 
     def total(self, value):
         """float32 `value` summed over the ranks (window counters every rank must agree on)."""

@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from typing import Dict, Sequence
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn
 
 from ._validation import check_isinstance, check_positive_float, check_positive_int

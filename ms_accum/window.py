@@ -45,8 +45,9 @@ class TrainWindowCell(TrainAccumulationCell):
         TypeError: If an argument has the wrong type.
         ValueError: If `accumulate_step` or `clip_norm` is not positive, `reduction` is unknown, `network` has no
             trainable parameters, `buffer` does not fit `optimizer` or comes with `policy` or `loss_scaler`,
-            MindSpore's parallel mode is neither stand-alone nor data parallel, or (when the graph compiles) the
-            inputs' leading axis is not K long.
+            MindSpore's parallel mode is neither stand-alone nor data parallel, the buffer holds an open window
+            when called (a window is K micro-batches, all of this call), or (when the graph compiles) the inputs'
+            leading axis is not K long.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -62,20 +63,26 @@ class TrainWindowCell(TrainAccumulationCell):
         (4,)
     """
 
+    def __call__(self, *inputs):
+        # One scalar read per window: the loop below closes the window after exactly K micro-batches.
+        open_window = int(self.buffer.mini_step.asnumpy())
+        if open_window:
+            raise ValueError(f"For 'TrainWindowCell', the buffer must hold no open window when called, but it holds "
+                             f"{open_window} micro-batch(es): close it first (TrainOptim and TrainClear).")
+        return super().__call__(*inputs)
+
     def construct(self, *inputs):
         # Shapes are compile-time constants, so a window of the wrong length fails when the graph compiles.
         if ops.shape(inputs[0])[0] != self.accumulate_step:
             raise ValueError("For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long.")
         losses = ops.zeros((self.accumulate_step,), ms.float32)
         i = ops.zeros((), ms.int32)
-        # A loop over a tensor index stays a loop in the graph: one micro-batch's activations are alive at a time
-        # (an unrolled Python loop kept them all: README, "Known MindSpore behaviour").
+        # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
         while i < self.accumulate_step:
             loss, step = self.micro_batch(tuple([x[i] for x in inputs]))
-            # Every output of the micro-batch is used: MindSpore 2.10 eliminated the accumulation's side effects
-            # when its result was discarded inside the loop.
+            # Every output is used (README, "Known MindSpore behaviour": side effects eliminated inside `while`).
             losses = ops.tensor_scatter_update(losses, ops.reshape(i, (1, 1)),
                                                ops.reshape(ops.cast(ops.depend(loss, step), ms.float32), (1,)))
             i = i + 1
-        self.close_window(self.optimizer, self.reducer, self.clip_norm)
+        self.buffer.close(self.optimizer, self.clip_norm)
         return losses

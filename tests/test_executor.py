@@ -201,9 +201,9 @@ def test_executor_owns_one_buffer_per_parameter_plus_scalars():
     assert len(owned) == len(params) + 6  # two window counters, the guard's loss scale and three counters
     assert sum(p.size for p in ex.buffer.grad_sum) == sum(p.size for p in params)
     # every graph the executor builds shares that one buffer: no Parameter outside network, optimizer, buffer
-    ex._micro_step_cell(4)
+    runner = ex.runner(4)
     known = {id(p) for _, p in ex._optimizer.parameters_and_names()} | {id(p) for p in owned}
-    for cell in (ex._train_forward_backward, ex._train_optim, ex._train_clear, ex._fused[4]):
+    for cell in (runner.forward_backward, runner.optim, runner.clear, runner.cell):
         assert {id(p) for _, p in cell.parameters_and_names()} <= known
 
 

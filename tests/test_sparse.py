@@ -173,7 +173,7 @@ def test_rows_never_looked_up_get_zero_gradient_and_do_not_move():
 
     for i in range(K - 1):
         cell(*micro_batch(ids, labels, i))
-    buffer = cell.grad_sum[0].asnumpy()  # the table's buffer, densified from K-1 RowTensors
+    buffer = cell.buffer.grad_sum[0].asnumpy()  # the table's buffer, densified from K-1 RowTensors
     seen = np.unique(ids[:(K - 1) * B])
     unseen = np.setdiff1d(np.arange(VOCAB), seen)
     assert len(unseen) >= VOCAB - SEEN

@@ -53,7 +53,7 @@ def twins(optimizer: str = "momentum", **kwargs):
 
 
 def assert_buffer_empty(cell):
-    assert not any(g.asnumpy().any() for g in cell.grad_sum)
+    assert not any(g.asnumpy().any() for g in cell.buffer.grad_sum)
     assert int(cell.mini_step.asnumpy()) == 0 and float(cell.num_samples.asnumpy()) == 0.0
 
 
@@ -122,7 +122,7 @@ def test_partial_window_through_the_three_graphs_on_the_same_buffer():
         fused(Tensor(x[0, i]), Tensor(y[0, i]))
     for i in range(2):
         fused(Tensor(x[1, i]), Tensor(y[1, i]))
-    for a, e in zip(window.grad_sum, fused.grad_sum):  # the open partial window, accumulated alike
+    for a, e in zip(window.buffer.grad_sum, fused.buffer.grad_sum):  # the open partial window, accumulated alike
         np.testing.assert_array_equal(a.asnumpy(), e.asnumpy())
     TrainOptim(opt, buffers[0]).set_train()()
     TrainOptim(ref_opt, buffers[1]).set_train()()
@@ -142,9 +142,9 @@ def test_non_finite_micro_batch_handled_as_the_fused_cell_does(policy):
         assert np.isfinite(a).all()
         np.testing.assert_array_equal(a, e)
     counters = ("skipped_windows", "skipped_micro_batches", "window_bad")
-    assert {c: int(getattr(window.guard, c).asnumpy()) for c in counters} == \
-        {c: int(getattr(fused.guard, c).asnumpy()) for c in counters}
-    assert int(window.guard.skipped_windows.asnumpy()) == (policy == "skip_window")
+    assert {c: int(getattr(window.buffer.guard, c).asnumpy()) for c in counters} == \
+        {c: int(getattr(fused.buffer.guard, c).asnumpy()) for c in counters}
+    assert int(window.buffer.guard.skipped_windows.asnumpy()) == (policy == "skip_window")
 
 
 def test_wrong_window_length_fails_when_compiling():

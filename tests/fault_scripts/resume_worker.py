@@ -22,7 +22,7 @@ import ms_accum.checkpoint
 from ms_accum import GradientAccumulation, MLP
 from ms_accum.cells import TrainForwardBackward, TrainAccumulationCell
 from ms_accum.window import TrainWindowCell
-from ms_accum.executor import GradientAccumulation as Executor
+from ms_accum.resume import StateCheckpoints
 
 EPOCHS, MINI_STEPS, BATCH, SAMPLES = 2, 3, 8, 100  # 13 batches an epoch: 4 full windows and a partial one
 SAVE_EVERY, KEEP_LAST = 2, 2
@@ -50,13 +50,13 @@ def inject(fault: str) -> None:
                 return out
             cls.__call__ = counted
     elif kind == "boundary":
-        original_save = Executor._save_state
+        original_save = StateCheckpoints.window_closed
 
-        def save_then_die(self, ckpt_dir, ckpt_name, keep_last, position, metadata):
-            original_save(self, ckpt_dir, ckpt_name, keep_last, position, metadata)
+        def save_then_die(self, position):
+            original_save(self, position)
             if position.step == int(value):
                 die()
-        Executor._save_state = save_then_die
+        StateCheckpoints.window_closed = save_then_die
     elif kind == "save":
         original_ms_save = ms_accum.checkpoint.ms.save_checkpoint
 
