@@ -54,7 +54,7 @@ def twins(optimizer: str = "momentum", **kwargs):
 
 def assert_buffer_empty(cell):
     assert not any(g.asnumpy().any() for g in cell.buffer.grad_sum)
-    assert int(cell.mini_step.asnumpy()) == 0 and float(cell.num_samples.asnumpy()) == 0.0
+    assert int(cell.buffer.mini_step.asnumpy()) == 0 and float(cell.buffer.num_samples.asnumpy()) == 0.0
 
 
 CASES = {
