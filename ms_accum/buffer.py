@@ -7,9 +7,10 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from . import _ops
-from ._validation import check_isinstance
+from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import window_reducer
+from .reduction import REDUCTIONS
 
 
 @ms.jit_class
@@ -70,6 +71,7 @@ class AccumulationBuffer:
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
+        check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")
         self.reducer = window_reducer(reduction, "AccumulationBuffer")
         self.reduction = self.reducer.reduction
         self.grad_sum = ParameterTuple(params).clone(prefix=prefix, init="zeros")

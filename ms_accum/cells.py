@@ -36,11 +36,13 @@ def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> Accumulatio
     return buffer
 
 
-def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], cls_name: str) -> None:
+def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], cls_name: str,
+                     arg_name: str = "reduction", value=None) -> None:
     # The buffer's rule decides for every Cell on it; an argument may only repeat it.
     if reduction is not None and reduction != buffer.reduction.name:
-        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be the buffer's ('{buffer.reduction.name}')"
-                         f" or None, but got {reduction!r}: the AccumulationBuffer decides the reduction.")
+        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must agree with the buffer's reduction "
+                         f"('{buffer.reduction.name}') or be None, but got {reduction if value is None else value!r}: "
+                         f"the AccumulationBuffer decides the reduction.")
 
 
 def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
@@ -177,7 +179,8 @@ class TrainForwardBackward(_MicroBatchCell):
         super().__init__(network, optimizer, buffer, "TrainForwardBackward")
         if weight_by_samples is not None:
             check_isinstance(weight_by_samples, "weight_by_samples", bool, "TrainForwardBackward")
-            _check_reduction(buffer, "mean" if weight_by_samples else "sum", "TrainForwardBackward")
+            _check_reduction(buffer, "mean" if weight_by_samples else "sum", "TrainForwardBackward",
+                             "weight_by_samples", weight_by_samples)
 
     def construct(self, *inputs):
         loss, step = self.micro_batch(inputs)

@@ -86,3 +86,23 @@ def test_model_train_with_standard_callbacks_matches_big_batch_and_saves(tmp_pat
     load_into(restored, str(tmp_path / "lenet-1_8.ckpt"))  # the training state beside the weights is ignored
     for a, e in zip(params_of(restored), params_of(net)):
         np.testing.assert_array_equal(a, e)
+
+
+def test_the_buffer_decides_the_reduction_for_every_cell():
+    net, optimizer = parts()
+    summed = AccumulationBuffer(optimizer.parameters, reduction="sum")
+    assert summed.reduction.name == "sum"
+    TrainForwardBackward(net, optimizer, summed, weight_by_samples=False)  # may repeat the buffer's rule
+    TrainOptim(optimizer, summed, reduction="sum")
+    with pytest.raises(ValueError, match="For 'TrainOptim', the argument 'reduction' must agree with the buffer's "
+                                         "reduction "
+                                         "\\('sum'\\) or be None, but got 'mean'"):
+        TrainOptim(optimizer, summed, reduction="mean")
+    with pytest.raises(ValueError, match="For 'TrainForwardBackward', the argument 'weight_by_samples' must agree "
+                                         "with the buffer's reduction \\('sum'\\) or be None, but got True"):
+        TrainForwardBackward(net, optimizer, summed, weight_by_samples=True)
+    with pytest.raises(ValueError, match="For 'TrainAccumulationCell', the argument 'reduction' must agree with the "
+                                         "buffer's reduction"):
+        TrainAccumulationCell(net, optimizer, 2, reduction="mean", buffer=summed)
+    with pytest.raises(ValueError, match="For 'AccumulationBuffer', the argument 'reduction' must be one of"):
+        AccumulationBuffer(optimizer.parameters, reduction="avg")

@@ -219,3 +219,35 @@ def test_auto_structure_is_the_memory_correct_one_for_every_k_and_network():
     assert ex.structure_for(4) == "three_graphs"
     assert GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()),
                                 structure="window").structure_for(4) == "window"
+
+
+def test_optimizer_over_another_network_is_refused():
+    net, other = make_net("mlp"), make_net("mlp", seed=1)
+    with pytest.raises(ValueError, match="For 'GradientAccumulation', the argument 'optimizer' must update "
+                                         "Parameters of 'network', but '.*' is not one of them"):
+        GradientAccumulation(net, loss_fn(), nn.SGD(other.trainable_params()))
+    # Training a part of the network (a frozen backbone) is fine.
+    GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params()[-2:]))
+
+
+@pytest.mark.parametrize("loss", [nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="none"),
+                                  nn.MSELoss(reduction="none"), nn.CrossEntropyLoss(reduction="none")])
+def test_loss_without_reduction_is_refused(loss):
+    net = make_net("mlp")
+    with pytest.raises(ValueError, match="For 'GradientAccumulation', the argument 'loss_fn' must reduce the batch to "
+                                         "a scalar"):
+        GradientAccumulation(net, loss, nn.SGD(net.trainable_params()))
+
+
+def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a compile error would leave rank_0/om/analyze_fail.ir here
+    x, y = batch_for("mlp", 8, seed=0)
+    net, ex = executor()
+    before = params_of(net)
+    for data in ({"image": x}, {"image": x, "label": y, "weight": y.astype(np.float32)}):
+        one = ds.NumpySlicesDataset(data, shuffle=False).batch(4)
+        with pytest.raises(ValueError, match="the argument 'train_dataset' must yield 2 columns, the network's input "
+                                             "and the loss's label, but it yields"):
+            ex.train_process(1, one, mini_steps=2, ckpt_dir=None)
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
+    assert not os.path.exists(tmp_path / "rank_0")

@@ -202,3 +202,19 @@ def test_sparse_gradients_equal_the_fused_cell():
             fused(Tensor(ids[w, i]), Tensor(targets[w, i]))
     for a, e in zip(params_of(window_opt), params_of(fused_opt)):
         np.testing.assert_array_equal(a, e)
+
+
+def test_an_open_window_in_the_buffer_is_refused():
+    # A window is the K micro-batches of one call: micro-batches left in the buffer would join it unseen.
+    net = with_loss(small_net())
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    buffer = AccumulationBuffer(opt.parameters)
+    window = TrainWindowCell(net, opt, K, buffer=buffer)
+    x, y = windows(1)
+    x, y = x[0], y[0]
+    TrainForwardBackward(net, opt, buffer)(Tensor(x[0]), Tensor(y[0]))
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    with pytest.raises(ValueError, match="For 'TrainWindowCell', the buffer must hold no open window when called, but "
+                                         "it holds 1 micro-batch"):
+        window(Tensor(x), Tensor(y))
+    assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(net.trainable_params(), before))
