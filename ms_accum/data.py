@@ -90,21 +90,33 @@ def resolve_data_dir(path: Optional[PathLike] = None) -> str:
     return os.path.expanduser(path)
 
 
-def _read_header(path: str, ndim: int) -> Tuple[int, Tuple[int, ...]]:
-    """Return (magic, dims) of an idx file, or raise DataError naming it."""
+def _idx_header(path: str) -> Tuple[int, Tuple[int, ...], int]:
+    """(magic number, shape, file size the header implies) of an idx file, reading its header only.
+
+    Raises DataError naming the file if it is missing, not an idx file, or shorter than its header.
+    """
     if not os.path.exists(path):
         hint = " (found a .gz beside it: decompress it)" if os.path.exists(path + ".gz") else ""
-        raise DataError(f"MNIST file '{path}' is missing{hint}.")
+        raise DataError(f"idx file '{path}' is missing{hint}.")
     if not os.path.isfile(path):
-        raise DataError(f"MNIST file '{path}' is not a regular file.")
-    header_size = 4 + 4 * ndim
+        raise DataError(f"idx file '{path}' is not a regular file.")
     with open(path, "rb") as f:
-        header = f.read(header_size)
-    if len(header) < header_size:
-        raise DataError(f"MNIST file '{path}' is truncated: {len(header)} bytes, shorter than its "
-                        f"{header_size}-byte header.")
-    fields = np.frombuffer(header, dtype=">u4")
-    return int(fields[0]), tuple(int(d) for d in fields[1:])
+        magic = f.read(4)
+        if len(magic) < 4:
+            raise DataError(f"idx file '{path}' is truncated: {len(magic)} bytes, shorter than its magic number.")
+        zero, type_code, ndim = int.from_bytes(magic[:2], "big"), magic[2], magic[3]
+        if zero != 0 or type_code not in _IDX_DTYPES or ndim == 0:
+            number = int.from_bytes(magic, "big")
+            raise DataError(f"idx file '{path}' has a bad magic number {number} (0x{number:08x}); it is not an "
+                            f"uncompressed idx file.")
+        dims = f.read(4 * ndim)
+    offset = 4 + 4 * ndim
+    if len(dims) < 4 * ndim:
+        raise DataError(f"idx file '{path}' is truncated: {4 + len(dims)} bytes, shorter than its {offset}-byte "
+                        f"header.")
+    shape = tuple(int(d) for d in np.frombuffer(dims, dtype=">u4"))
+    size = offset + int(np.prod(shape, dtype=np.int64)) * _IDX_DTYPES[type_code].itemsize
+    return int.from_bytes(magic, "big"), shape, size
 
 
 def check_mnist_dir(path: PathLike) -> str:
@@ -140,33 +152,32 @@ def check_mnist_dir(path: PathLike) -> str:
         images = os.path.join(path, images_rel)
         labels = os.path.join(path, labels_rel)
         try:
-            magic, (count, rows, cols) = _read_header(images, 3)
-            _check_magic(images, magic, _IMAGE_MAGIC)
+            magic, (count, rows, cols), size = _check_magic(images, _IMAGE_MAGIC)
             if (rows, cols) != (_SIDE, _SIDE):
                 raise DataError(f"MNIST file '{images}' holds {rows}x{cols} images, expected {_SIDE}x{_SIDE}.")
-            _check_size(images, 16 + count * rows * cols)
-            magic, (label_count,) = _read_header(labels, 1)
+            _check_size(images, size)
+            magic, (label_count,), size = _check_magic(labels, _LABEL_MAGIC)
         except DataError as err:
             raise DataError(f"{err}{hint}") from None
-        _check_magic(labels, magic, _LABEL_MAGIC)
-        _check_size(labels, 8 + label_count)
+        _check_size(labels, size)
         if label_count != count:
             raise DataError(f"MNIST file '{labels}' has {label_count} labels but '{images}' has {count} images.")
     return path
 
 
-def _check_magic(path: str, magic: int, expected: int) -> None:
+def _check_magic(path: str, expected: int) -> Tuple[int, Tuple[int, ...], int]:
+    magic, shape, size = _idx_header(path)
     if magic != expected:
         raise DataError(f"MNIST file '{path}' has a bad magic number {magic} (0x{magic:08x}), expected "
                         f"{expected} (0x{expected:08x}); it is not an uncompressed idx file of this kind.")
+    return magic, shape, size
 
 
 def _check_size(path: str, expected: int) -> None:
     size = os.path.getsize(path)
-    if size < expected:
-        raise DataError(f"MNIST file '{path}' is truncated: {size} bytes, its header implies {expected}.")
-    if size > expected:
-        raise DataError(f"MNIST file '{path}' is too long: {size} bytes, its header implies {expected}.")
+    if size != expected:
+        state = "truncated" if size < expected else "too long"
+        raise DataError(f"idx file '{path}' is {state}: {size} bytes, its header implies {expected}.")
 
 
 def read_idx(path: PathLike) -> np.ndarray:
@@ -184,27 +195,12 @@ def read_idx(path: PathLike) -> np.ndarray:
             its header.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DataError(f"idx file '{path}' is missing.")
+    magic, dims, size = _idx_header(path)
+    _check_size(path, size)
+    dtype = _IDX_DTYPES[(magic >> 8) & 0xFF]
+    offset = 4 + 4 * len(dims)
     with open(path, "rb") as f:
         data = f.read()
-    if len(data) < 4:
-        raise DataError(f"idx file '{path}' is truncated: {len(data)} bytes, shorter than its magic number.")
-    zero, type_code, ndim = int.from_bytes(data[:2], "big"), data[2], data[3]
-    if zero != 0 or type_code not in _IDX_DTYPES or ndim == 0:
-        magic = int.from_bytes(data[:4], "big")
-        raise DataError(f"idx file '{path}' has a bad magic number {magic} (0x{magic:08x}); it is not an "
-                        f"uncompressed idx file.")
-    offset = 4 + 4 * ndim
-    if len(data) < offset:
-        raise DataError(f"idx file '{path}' is truncated: {len(data)} bytes, shorter than its {offset}-byte "
-                        f"header.")
-    dims = tuple(int(d) for d in np.frombuffer(data[4:offset], dtype=">u4"))
-    dtype = _IDX_DTYPES[type_code]
-    expected = offset + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-    if len(data) != expected:
-        state = "truncated" if len(data) < expected else "too long"
-        raise DataError(f"idx file '{path}' is {state}: {len(data)} bytes, its header implies {expected}.")
     # astype copies into a writable, native-endian array (frombuffer over bytes is read-only).
     return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
@@ -350,8 +346,8 @@ def _fetch_verified(url: str, tmp: str, timeout: float) -> Optional[str]:
 def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, shuffle: Optional[bool],
                     num_parallel_workers: int, num_shards: Optional[int], shard_id: Optional[int],
                     num_samples: Optional[int], seed: Optional[int], drop_remainder: bool,
-                    image_ops: Any) -> Dataset:
-    """Validate, check the files, then build MnistDataset -> image_ops + label cast -> batch."""
+                    image_size: int) -> Dataset:
+    """Validate, check the files, then build MnistDataset -> image ops + label cast -> batch."""
     check_isinstance(data_path, "data_path", (str, os.PathLike), api)
     check_positive_int(batch_size, "batch_size", api)
     check_value_in(usage, "usage", tuple(_SPLITS), api)
@@ -379,7 +375,7 @@ def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, 
     # Imported here so the idx helpers and the downloader work without starting the dataset engine.
     import mindspore as ms  # pylint: disable=import-outside-toplevel
     import mindspore.dataset as ds  # pylint: disable=import-outside-toplevel
-    from mindspore.dataset import transforms  # pylint: disable=import-outside-toplevel
+    from mindspore.dataset import transforms, vision  # pylint: disable=import-outside-toplevel
 
     if shuffle is None:
         shuffle = usage == "train"
@@ -393,7 +389,12 @@ def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, 
     # silently yields 0 samples.
     dataset = ds.MnistDataset(os.path.join(data_path, usage), usage=usage, sampler=sampler,
                               num_parallel_workers=num_parallel_workers)
-    dataset = dataset.map(operations=image_ops, input_columns="image",
+    if image_size == _SIDE:  # the Accumulator page's datapipe
+        image_ops = [vision.Rescale(1.0 / 255.0, 0.0), vision.Normalize(mean=(MNIST_MEAN,), std=(MNIST_STD,))]
+    else:  # the LeNet tutorial's, with its normalization in the right order
+        image_ops = [vision.Resize((image_size, image_size), interpolation=vision.Inter.LINEAR),
+                     vision.Rescale(1.0 / 255.0, 0.0), vision.Rescale(1.0 / MNIST_STD, -MNIST_MEAN / MNIST_STD)]
+    dataset = dataset.map(operations=image_ops + [vision.HWC2CHW()], input_columns="image",
                           num_parallel_workers=num_parallel_workers)
     dataset = dataset.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
                           num_parallel_workers=num_parallel_workers)
@@ -441,56 +442,43 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
             would be produced.
         DataError: If the MNIST files are missing or damaged.
     """
-    from mindspore.dataset import vision  # pylint: disable=import-outside-toplevel
-    image_ops = [
-        vision.Resize((32, 32), interpolation=vision.Inter.LINEAR),
-        vision.Rescale(1.0 / 255.0, 0.0),
-        vision.Rescale(1.0 / MNIST_STD, -MNIST_MEAN / MNIST_STD),
-        vision.HWC2CHW(),
-    ]
     return _build_pipeline("create_dataset", data_path, batch_size, usage, shuffle, num_parallel_workers,
-                           num_shards, shard_id, num_samples, seed, drop_remainder, image_ops)
+                           num_shards, shard_id, num_samples, seed, drop_remainder, 32)
 
 
 def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: bool = False,
-             num_shards: Optional[int] = None, shard_id: Optional[int] = None, num_samples: Optional[int] = None,
-             seed: Optional[int] = None, drop_remainder: bool = False, num_parallel_workers: int = 1) -> Dataset:
+             drop_remainder: bool = False, **kwargs) -> Dataset:
     r"""
-    MNIST batches for the MLP of MindSpore's "Gradient Accumulation" page (its `datapipe`).
-
-    Each 28x28 image is scaled to [0, 1], normalized with mean 0.1307 and std 0.3081, and laid out CHW;
-    labels are cast to int32. As on the page, nothing is shuffled and the last, smaller batch is kept unless
-    asked otherwise.
+    MNIST batches for the MLP of MindSpore's "Gradient Accumulation" page (its `datapipe`): the 28x28 images
+    scaled to [0, 1] and normalized (``vision.Normalize``), CHW, int32 labels. As on the page, nothing is shuffled and
+    the last, smaller batch is kept unless asked otherwise.
 
     Args:
         data_path (Union[str, os.PathLike]): The MNIST_Data directory, holding ``train/`` and ``test/``.
         batch_size (int): Samples per batch. Default: ``32``.
         usage (str): ``"train"`` or ``"test"``. Default: ``"train"``.
         shuffle (bool): Whether to shuffle (again every epoch). Default: ``False``.
-        num_shards (int, optional): Number of shards; give `shard_id` with it. Default: ``None``.
-        shard_id (int, optional): This process's shard, in [0, num_shards). Default: ``None``.
-        num_samples (int, optional): Samples to read (per shard when sharding). Default: ``None``, all.
-        seed (int, optional): Shuffle seed for this dataset only. Default: ``None``.
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``False``.
-        num_parallel_workers (int): Workers of the reader and each map. Default: ``1``.
+        kwargs: `num_parallel_workers`, `num_shards`, `shard_id`, `num_samples`, `seed`, as :func:`create_dataset`
+            takes them.
 
     Returns:
         mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 28, 28)` and ``label`` int32
         :math:`(N,)`.
 
     Raises:
-        TypeError: If an argument has the wrong type.
+        TypeError: If an argument has the wrong type, or an unknown keyword is given.
         ValueError: If an argument has a wrong value (see :func:`create_dataset`).
         DataError: If the MNIST files are missing or damaged.
     """
-    from mindspore.dataset import vision  # pylint: disable=import-outside-toplevel
-    image_ops = [
-        vision.Rescale(1.0 / 255.0, 0.0),
-        vision.Normalize(mean=(MNIST_MEAN,), std=(MNIST_STD,)),
-        vision.HWC2CHW(),
-    ]
-    return _build_pipeline("datapipe", data_path, batch_size, usage, shuffle, num_parallel_workers,
-                           num_shards, shard_id, num_samples, seed, drop_remainder, image_ops)
+    options = {"num_parallel_workers": 1, "num_shards": None, "shard_id": None, "num_samples": None, "seed": None}
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown:
+        raise TypeError(f"For 'datapipe', got unexpected keyword argument(s) {unknown}; it takes {sorted(options)}.")
+    options.update(kwargs)
+    return _build_pipeline("datapipe", data_path, batch_size, usage, shuffle, options["num_parallel_workers"],
+                           options["num_shards"], options["shard_id"], options["num_samples"], options["seed"],
+                           drop_remainder, _SIDE)
 
 
 # 5x7 bitmaps of the digits 0-9: distinct enough for a small CNN, varied below by affine jitter and ink.
