@@ -28,6 +28,9 @@ OPTIMIZERS = ("momentum", "sgd", "adam")
 DEFAULTS = {"lenet5": {"optimizer": "momentum", "lr": 0.01, "momentum": 0.9},
             "mlp": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0}}
 SYNTHETIC_NOTE = "SYNTHETIC data, not MNIST"
+# (train, test) images of the offline fallback: enough that `make run` (LeNet5, 1 epoch of K=4 x 32) learns them
+# far above chance, so a newcomer without MNIST still sees training work (README, "Without MNIST").
+FALLBACK_SIZES = (30000, 2000)
 
 
 class CliError(Exception):
@@ -145,7 +148,7 @@ def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
     if not rank:  # no launcher, or rank 0: one notice per job
         print(f"ms-accum: MNIST is not available ({reason.rstrip('.')}). Falling back to {SYNTHETIC_NOTE}, "
               f"generated in {root}: its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
-    return make_synthetic_mnist(root), True
+    return make_synthetic_mnist(root, *FALLBACK_SIZES), True
 
 
 def _progress(total: int, desc: str, quiet: bool):
@@ -260,7 +263,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         label += f", {world} workers"
     metadata = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
                 "optimizer": settings["optimizer"], "lr": settings["lr"], "momentum": settings["momentum"],
-                "seed": args.seed, "data_dir": os.path.abspath(data_dir), "synthetic": synthetic,
+                "seed": args.seed, "data_dir": os.path.relpath(data_dir, args.ckpt_dir), "synthetic": synthetic,
                 "world_size": world}
     with _progress(windows * args.epochs, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):
@@ -327,7 +330,7 @@ def run_eval(args: argparse.Namespace) -> dict:
                                      args.quiet)
     from .data import is_synthetic
     from .evaluate import checkpoint_data_dir
-    synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data))
+    synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:
         print(f"{args.ckpt} ({metadata.get('model', args.model)}, trained {metadata.get('step', '?')} optimizer "
               f"steps with accumulate_steps={metadata.get('accumulate_steps', '?')})")

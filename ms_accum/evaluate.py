@@ -1,6 +1,8 @@
 """Evaluation: accuracy and loss of a network, or of a saved checkpoint loaded strictly."""
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -54,9 +56,13 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     return EvalResult(float(metrics["accuracy"]), float(metrics["loss"]), dataset.get_dataset_size())
 
 
-def checkpoint_data_dir(metadata: Dict[str, MetaValue], data: Optional[str] = None) -> str:
-    """The MNIST directory to evaluate a checkpoint on: `data`, else the one it was trained on, else the default."""
-    return resolve_data_dir(data if data is not None else metadata.get("data_dir"))
+def checkpoint_data_dir(metadata: Dict[str, MetaValue], data: Optional[str] = None, ckpt: str = ".") -> str:
+    """The MNIST directory to evaluate checkpoint `ckpt` on: `data`, else the one it was trained on if it is still
+    there (recorded relative to the checkpoint's directory), else `resolve_data_dir`'s default."""
+    if data is None and metadata.get("data_dir"):
+        recorded = os.path.join(os.path.dirname(os.fspath(ckpt)), str(metadata["data_dir"]))
+        data = recorded if os.path.isdir(recorded) else None
+    return resolve_data_dir(data)
 
 
 def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
@@ -98,5 +104,6 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
     check_value_in(model, "model", MODELS, name)
     network = build_model(model)
     load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents)
-    dataset = dataset_for(model, checkpoint_data_dir(metadata, data), batch_size, usage="test", num_samples=num_samples)
+    dataset = dataset_for(model, checkpoint_data_dir(metadata, data, ckpt), batch_size, usage="test",
+                          num_samples=num_samples)
     return evaluate(network, dataset, callbacks=callbacks), metadata
