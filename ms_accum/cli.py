@@ -232,6 +232,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     import mindspore as ms
     from mindspore import nn
     from .data import dataset_for
+    from .evaluate import recorded_data_dir
     from .executor import GradientAccumulation
     from .models import build_model
 
@@ -263,7 +264,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         label += f", {world} workers"
     metadata = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
                 "optimizer": settings["optimizer"], "lr": settings["lr"], "momentum": settings["momentum"],
-                "seed": args.seed, "data_dir": os.path.relpath(data_dir, args.ckpt_dir), "synthetic": synthetic,
+                "seed": args.seed, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic,
                 "world_size": world}
     with _progress(windows * args.epochs, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):

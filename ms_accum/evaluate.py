@@ -56,6 +56,12 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     return EvalResult(float(metrics["accuracy"]), float(metrics["loss"]), dataset.get_dataset_size())
 
 
+def recorded_data_dir(data_dir: str, ckpt_dir: str) -> str:
+    """The ``data_dir`` metadata of a checkpoint saved in `ckpt_dir`: relative to it, so no machine's absolute path
+    is stored and checkpoint and data can move together (read back by `checkpoint_data_dir`)."""
+    return os.path.relpath(data_dir, ckpt_dir)
+
+
 def checkpoint_data_dir(metadata: Dict[str, MetaValue], data: Optional[str] = None, ckpt: str = ".") -> str:
     """The MNIST directory to evaluate checkpoint `ckpt` on: `data`, else the one it was trained on if it is still
     there (recorded relative to the checkpoint's directory), else `resolve_data_dir`'s default."""

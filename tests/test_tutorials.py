@@ -47,14 +47,17 @@ def test_lenet5_one_epoch_then_evaluate_checkpoint(tmp_path):
     assert accuracies(out) == [trained]  # the checkpoint reproduces the accuracy printed after training
 
 
-def test_tutorials_run_on_generated_idx_files(tmp_path):
-    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=128)
-    out = run_tutorial("accumulator_mlp.py", "--epochs", "1", "--data", data, cwd=tmp_path)
-    assert len(accuracies(out)) == 1
+def test_tutorials_learn_generated_idx_files(tmp_path):
+    # Anywhere, without MNIST: each tutorial learns the synthetic digits far above chance (0.1), and the saved
+    # checkpoint reproduces the LeNet5 tutorial's accuracy. (Measured: MLP 0.87 on 6000 images, LeNet5 0.98 on 30000.)
+    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=30000, num_test=1000)
+    out = run_tutorial("accumulator_mlp.py", "--epochs", "1", "--num-samples", "6000", "--data", data, cwd=tmp_path)
+    assert accuracies(out)[-1] >= 0.6
     out = run_tutorial("lenet5_gradient_accumulation.py", "--epochs", "1", "--data", data, cwd=tmp_path)
-    trained = accuracies(out)
+    trained = accuracies(out)[-1]
+    assert trained >= 0.9
     out = run_tutorial("evaluate_checkpoint.py", cwd=tmp_path)  # the default path, ckpt/gradient_accumulation.ckpt
-    assert accuracies(out) == trained
+    assert accuracies(out) == [trained]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import mindspore as ms  # noqa: E402  (after the CPU setting, on purpose)
 from mindspore import nn  # noqa: E402
 
 from ms_accum import GradientAccumulation, LeNet5, evaluate_checkpoint  # noqa: E402
+from ms_accum.evaluate import recorded_data_dir  # noqa: E402
 from ms_accum.data import create_dataset, resolve_data_dir  # noqa: E402
 
 # Configuration: the tutorial's values.
@@ -46,7 +47,8 @@ def main(epochs: int, data: str, num_samples: int, ckpt_dir: str) -> float:
     print("============== Starting Training ==============")
     result = model.train_process(epochs, ds_train, mini_steps=MINI_STEPS, ckpt_dir=ckpt_dir, ckpt_name=CKPT_NAME,
                                  log_every=50, metadata={"model": "lenet5", "accumulate_steps": MINI_STEPS,
-                                                         "batch_size": BATCH_SIZE, "data_dir": data})
+                                                         "batch_size": BATCH_SIZE,
+                                                         "data_dir": recorded_data_dir(data, ckpt_dir)})
     print(f"Saved {result.checkpoint} after {len(result.steps)} optimizer steps")
 
     print("============== Starting Testing ==============")
