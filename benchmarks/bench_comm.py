@@ -52,7 +52,7 @@ class PerMicroBatchReduce(nn.Cell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.reducer = nn.DistributedGradReducer(optimizer.parameters, mean=False, group=GlobalComm.WORLD_COMM_GROUP)
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
-        self.window = LocalWindow("mean")
+        self.window = LocalWindow()  # the window of already-reduced sums: divided by its samples
 
     def construct(self, x, y):
         loss = self.network(x, y)

@@ -1,4 +1,4 @@
-"""The window: its named state and the three rules every graph applies to it (add, apply, clear)."""
+"""The window: its named state, its reduction, and the three rules every graph applies to it (add, apply, clear)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,7 +10,34 @@ from . import _ops
 from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import window_reducer
-from .reduction import REDUCTIONS
+
+REDUCTIONS = ("mean", "sum")
+
+
+@ms.jit_class
+class SampleMean:
+    """``reduction="mean"``: a micro-batch weighs its samples; the window is divided by the samples it holds."""
+
+    name = "mean"
+
+    def weight(self, samples):
+        return samples
+
+    def divisor(self, samples, sum_divisor):
+        return samples
+
+
+@ms.jit_class
+class Sum:
+    """``reduction="sum"``: a micro-batch weighs 1; the window is divided by `sum_divisor` (1, or the ranks)."""
+
+    name = "sum"
+
+    def weight(self, samples):
+        return 1.0
+
+    def divisor(self, samples, sum_divisor):
+        return sum_divisor
 
 
 @ms.jit_class
@@ -44,9 +71,11 @@ class AccumulationBuffer:
         mini_step (Parameter): int32, micro-batches in the open window.
         num_samples (Parameter): float32, the sum of their weights, the divisor of the mean.
         guard (WindowGuard): The non-finite check and loss scale.
-        reduction (Union[SampleMean, Sum]): The rule chosen by `reduction`.
-        reducer (Union[LocalWindow, AllReduceWindow]): The window's reduction over the ranks, chosen from
-            MindSpore's parallel mode when the buffer is built.
+        reduction (Union[SampleMean, Sum]): The rule `reduction` names: what a micro-batch weighs and what the
+            window is divided by. An object chosen here, not a flag in the graph (README, "Known MindSpore
+            behaviour": a constant if/else).
+        reducer (Union[LocalWindow, AllReduceWindow]): The window's communication, chosen from MindSpore's parallel
+            mode when the buffer is built.
 
     Raises:
         TypeError: If `params` is not a sequence of Parameters, or `loss_scaler` is not a MindSpore loss scaler.
@@ -71,9 +100,9 @@ class AccumulationBuffer:
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
-        check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")
-        self.reducer = window_reducer(reduction, "AccumulationBuffer")
-        self.reduction = self.reducer.reduction
+        self.reduction = SampleMean() if check_value_in(reduction, "reduction", REDUCTIONS,
+                                                        "AccumulationBuffer") == "mean" else Sum()
+        self.reducer = window_reducer("AccumulationBuffer")
         self.grad_sum = ParameterTuple(params).clone(prefix=prefix, init="zeros")
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
@@ -101,7 +130,8 @@ class AccumulationBuffer:
         The division is in place, so the buffer holds the applied gradient until `clear`. Returns whether the
         optimizer ran.
         """
-        grad_sum, divisor = self.reducer(self.grad_sum, self.num_samples)
+        grad_sum, samples = self.reducer(self.grad_sum, self.num_samples)
+        divisor = self.reduction.divisor(samples, self.reducer.sum_divisor)
         grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, clip_norm)
         applied = self.guard.close(grads, self.reducer, self.mini_step)
         if applied:

@@ -12,13 +12,12 @@ from mindspore.dataset import Dataset, config as ds_config
 
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
-from .buffer import AccumulationBuffer
+from .buffer import REDUCTIONS, AccumulationBuffer
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim, TrainingState
 from .checkpoint import save_checkpoint
 from .guard import LossScaler
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
-from .reduction import reduction_rule
 from .resume import Position, StateCheckpoints
 from .runners import Fused, Stacked, ThreeGraphs
 from .window import TrainWindowCell
@@ -136,7 +135,7 @@ class GradientAccumulation:
         _check_optimizer_updates(network, optimizer, name)
         _check_scalar_loss(loss_fn, name)
         self._clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        reduction_rule(reduction, name)
+        check_value_in(reduction, "reduction", REDUCTIONS, name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone

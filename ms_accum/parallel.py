@@ -26,7 +26,6 @@ from mindspore import nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank, init
 
 from ._validation import check_isinstance
-from .reduction import reduction_rule
 
 # What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
 # MS_SCHED_HOST/PORT, MS_NODE_ID, RANK_ID, RANK_SIZE, DEVICE_ID. It also runs the same script once more as the
@@ -143,34 +142,26 @@ def data_parallel_info(cls_name: str = "data_parallel_info") -> Optional[DataPar
 @ms.jit_class
 class LocalWindow:
     r"""
-    The window's gradient on one process: the buffer as it is, and the divisor of its mean.
+    The window's sums on one process: the buffer and its sample count as they are.
 
-    A `jit_class`, not a Cell: graph code inlines it, and `Accumulator.flush` called from Python runs it
-    eagerly. (As a Cell called on its own, it would be compiled as a graph that takes the buffer's Parameters
-    and returns them, which MindSpore 2.10 gets wrong: such a graph returned another input's value, measured.)
-
-    Args:
-        reduction (str): ``"mean"`` divides by the samples accumulated, ``"sum"`` by 1. Default: ``"mean"``.
+    A `jit_class`, not a Cell: graph code inlines it, and `Accumulator.flush` called from Python runs it eagerly
+    (README, "Known MindSpore behaviour": a Cell returning its input Parameters).
 
     Inputs:
         - **grad_sum** (tuple[Tensor]) - The window's buffer.
         - **num_samples** (Tensor) - float32 scalar, the samples (or micro-batches) it holds.
 
     Outputs:
-        Tuple of (tuple[Tensor], Tensor): `grad_sum` untouched, and the divisor.
-
-    Raises:
-        ValueError: If `reduction` is unknown.
+        Tuple of (tuple[Tensor], Tensor): both inputs, untouched.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
     """
 
-    def __init__(self, reduction: str = "mean") -> None:
-        self.reduction = reduction_rule(reduction, "LocalWindow")
+    sum_divisor = 1.0  # what a "sum" window is divided by: nothing
 
     def __call__(self, grad_sum, num_samples):
-        return grad_sum, self.reduction.divisor(num_samples, 1.0)
+        return grad_sum, num_samples
 
     def total(self, value):
         """`value` summed over the ranks: here, one rank, `value` itself."""
@@ -180,20 +171,14 @@ class LocalWindow:
 @ms.jit_class
 class AllReduceWindow:
     r"""
-    The window's gradient over all ranks: one all-reduce (sum) per buffer tensor and one of the sample count.
-
-    A `jit_class` like `LocalWindow`, for the same reasons.
+    The window's sums over all ranks: one all-reduce (sum) per buffer tensor and one of the sample count, in place.
 
     Each rank's buffer holds its sample-weighted gradient sum, so the global sum divided by the global sample
-    count is the gradient of the concatenated global batch, however the samples were spread over the ranks.
-    With ``reduction="sum"`` the divisor is the group size when the context's ``gradients_mean`` is True (what
+    count is the gradient of the concatenated global batch, however the samples were spread over the ranks. A
+    ``"sum"`` window is divided by `sum_divisor`: the group size when the context's ``gradients_mean`` is True (what
     `nn.DistributedGradReducer` does), else 1.
 
-    The buffer is reduced in place, tensor by tensor, with no extra memory (README, "Data parallel", has the
-    measured alternative of one concatenated all-reduce).
-
     Args:
-        reduction (str): ``"mean"`` or ``"sum"``. Default: ``"mean"``.
         group (str): The communication group. Default: ``None``, the world group of the backend in use.
 
     Inputs:
@@ -201,17 +186,13 @@ class AllReduceWindow:
         - **num_samples** (Tensor) - float32 scalar, this rank's samples (or micro-batches) in the window.
 
     Outputs:
-        Tuple of (tuple[Tensor], Tensor): the buffer summed over the ranks, and the divisor.
-
-    Raises:
-        ValueError: If `reduction` is unknown.
+        Tuple of (tuple[Tensor], Tensor): the buffer and the sample count summed over the ranks.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
     """
 
-    def __init__(self, reduction: str = "mean", group: Optional[str] = None) -> None:
-        self.reduction = reduction_rule(reduction, "AllReduceWindow")
+    def __init__(self, group: Optional[str] = None) -> None:
         # GlobalComm.WORLD_COMM_GROUP is set by init() to the backend's group (mccl_world_group on CPU); reading
         # it here, not as a default argument, picks that value up.
         self.group = GlobalComm.WORLD_COMM_GROUP if group is None else group
@@ -220,9 +201,7 @@ class AllReduceWindow:
         self.sum_divisor = float(get_group_size(self.group)) if mean_over_ranks else 1.0
 
     def __call__(self, grad_sum, num_samples):
-        grads = _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum)
-        samples = self.all_reduce(num_samples)
-        return grads, self.reduction.divisor(samples, self.sum_divisor)
+        return _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum), self.all_reduce(num_samples)
 
     def total(self, value):
         """float32 `value` summed over the ranks (window counters every rank must agree on)."""
@@ -268,24 +247,19 @@ def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
     return value
 
 
-def window_reducer(reduction: str = "mean",
-                   cls_name: str = "window_reducer") -> Union[LocalWindow, AllReduceWindow]:
+def window_reducer(cls_name: str = "window_reducer") -> Union[LocalWindow, AllReduceWindow]:
     """
-    The reducer for the current parallel mode: `AllReduceWindow` in data parallel, else `LocalWindow`.
+    The window's communication for the current parallel mode: `AllReduceWindow` in data parallel, else `LocalWindow`.
 
-    Called in `__init__` of every Cell and Accumulator that closes windows, so the choice is made once, outside
-    the graph.
+    Called when an `AccumulationBuffer` is built, so the choice is made once, outside the graph.
 
     Args:
-        reduction (str): ``"mean"`` or ``"sum"``. Default: ``"mean"``.
         cls_name (str): The caller's name, for error messages. Default: ``"window_reducer"``.
 
     Returns:
         A `LocalWindow` or an `AllReduceWindow`.
 
     Raises:
-        ValueError: As :func:`data_parallel_info` raises, or if `reduction` is unknown.
+        ValueError: As :func:`data_parallel_info` raises.
     """
-    if data_parallel_info(cls_name) is None:
-        return LocalWindow(reduction)
-    return AllReduceWindow(reduction)
+    return LocalWindow() if data_parallel_info(cls_name) is None else AllReduceWindow()
