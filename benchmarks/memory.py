@@ -41,7 +41,7 @@ def added_bytes(obj, net, opt) -> int:
 def accumulator_memory():
     """Rows (name, added bytes, multiple of trainable bytes) and the trainable bytes."""
     from mindspore import nn
-    from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell, TrainWindowCell
+    from ms_accum import Accumulator, TrainAccumulationCell, TrainWindowCell
     from . import doc_impls
 
     def measure(make):
@@ -68,6 +68,7 @@ def accumulator_memory():
 
 def _executor_with_fused_cell(net, loss, opt):
     # The fused Cell beside the three graphs on one buffer: "auto" alone would build no further Cell.
+    from ms_accum import GradientAccumulation
     executor = GradientAccumulation(net, loss, opt, structure="fused")
     executor.runner(K)
     return executor

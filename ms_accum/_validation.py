@@ -15,25 +15,20 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def check_positive_int(value: Any, arg_name: str, cls_name: str) -> int:
-    """Return `value` if it is an int > 0 (bool is refused: `True` is not a step count)."""
+def check_positive_int(value: Any, arg_name: str, cls_name: str, minimum: int = 1) -> int:
+    """Return `value` if it is an int >= `minimum` (bool is refused: `True` is not a step count)."""
+    kind = "a positive int" if minimum == 1 else "a non-negative int"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a positive int, "
+        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be {kind}, "
                         f"but got {value!r} of type {_type_name(value)}.")
-    if value <= 0:
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a positive int, but got {value}.")
+    if value < minimum:
+        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be {kind}, but got {value}.")
     return value
 
 
 def check_non_negative_int(value: Any, arg_name: str, cls_name: str) -> int:
     """Return `value` if it is an int >= 0 (bool refused)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a non-negative int, "
-                        f"but got {value!r} of type {_type_name(value)}.")
-    if value < 0:
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a non-negative int, "
-                         f"but got {value}.")
-    return value
+    return check_positive_int(value, arg_name, cls_name, minimum=0)
 
 
 def check_positive_float(value: Any, arg_name: str, cls_name: str, allow_none: bool = False) -> Optional[float]:

@@ -31,13 +31,9 @@ class Accumulator:
     window's buffer and sample count are all-reduced once, before clipping and the optimizer step, so the mean is
     over the global samples even when ranks' micro-batches differ in size (pass `num_samples` then).
 
-    State: an `AccumulationBuffer` (``buffer``; named Parameters, so `save_checkpoint` can store them), whose rules
-    (add, apply, clear) are the ones every Cell uses:
-
-    - `inner_grads`: one zero-initialised buffer per optimizer parameter, named `accumulate.<param>`. Unlike
-      the page, no second all-zeros copy is kept.
-    - `mini_step` (int32): micro-batches in the open window.
-    - `num_samples` (float32): the sum of their weights, the divisor of the mean.
+    State: an `AccumulationBuffer` (``buffer``, whose rules every Cell uses too), with the page's names for its
+    Parameters: `inner_grads` (named ``accumulate.<param>``; no all-zeros copy as on the page), `mini_step`,
+    `num_samples`.
 
     Args:
         optimizer (nn.Optimizer): The optimizer that applies each window's gradient.

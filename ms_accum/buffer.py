@@ -50,10 +50,8 @@ class AccumulationBuffer:
     - `apply` — the window: reduce (all ranks in data parallel), divide, unscale, check, clip, step;
     - `clear` — zero the buffer and the counters; `close` is `apply` then `clear`.
 
-    Every Cell built on one buffer reads and writes the same Parameters, so `TrainForwardBackward`, `TrainOptim`,
-    `TrainClear`, `TrainAccumulationCell` and `TrainWindowCell` can be mixed freely, and the reduction chosen here
-    decides for all of them. The buffer holds no copy of the parameters' values and no all-zeros tuple: its memory
-    is that of the trainable parameters plus a few scalars.
+    Cells built on one buffer share its Parameters, so they can be mixed freely, and its reduction decides for all
+    of them. Its memory is that of the trainable parameters plus a few scalars (no all-zeros copy).
 
     Args:
         params (Union[ParameterTuple, list[Parameter]]): The parameters to accumulate gradients for,

@@ -1,13 +1,9 @@
 """Cell graphs of MindSpore's gradient-accumulation tutorial, made exact, plus one fused micro-step Cell.
 
-`TrainForwardBackward`, `TrainOptim` and `TrainClear` are the tutorial's three graphs. Unlike the
-tutorial, which sums K mean losses and so takes a K-times larger step, `TrainOptim` applies the
-sample-weighted mean: each update equals one step on the concatenated batch. `TrainAccumulationCell`
-does a whole micro-step, with the optimizer step every K calls, in one graph: what `mindspore.train.Model` trains.
-
-Every Cell works on an `AccumulationBuffer` and applies its rules (add, apply, clear); the Cells that run a network
-share one micro-batch step (`_MicroBatchCell.micro_batch`). In data parallel the buffer all-reduces the window
-once, when it is applied: micro-steps communicate nothing (see `ms_accum.parallel`).
+`TrainForwardBackward`, `TrainOptim` and `TrainClear` are the tutorial's three graphs; `TrainAccumulationCell` is
+a whole micro-step, with the optimizer step every K calls, in one graph (what `mindspore.train.Model` trains).
+Every Cell applies the rules of its `AccumulationBuffer` (add, apply, clear), and those that run a network share one
+micro-batch step (`_MicroBatchCell.micro_batch`).
 """
 from __future__ import annotations
 
@@ -18,13 +14,6 @@ from mindspore import ParameterTuple, nn, ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 from .buffer import AccumulationBuffer
 from .guard import LossScaler, check_policy_fits
-
-
-def _check_network(network, cls_name: str) -> nn.Cell:
-    check_isinstance(network, "network", nn.Cell, cls_name)
-    if not network.trainable_params():
-        raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
-    return network
 
 
 def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
@@ -73,7 +62,9 @@ class _MicroBatchCell(_WindowCell):
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer, cls_name: str) -> None:
         super().__init__(_check_buffer(buffer, optimizer, cls_name))
-        self.network = _check_network(network, cls_name)
+        self.network = check_isinstance(network, "network", nn.Cell, cls_name)
+        if not network.trainable_params():
+            raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
         check_policy_fits(network, buffer.guard.policy, cls_name)
         self.network.set_grad()
         self.optimizer = optimizer

@@ -1,13 +1,9 @@
 """Checkpoints: MindSpore's own `.ckpt` format, written atomically, with metadata, loaded strictly.
 
-`mindspore.save_checkpoint` writes straight into the target file, so a crash mid-save leaves a torn file
-where the last good checkpoint was. Here every save goes to a temporary file in the same directory, is
-flushed to disk, and replaces the target with one `os.replace` (atomic on POSIX); the directory is then
-synced so the rename itself survives a power cut. The newest checkpoint of a run is found by listing the
-directory and skipping unreadable files, never through a pointer file that could itself be torn.
-
-Metadata (model name, accumulate steps, epoch, step, ...) travels inside the checkpoint through
-`append_dict`, under ``ms_accum.``-prefixed keys so it can never collide with a parameter name.
+`mindspore.save_checkpoint` writes straight into the target file, so a crash mid-save leaves a torn file. Here a
+save goes to a temporary file beside it, synced, then `os.replace`s the target (atomic on POSIX). The newest
+checkpoint of a run is found by listing the directory and skipping unreadable files, never through a pointer file.
+Metadata travels inside the file (`append_dict`) under ``ms_accum.``-prefixed keys, apart from parameter names.
 """
 from __future__ import annotations
 

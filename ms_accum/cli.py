@@ -158,24 +158,6 @@ def _progress(total: int, desc: str, quiet: bool):
                 dynamic_ncols=True)
 
 
-def _eval_progress(quiet: bool):
-    """A `Model.eval` callback drawing a tqdm bar; created at the first batch, so errors come before any bar."""
-    from mindspore.train import Callback
-
-    class EvalProgress(Callback):
-        bar = None
-
-        def on_eval_begin(self, run_context):
-            self.bar = _progress(None, "eval", quiet)
-
-        def on_eval_step_end(self, run_context):
-            self.bar.update(1)
-
-        def on_eval_end(self, run_context):
-            self.bar.close()
-    return EvalProgress()
-
-
 def save_loss_plot(losses: List[float], path: str, title: str) -> str:
     """Writes the per-step loss curve as a PNG."""
     import matplotlib
@@ -232,7 +214,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     import mindspore as ms
     from mindspore import nn
     from .data import dataset_for
-    from .evaluate import recorded_data_dir
+    from .evaluate import evaluate_checkpoint, recorded_data_dir
     from .executor import GradientAccumulation
     from .models import build_model
 
@@ -290,7 +272,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
               f"{tag}")
         print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
     if not args.no_eval:
-        evaluation, _ = _evaluate(result.checkpoint, args.model, data_dir, 256, None, args.quiet)
+        evaluation, _ = evaluate_checkpoint(result.checkpoint, args.model, data_dir, 256)
         summary.update(evaluation.as_dict())
         if not args.json:
             print(_accuracy_line(evaluation, synthetic))
@@ -315,22 +297,15 @@ def _optimizer(settings: dict, params):
     return nn.Adam(params, settings["lr"])
 
 
-def _evaluate(ckpt: str, model: Optional[str], data: Optional[str], batch_size: int, num_samples: Optional[int],
-              quiet: bool):
-    from .evaluate import evaluate_checkpoint
-    return evaluate_checkpoint(ckpt, model, data, batch_size, num_samples, callbacks=[_eval_progress(quiet)])
-
-
 def _accuracy_line(evaluation, synthetic: bool) -> str:
     return str(evaluation) + (f" [{SYNTHETIC_NOTE}]" if synthetic else "")
 
 
 def run_eval(args: argparse.Namespace) -> dict:
     runtime.set_device(args.device)
-    evaluation, metadata = _evaluate(args.ckpt, args.model, args.data, args.batch_size, args.num_samples,
-                                     args.quiet)
     from .data import is_synthetic
-    from .evaluate import checkpoint_data_dir
+    from .evaluate import checkpoint_data_dir, evaluate_checkpoint
+    evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.batch_size, args.num_samples)
     synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:
         print(f"{args.ckpt} ({metadata.get('model', args.model)}, trained {metadata.get('step', '?')} optimizer "

@@ -343,10 +343,10 @@ def _fetch_verified(url: str, tmp: str, timeout: float) -> Optional[str]:
     return "; ".join(problems) if problems else None
 
 
-def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, shuffle: Optional[bool],
-                    num_parallel_workers: int, num_shards: Optional[int], shard_id: Optional[int],
-                    num_samples: Optional[int], seed: Optional[int], drop_remainder: bool,
-                    image_size: int) -> Dataset:
+def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, shuffle: Optional[bool], *,
+                    drop_remainder: bool, image_size: int, num_parallel_workers: int = 1,
+                    num_shards: Optional[int] = None, shard_id: Optional[int] = None,
+                    num_samples: Optional[int] = None, seed: Optional[int] = None) -> Dataset:
     """Validate, check the files, then build MnistDataset -> image ops + label cast -> batch."""
     check_isinstance(data_path, "data_path", (str, os.PathLike), api)
     check_positive_int(batch_size, "batch_size", api)
@@ -442,8 +442,9 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
             would be produced.
         DataError: If the MNIST files are missing or damaged.
     """
-    return _build_pipeline("create_dataset", data_path, batch_size, usage, shuffle, num_parallel_workers,
-                           num_shards, shard_id, num_samples, seed, drop_remainder, 32)
+    return _build_pipeline("create_dataset", data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
+                           image_size=32, num_parallel_workers=num_parallel_workers, num_shards=num_shards,
+                           shard_id=shard_id, num_samples=num_samples, seed=seed)
 
 
 def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: bool = False,
@@ -471,14 +472,8 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
         ValueError: If an argument has a wrong value (see :func:`create_dataset`).
         DataError: If the MNIST files are missing or damaged.
     """
-    options = {"num_parallel_workers": 1, "num_shards": None, "shard_id": None, "num_samples": None, "seed": None}
-    unknown = sorted(set(kwargs) - set(options))
-    if unknown:
-        raise TypeError(f"For 'datapipe', got unexpected keyword argument(s) {unknown}; it takes {sorted(options)}.")
-    options.update(kwargs)
-    return _build_pipeline("datapipe", data_path, batch_size, usage, shuffle, options["num_parallel_workers"],
-                           options["num_shards"], options["shard_id"], options["num_samples"], options["seed"],
-                           drop_remainder, _SIDE)
+    return _build_pipeline("datapipe", data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
+                           image_size=_SIDE, **kwargs)
 
 
 # 5x7 bitmaps of the digits 0-9: distinct enough for a small CNN, varied below by affine jitter and ink.

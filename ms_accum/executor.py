@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -19,7 +19,6 @@ from .guard import LossScaler
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
-from .runners import Fused, Stacked, ThreeGraphs
 from .window import TrainWindowCell
 
 PARTIAL_WINDOWS = ("apply", "drop")
@@ -63,22 +62,71 @@ class TrainResult:
         return [record.loss for record in self.steps]
 
 
+# Runners: how each structure trains one window on the executor's buffer. A window its structure cannot take whole
+# (an epoch's partial window; unequal micro-batches for "window") goes through the three graphs on the same buffer.
+
+Window = Sequence[Sequence[Tensor]]  # the window's micro-batches, each the tuple of inputs the network takes
+
+
+class ThreeGraphs:
+    """``"three_graphs"``: `TrainForwardBackward` per micro-batch, then `TrainOptim` and `TrainClear`."""
+
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, optim: nn.Cell, clear: nn.Cell) -> None:
+        self.skipped_windows = buffer.guard.skipped_windows
+        self.forward_backward, self.optim, self.clear = forward_backward, optim, clear
+
+    def train_window(self, window: Window) -> Tuple[List, bool]:
+        """Trains `window` and closes it: `(losses of its micro-batches, whether the optimizer was applied)`.
+
+        Every Cell answers "applied" the same way, through the guard's count of skipped windows.
+        """
+        skipped = int(self.skipped_windows.asnumpy())
+        losses = self.run(window)
+        return losses, int(self.skipped_windows.asnumpy()) == skipped
+
+    def run(self, window: Window) -> List:
+        losses = [self.forward_backward(*inputs) for inputs in window]
+        self.optim()
+        self.clear()
+        return losses
+
+
+class Fused(ThreeGraphs):
+    """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
+
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, optim: nn.Cell, clear: nn.Cell,
+                 cell: nn.Cell) -> None:
+        super().__init__(buffer, forward_backward, optim, clear)
+        self.cell = cell
+
+    def run(self, window: Window) -> List:
+        if len(window) < self.cell.accumulate_step:
+            return super().run(window)
+        return [self.cell(*inputs) for inputs in window]
+
+
+class Stacked(Fused):
+    """``"window"``: the K micro-batches stacked into one `TrainWindowCell` call."""
+
+    def run(self, window: Window) -> List:
+        shapes = {tuple(tuple(x.shape) for x in inputs) for inputs in window}
+        if len(window) < self.cell.accumulate_step or len(shapes) > 1:
+            return ThreeGraphs.run(self, window)
+        stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
+        return list(self.cell(*stacked).asnumpy())
+
+
 class GradientAccumulation:
     r"""
     Trains `network` with gradient accumulation: one optimizer step per window of `mini_steps` micro-batches.
 
-    The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on
-    the concatenated window (the tutorial sums K mean losses and so steps K times too far). By default each
-    micro-batch runs through `TrainForwardBackward`, a graph without control flow, and each window closes with
-    `TrainOptim` and `TrainClear`: the structure whose peak memory stays closest to one micro-batch's step (the
-    README's "Memory" section has the measurements and what the faster structures cost). Every structure shares
-    one `AccumulationBuffer`, so an epoch's partial window, or a window of unequal micro-batches, runs through the
-    tutorial's three graphs on the same state.
+    The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on the
+    concatenated window (the tutorial's steps are K times too large). The structure is chosen once; every structure
+    trains on one `AccumulationBuffer`, so a window it cannot take whole runs through the three graphs on that state.
 
     Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.parallel.init_data_parallel`
-    under `msrun`) is detected when the executor is built: each rank accumulates its shard's micro-batches without
-    communicating, and each window is all-reduced once, so an update equals one step on the window's global
-    batch. Give every rank its own shard with the same number of batches; only rank 0 prints and saves.
+    under `msrun`) is detected when the executor is built: each window is all-reduced once, so an update equals one
+    step on the global batch. Give every rank its own shard with the same number of batches; rank 0 prints and saves.
 
     Args:
         network (nn.Cell): The network, returning logits.
@@ -156,7 +204,7 @@ class GradientAccumulation:
         return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
     def runner(self, mini_steps: int) -> ThreeGraphs:
-        """The runner (`ms_accum.runners`) that trains windows of `mini_steps` with this executor's structure.
+        """The runner (`ThreeGraphs`, `Fused` or `Stacked`) that trains windows of `mini_steps` with the structure.
 
         Its Cells (``forward_backward``, ``optim``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``) all
         share `buffer`; `train_window` trains one window and says whether it was applied.
@@ -294,7 +342,7 @@ class GradientAccumulation:
     def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
                 log_every: int, verbose: bool, on_step) -> None:
         weights = np.asarray(samples, np.float64)
-        values = np.asarray([_scalar(loss) for loss in losses], np.float64)
+        values = np.asarray([loss.asnumpy() if isinstance(loss, Tensor) else loss for loss in losses], np.float64)
         finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
         loss = float((values[finite] * weights[finite]).sum() / weights[finite].sum()) if finite.any() else np.nan
         guard = self.buffer.guard
@@ -343,10 +391,6 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, mini_steps: int, p
                 window = []
         if window:
             yield window
-
-
-def _scalar(loss) -> float:
-    return float(loss.asnumpy()) if isinstance(loss, Tensor) else float(loss)
 
 
 def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer, name: str) -> None:

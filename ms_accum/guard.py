@@ -11,11 +11,9 @@ counted. Micro-batches are handled by one of two policies:
   window's mean is taken over the samples that remain (MindSpore's boost accumulation drops such micro-batches
   silently; here they are counted). A window whose micro-batches were all left out is skipped.
 
-With a MindSpore loss scaler (`amp.StaticLossScaler` or `amp.DynamicLossScaler`) the backward pass is scaled
-by its ``scale_value`` and the window's gradient unscaled before the check; a dynamic scaler is adjusted once
-per window, with "finite" meaning that no micro-batch of the window overflowed. The overflow check of
-`nn.TrainOneStepWithLossScaleCell` (``NPUGetFloatStatusV2``) does not exist on CPU; `amp.all_finite` runs on
-every backend. In data parallel the counts the decision rests on are all-reduced, so every rank decides alike.
+With a MindSpore loss scaler the backward pass is scaled by its ``scale_value`` and the window's gradient unscaled
+before the check (`amp.all_finite`, on every backend); a dynamic scaler is adjusted once per window. In data
+parallel the counts the decision rests on are all-reduced, so every rank decides alike.
 """
 from __future__ import annotations
 
@@ -34,13 +32,9 @@ _keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
 
 
 def check_policy_fits(network, policy: str, cls_name: str) -> None:
-    """Refuses ``"skip_microbatch"`` for a network with sparse gradients, before anything compiles.
-
-    Checking a micro-batch's gradients needs them as Tensors. With a RowTensor among them (from
-    `nn.EmbeddingLookup(sparse=True)`), MindSpore 2.10 cannot compile the check: `amp.all_finite` fails in its
-    `mutable` ("AbstractUndetermined"), a HyperMap of per-gradient tests yields Undetermined types, and an
-    unrolled loop over them crashed the process (measured). ``"skip_window"`` checks the dense window instead.
-    """
+    """Refuses ``"skip_microbatch"`` for a network with sparse gradients, before anything compiles: MindSpore cannot
+    check a micro-batch's RowTensor gradients (README, "Known MindSpore behaviour"); ``"skip_window"`` checks the
+    dense window instead."""
     if policy != "skip_microbatch":
         return
     sparse = sparse_gradient_cell(network)
@@ -75,12 +69,10 @@ class _KeepAll:
     def __call__(self, loss, grads, weight):
         return grads, weight, 1.0 - _finite_float(ops.isfinite(loss).all())
 
-    def left_out(self, bad):
-        """Micro-batches this policy leaves out of the window: none."""
+    def left_out(self, bad):  # micro-batches left out of the window: none
         return ops.zeros((), ms.int32)
 
-    def spoiled(self, bad, seen):
-        """Whether `bad` non-finite micro-batches of the `seen` in a window (over all ranks) rule it out: any one."""
+    def spoiled(self, bad, seen):  # whether `bad` non-finite micro-batches of the `seen` rule the window out
         return ops.logical_or(bad > 0.0, bad >= seen)
 
 

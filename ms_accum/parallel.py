@@ -1,18 +1,10 @@
 """Data-parallel accumulation: micro-batches accumulate locally, and each window is all-reduced once.
 
-MindSpore's data parallelism (`nn.DistributedGradReducer` inside a train-one-step Cell) all-reduces the
-gradients of every step. Accumulating K micro-batches that way would communicate K times per update, while
-the update only needs the window's sum. So the Cells and the Accumulator all-reduce their buffer once, when
-the window is full, together with the window's sample count: dividing the global sum by the global count gives
-the gradient of the concatenated global batch even when ranks saw different numbers of samples (the mean of
-per-rank means would not).
-
-The mode is read from MindSpore's context when a Cell is built (``parallel_mode`` set to
-``ParallelMode.DATA_PARALLEL`` after `mindspore.communication.init()`), and the matching reducer is chosen
-then: graph code holds no Python branch on the mode (README, "Known MindSpore behaviour").
-
-Under `msrun`, :func:`init_data_parallel` does the whole setup; :func:`distributed_launch` tells whether a
-launcher started this process.
+MindSpore's `nn.DistributedGradReducer` all-reduces every step's gradients: K times per update when accumulating.
+Here the buffer is all-reduced once, when the window is full, with its sample count, so the global sum over the
+global count is the gradient of the concatenated global batch even when ranks saw different numbers of samples.
+The mode is read from MindSpore's context when a buffer is built. Under `msrun`, :func:`init_data_parallel` does
+the whole setup; :func:`distributed_launch` tells whether a launcher started this process.
 """
 from __future__ import annotations
 
@@ -82,12 +74,9 @@ def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
     """
     Joins the launcher's cluster and switches MindSpore to data parallelism.
 
-    Calls `mindspore.communication.init()` (on CPU it takes 5-12 s per worker, measured) and
-    ``set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=...)``. Cells and
-    Accumulators built afterwards all-reduce their windows.
-
-    Call it first: msrun also runs the script as the cluster's scheduler, whose `init()` serves the cluster
-    and ends the process without returning; anything before it runs in the scheduler too.
+    Calls `mindspore.communication.init()` and ``set_auto_parallel_context(parallel_mode=DATA_PARALLEL,
+    gradients_mean=...)``: buffers built afterwards all-reduce their windows. Call it first: msrun also runs the
+    script as the cluster's scheduler, whose `init()` never returns, so anything before it runs there too.
 
     Args:
         gradients_mean (bool): Average over ranks rather than sum, for ``reduction="sum"`` windows (a

@@ -30,10 +30,8 @@ class StateCheckpoints:
     """
     The training-state files of one run, ``{ckpt_dir}/{ckpt_name}-{step:09d}.ckpt``.
 
-    Each file holds `state` (a `TrainingState`: parameters, optimizer state, accumulation buffer), the `Position` and
-    `run`, the settings a resumed run must share (K, partial windows, dataset size and seed). Files are written only
-    when a window has just closed, so the buffer holds zeros then; it is saved anyway, so loading never leaves a stale
-    buffer behind.
+    Each file holds `state` (a `TrainingState`), the `Position` and `run`, the settings a resumed run must share. It
+    is written when a window has just closed; its zero buffer is saved too, so loading never leaves a stale one.
 
     Args:
         state (nn.Cell): What to save and load, strictly.

@@ -43,10 +43,6 @@ class EquivalenceReport:
         return "\n".join(lines)
 
 
-def _snapshot(params) -> Dict[int, np.ndarray]:
-    return {id(p): p.asnumpy().copy() for p in params}
-
-
 def _restore(params, snapshot: Dict[int, np.ndarray]) -> None:
     for p in params:
         p.set_data(Tensor(snapshot[id(p)]))
@@ -111,7 +107,7 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
 
     with_loss = nn.WithLossCell(network, loss_fn)
     state = list({id(p): p for _, p in optimizer.parameters_and_names()}.values())
-    start = _snapshot(state)
+    start = {id(p): p.asnumpy().copy() for p in state}
     names = [p.name for p in optimizer.parameters]
     try:
         reference = nn.TrainOneStepCell(with_loss, optimizer).set_train()

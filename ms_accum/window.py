@@ -1,9 +1,4 @@
-"""A whole accumulation window in one graph call: K stacked micro-batches, one optimizer step.
-
-`TrainAccumulationCell` costs one Python-to-graph launch per micro-batch. `TrainWindowCell` takes the window's
-K micro-batches stacked on a leading axis and runs the same micro-batch step in a graph-mode ``while`` loop over
-a tensor index, so a window is one launch.
-"""
+"""A whole accumulation window in one graph call (one launch, not K): K stacked micro-batches, one step."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -18,21 +13,11 @@ class TrainWindowCell(TrainAccumulationCell):
     window's mean.
 
     A call equals `accumulate_step` calls of `TrainAccumulationCell` on the same micro-batches, bit for bit: the
-    same micro-batch step (forward, backward, guard, accumulate into the buffer) runs in a graph-mode loop, then
-    the same window close (reduce, unscale, check, clip, step, clear). One micro-batch's activations are alive at
-    a time, but the loop's control flow costs more memory than `TrainForwardBackward` (README, "Memory").
+    same micro-batch step runs in a graph-mode loop, then the buffer's `close`. One micro-batch's activations are
+    alive at a time, but the loop's control flow costs more memory than `TrainForwardBackward` (README, "Memory").
 
     Args:
-        network (nn.Cell): The network with its loss, returning a scalar.
-        optimizer (nn.Optimizer): The optimizer.
-        accumulate_step (int): Micro-batches per optimizer step, K: the length of the inputs' leading axis.
-        clip_norm (float, optional): Clip the window's gradient to this global norm. Default: ``None``.
-        reduction (str): ``"mean"`` (sample-weighted) or ``"sum"``. Default: ``"mean"``.
-        buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
-        policy (str): What a non-finite micro-batch does to its window when the buffer is new: ``"skip_window"``
-            (default) or ``"skip_microbatch"`` (see `ms_accum.guard`). A non-finite window is never applied.
-        loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler, when
-            the buffer is new. Default: ``None``.
+        The same as `TrainAccumulationCell`'s; `accumulate_step` is also the length of the inputs' leading axis.
 
     Inputs:
         - **\*inputs** (Tensor) - The window: each input of `network` with a leading axis of K micro-batches,
@@ -42,12 +27,9 @@ class TrainWindowCell(TrainAccumulationCell):
         Tensor of shape :math:`(K,)`, the loss of each micro-batch.
 
     Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If `accumulate_step` or `clip_norm` is not positive, `reduction` is unknown, `network` has no
-            trainable parameters, `buffer` does not fit `optimizer` or comes with `policy` or `loss_scaler`,
-            MindSpore's parallel mode is neither stand-alone nor data parallel, the buffer holds an open window
-            when called (a window is K micro-batches, all of this call), or (when the graph compiles) the inputs'
-            leading axis is not K long.
+        TypeError: As `TrainAccumulationCell` raises.
+        ValueError: As `TrainAccumulationCell` raises; or, when called, if the inputs' leading axis is not K long or
+            the buffer holds an open window (a window is the K micro-batches of one call).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -64,17 +46,17 @@ class TrainWindowCell(TrainAccumulationCell):
     """
 
     def __call__(self, *inputs):
-        # One scalar read per window: the loop below closes the window after exactly K micro-batches.
-        open_window = int(self.buffer.mini_step.asnumpy())
+        # Checked before the graph runs: the loop below closes the window after exactly K micro-batches.
+        if inputs and inputs[0].shape[0] != self.accumulate_step:
+            raise ValueError(f"For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long "
+                             f"({self.accumulate_step}), but got shape {tuple(inputs[0].shape)}.")
+        open_window = int(self.buffer.mini_step.asnumpy())  # one scalar read per window
         if open_window:
             raise ValueError(f"For 'TrainWindowCell', the buffer must hold no open window when called, but it holds "
                              f"{open_window} micro-batch(es): close it first (TrainOptim and TrainClear).")
         return super().__call__(*inputs)
 
     def construct(self, *inputs):
-        # Shapes are compile-time constants, so a window of the wrong length fails when the graph compiles.
-        if ops.shape(inputs[0])[0] != self.accumulate_step:
-            raise ValueError("For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long.")
         losses = ops.zeros((self.accumulate_step,), ms.float32)
         i = ops.zeros((), ms.int32)
         # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).

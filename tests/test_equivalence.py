@@ -12,7 +12,7 @@ import mindspore.dataset as ds
 
 from ms_accum import (AccumulationBuffer, Accumulator, GradientAccumulation, TrainAccumulationCell, TrainClear,
                       TrainForwardBackward, TrainOptim)
-from conftest import batch_for, copy_weights, make_net, make_optimizer, params_of
+from conftest import batch_for, make_net, make_optimizer, params_of
 
 RTOL, ATOL = 1e-5, 1e-6
 MICRO = 4      # samples per micro-batch

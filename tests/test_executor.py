@@ -1,10 +1,8 @@
 """GradientAccumulation: partial windows, unequal micro-batches, logging, checkpoints, argument checks."""
 import os
-import warnings
 
 import numpy as np
 import pytest
-import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, nn
 

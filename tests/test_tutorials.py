@@ -2,7 +2,6 @@
 
 The full 3-epoch runs are marked slow; their measured accuracy is in README.
 """
-import os
 import re
 import subprocess
 import sys

@@ -5,7 +5,7 @@ import mindspore as ms
 from mindspore import nn
 
 from ms_accum import verify_equivalence
-from conftest import batch_for, make_net, params_of
+from conftest import batch_for, make_net
 
 
 def loss_fn():

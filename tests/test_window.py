@@ -147,7 +147,7 @@ def test_non_finite_micro_batch_handled_as_the_fused_cell_does(policy):
     assert int(window.buffer.guard.skipped_windows.asnumpy()) == (policy == "skip_window")
 
 
-def test_wrong_window_length_fails_when_compiling():
+def test_wrong_window_length_is_refused_before_the_graph_runs():
     (window, _), _ = twins()
     x, y = windows(count=1)
     with pytest.raises(ValueError, match="the inputs' leading axis must be 'accumulate_step' long"):
