@@ -8,6 +8,7 @@ from mindspore import nn, ops
 
 from . import _ops
 from .buffer import AccumulationBuffer
+from .parallel import data_parallel_info
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 
 
@@ -89,6 +90,7 @@ class Accumulator:
         self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "Accumulator")
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "Accumulator", allow_none=True)
         self.optimizer = optimizer
+        data_parallel_info("Accumulator")  # an unsupported parallel mode is refused in this class's name
         self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate", reduction=reduction)
         self.inner_grads = self.buffer.grad_sum
         self.mini_step = self.buffer.mini_step

@@ -14,6 +14,7 @@ from mindspore import ParameterTuple, nn, ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 from .buffer import AccumulationBuffer
 from .guard import LossScaler, check_policy_fits
+from .parallel import data_parallel_info
 
 
 def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
@@ -39,6 +40,7 @@ def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], p
     """The buffer a window Cell trains on: the one given, or a new one with `policy`, `loss_scaler`, `reduction`."""
     if buffer is None:
         check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
+        data_parallel_info(cls_name)  # an unsupported parallel mode is refused in the caller's name
         return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                   reduction=reduction or "mean")
     if policy != "skip_window" or loss_scaler is not None:

@@ -197,7 +197,7 @@ class GradientAccumulation:
                               TrainOptim(optimizer, self.buffer, clip_norm).set_train(),
                               TrainClear(self.buffer).set_train())
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
-        self._runners = {}  # mini_steps -> runner; K is a graph constant of the fused and window Cells
+        self._runners = {}  # K -> runner; K is a graph constant of the fused and window Cells
 
     def structure_for(self, mini_steps: int) -> str:
         """The structure that trains windows of `mini_steps`: what ``structure="auto"`` resolves to."""
@@ -369,7 +369,8 @@ class GradientAccumulation:
             on_step(record)
 
 
-def _windows(dataset: Dataset, epochs: int, num_batches: int, mini_steps: int, position: Position) -> Iterator[list]:
+def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: int,
+             position: Position) -> Iterator[list]:
     """Each window's micro-batches, epoch by epoch (an epoch's last may be partial), from `position` on.
 
     `position.epoch` and `position.batch` follow the batches read. Batches before the position (a resumed run) are
@@ -386,7 +387,7 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, mini_steps: int, p
             if position.batch <= skip:
                 continue
             window.append(inputs)
-            if len(window) == mini_steps:
+            if len(window) == accumulate_step:
                 yield window
                 window = []
         if window:
