@@ -50,6 +50,6 @@ def test_executor_option_recomputes_and_trains_the_same():
         trained.append(params_of(net))
     for a, b in zip(*trained):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    net = make_net("lenet5")
     with pytest.raises(ValueError, match="but got 'conv9'"):
-        GradientAccumulation(make_net("lenet5"), nn.MSELoss(), nn.SGD(make_net("lenet5").trainable_params()),
-                             recompute=["conv9"])
+        GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()), recompute=["conv9"])

@@ -112,8 +112,9 @@ def test_resume_refuses_a_different_run(tmp_path):
 
 
 def test_resume_and_save_every_need_a_directory(tmp_path):
+    net = MLP()
     with pytest.raises(ValueError, match="'save_every' needs 'ckpt_dir'"):
-        GradientAccumulation(MLP(), nn.MSELoss(), nn.SGD(MLP().trainable_params())).train_process(
+        GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params())).train_process(
             1, ds.NumpySlicesDataset({"x": np.zeros((4, 2), np.float32)}).batch(2), 1, ckpt_dir=None, save_every=1)
     with pytest.raises(ValueError, match="'keep_last' must be a positive int, but got 0"):
         _train(tmp_path, keep_last=0)
