@@ -1,10 +1,11 @@
 """GradientAccumulation: the training executor of MindSpore's Cell-graph tutorial, exact, lean and resumable."""
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -62,29 +63,33 @@ class TrainResult:
         return [record.loss for record in self.steps]
 
 
-# Runners: how each structure trains one window on the executor's buffer. A window its structure cannot take whole
-# (an epoch's partial window; unequal micro-batches for "window") goes through the three graphs on the same buffer.
+# Runners: how each structure trains one window on the executor's buffer. A window's micro-batches arrive lazily and
+# run as they come, so reading the next batch overlaps the graphs still running. A window the structure cannot take
+# whole (an epoch's partial window; unequal micro-batches for "window") goes through the three graphs on the buffer.
 
-Window = Sequence[Sequence[Tensor]]  # the window's micro-batches, each the tuple of inputs the network takes
+Window = Iterable[Sequence[Tensor]]  # micro-batches, each the tuple of inputs the network takes
 
 
 class ThreeGraphs:
     """``"three_graphs"``: `TrainForwardBackward` per micro-batch, then `TrainOptim` and `TrainClear`."""
 
     def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, optim: nn.Cell, clear: nn.Cell) -> None:
-        self.skipped_windows = buffer.guard.skipped_windows
         self.forward_backward, self.optim, self.clear = forward_backward, optim, clear
+        self.skipped_windows = buffer.guard.skipped_windows
+        self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
 
-    def train_window(self, window: Window) -> Tuple[List, bool]:
-        """Trains `window` and closes it: `(losses of its micro-batches, whether the optimizer was applied)`.
+    def train_window(self, window: Window, size: int) -> Tuple[List, List[int], bool]:
+        """Trains the `size` micro-batches of `window` and closes it.
 
-        Every Cell answers "applied" the same way, through the guard's count of skipped windows.
+        Returns `(their losses, their sample counts, whether the optimizer was applied)`. Every Cell answers
+        "applied" the same way, through the guard's count of skipped windows (one read).
         """
-        skipped = int(self.skipped_windows.asnumpy())
-        losses = self.run(window)
-        return losses, int(self.skipped_windows.asnumpy()) == skipped
+        samples = []
+        losses = self.run(_noting_sizes(window, samples), size)
+        skipped, self.skipped = self.skipped, int(self.skipped_windows.asnumpy())
+        return losses, samples, self.skipped == skipped
 
-    def run(self, window: Window) -> List:
+    def run(self, window: Window, size: int) -> List:
         losses = [self.forward_backward(*inputs) for inputs in window]
         self.optim()
         self.clear()
@@ -99,19 +104,19 @@ class Fused(ThreeGraphs):
         super().__init__(buffer, forward_backward, optim, clear)
         self.cell = cell
 
-    def run(self, window: Window) -> List:
-        if len(window) < self.cell.accumulate_step:
-            return super().run(window)
+    def run(self, window: Window, size: int) -> List:
+        if size < self.cell.accumulate_step:
+            return super().run(window, size)
         return [self.cell(*inputs) for inputs in window]
 
 
 class Stacked(Fused):
     """``"window"``: the K micro-batches stacked into one `TrainWindowCell` call."""
 
-    def run(self, window: Window) -> List:
-        shapes = {tuple(tuple(x.shape) for x in inputs) for inputs in window}
-        if len(window) < self.cell.accumulate_step or len(shapes) > 1:
-            return ThreeGraphs.run(self, window)
+    def run(self, window: Window, size: int) -> List:
+        window = list(window)
+        if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
+            return ThreeGraphs.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
         return list(self.cell(*stacked).asnumpy())
 
@@ -197,27 +202,26 @@ class GradientAccumulation:
                               TrainOptim(optimizer, self.buffer, clip_norm).set_train(),
                               TrainClear(self.buffer).set_train())
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
-        self._runners = {}  # K -> runner; K is a graph constant of the fused and window Cells
+        self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
 
     def structure_for(self, mini_steps: int) -> str:
         """The structure that trains windows of `mini_steps`: what ``structure="auto"`` resolves to."""
         return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
     def runner(self, mini_steps: int) -> ThreeGraphs:
-        """The runner (`ThreeGraphs`, `Fused` or `Stacked`) that trains windows of `mini_steps` with the structure.
+        """A runner (`ThreeGraphs`, `Fused` or `Stacked`) that trains windows of `mini_steps` with the structure.
 
-        Its Cells (``forward_backward``, ``optim``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``) all
-        share `buffer`; `train_window` trains one window and says whether it was applied.
+        Its Cells (``forward_backward``, ``optim``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``, built
+        once per K) all share `buffer`; `train_window` trains one window and says whether it was applied.
         """
-        if mini_steps not in self._runners:
-            structure = self.structure_for(mini_steps)
-            if structure == "three_graphs":
-                self._runners[mini_steps] = ThreeGraphs(self.buffer, *self._three_graphs)
-            else:
-                cls, runner = (TrainWindowCell, Stacked) if structure == "window" else (TrainAccumulationCell, Fused)
-                cell = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm, buffer=self.buffer)
-                self._runners[mini_steps] = runner(self.buffer, *self._three_graphs, cell.set_train())
-        return self._runners[mini_steps]
+        structure = self.structure_for(mini_steps)
+        if structure == "three_graphs":
+            return ThreeGraphs(self.buffer, *self._three_graphs)
+        cls, runner = (TrainWindowCell, Stacked) if structure == "window" else (TrainAccumulationCell, Fused)
+        if mini_steps not in self._cells:
+            self._cells[mini_steps] = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm,
+                                          buffer=self.buffer).set_train()
+        return runner(self.buffer, *self._three_graphs, self._cells[mini_steps])
 
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
@@ -281,22 +285,23 @@ class GradientAccumulation:
         run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
                "data_seed": ds_config.get_seed()}
         states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last, writes)
-        runner = self.runner(mini_steps)
         self._three_graphs[2]()  # start from an empty window whatever happened before
         position, resumed_from = states.resume(resume, epoch)
+        runner = self.runner(mini_steps)
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
                              skipped_windows=int(self.buffer.guard.skipped_windows.asnumpy()))
-        for window in _windows(train_dataset, epoch, num_batches, mini_steps, position):
-            if len(window) < mini_steps and partial_window == "drop":
+        for size, window in _windows(train_dataset, epoch, num_batches, mini_steps, position):
+            if size < mini_steps and partial_window == "drop":
+                for _ in window:  # read, not trained: the data order stays the same
+                    pass
                 position.dropped_windows += 1
                 result.dropped_windows += 1
                 continue
-            losses, applied = runner.train_window(window)
+            losses, samples, applied = runner.train_window(window, size)
             position.step += 1
-            self._record(result, position, losses, [inputs[0].shape[0] for inputs in window], applied, log_every,
-                         verbose and writes, on_step)
+            self._record(result, position, losses, samples, applied, log_every, verbose and writes, on_step)
             states.window_closed(position)
         if ckpt_dir is not None and writes:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
@@ -370,28 +375,38 @@ class GradientAccumulation:
 
 
 def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: int,
-             position: Position) -> Iterator[list]:
-    """Each window's micro-batches, epoch by epoch (an epoch's last may be partial), from `position` on.
+             position: Position) -> Iterator[Tuple[int, Iterator]]:
+    """`(size, micro-batches)` of each window, epoch by epoch (an epoch's last may be partial), from `position` on.
 
-    `position.epoch` and `position.batch` follow the batches read. Batches before the position (a resumed run) are
-    read but not yielded, so the data order stays that of the uninterrupted run.
+    The micro-batches are read lazily: consume them before asking for the next window. `position.epoch` and
+    `position.batch` follow the batches read. Batches before the position (a resumed run) are read but not yielded,
+    so the data order stays that of the uninterrupted run.
     """
     iterator = dataset.create_tuple_iterator(num_epochs=epochs)
     first_epoch, done = position.epoch, position.batch
     for epoch in range(1, epochs + 1):
         position.epoch, position.batch = epoch, 0
         skip = num_batches if epoch < first_epoch else done if epoch == first_epoch else 0
-        window = []
-        for inputs in iterator:
-            position.batch += 1
-            if position.batch <= skip:
-                continue
-            window.append(inputs)
-            if len(window) == accumulate_step:
-                yield window
-                window = []
-        if window:
-            yield window
+        batches = _counted(iterator, position)
+        for _ in itertools.islice(batches, skip):
+            pass
+        for start in range(skip, num_batches, accumulate_step):
+            size = min(accumulate_step, num_batches - start)
+            yield size, itertools.islice(batches, size)
+        for _ in batches:  # the end of the epoch, so the next one starts
+            pass
+
+
+def _noting_sizes(window: Window, samples: List[int]) -> Window:
+    for inputs in window:
+        samples.append(inputs[0].shape[0])
+        yield inputs
+
+
+def _counted(iterator, position: Position) -> Iterator:
+    for inputs in iterator:
+        position.batch += 1
+        yield inputs
 
 
 def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer, name: str) -> None:
