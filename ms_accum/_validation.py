@@ -26,10 +26,6 @@ def check_positive_int(value: Any, arg_name: str, cls_name: str, minimum: int = 
     return value
 
 
-def check_non_negative_int(value: Any, arg_name: str, cls_name: str) -> int:
-    """Return `value` if it is an int >= 0 (bool refused)."""
-    return check_positive_int(value, arg_name, cls_name, minimum=0)
-
 
 def check_positive_float(value: Any, arg_name: str, cls_name: str, allow_none: bool = False) -> Optional[float]:
     """Return `value` as a float if it is a finite real number > 0 (or None when `allow_none`)."""

@@ -121,9 +121,6 @@ class TrainingState(_WindowCell):
         self.network = check_isinstance(network, "network", nn.Cell, "TrainingState")
         self.optimizer = optimizer
 
-    def construct(self):
-        return self.buffer.mini_step
-
 
 class TrainForwardBackward(_MicroBatchCell):
     r"""

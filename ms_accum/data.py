@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._validation import (check_isinstance, check_non_negative_int, check_positive_float, check_positive_int,
-                          check_value_in)
+from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 
 if TYPE_CHECKING:  # the dataset engine is imported only when a pipeline is built
     from mindspore.dataset import Dataset
@@ -90,10 +89,11 @@ def resolve_data_dir(path: Optional[PathLike] = None) -> str:
     return os.path.expanduser(path)
 
 
-def _idx_header(path: str) -> Tuple[int, Tuple[int, ...], int]:
-    """(magic number, shape, file size the header implies) of an idx file, reading its header only.
+def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tuple[int, ...]]:
+    """(dtype, shape) of an idx file, from its header; checks the magic number (`expected`, if given) and the size.
 
-    Raises DataError naming the file if it is missing, not an idx file, or shorter than its header.
+    Raises DataError naming the file if it is missing, not an idx file (of the `expected` kind), or not as long as
+    its header says.
     """
     if not os.path.exists(path):
         hint = " (found a .gz beside it: decompress it)" if os.path.exists(path + ".gz") else ""
@@ -114,9 +114,16 @@ def _idx_header(path: str) -> Tuple[int, Tuple[int, ...], int]:
     if len(dims) < 4 * ndim:
         raise DataError(f"idx file '{path}' is truncated: {4 + len(dims)} bytes, shorter than its {offset}-byte "
                         f"header.")
-    shape = tuple(int(d) for d in np.frombuffer(dims, dtype=">u4"))
-    size = offset + int(np.prod(shape, dtype=np.int64)) * _IDX_DTYPES[type_code].itemsize
-    return int.from_bytes(magic, "big"), shape, size
+    number = int.from_bytes(magic, "big")
+    if expected is not None and number != expected:
+        raise DataError(f"MNIST file '{path}' has a bad magic number {number} (0x{number:08x}), expected "
+                        f"{expected} (0x{expected:08x}); it is not an uncompressed idx file of this kind.")
+    shape, dtype = tuple(int(d) for d in np.frombuffer(dims, dtype=">u4")), _IDX_DTYPES[type_code]
+    size, implied = os.path.getsize(path), offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size != implied:
+        raise DataError(f"idx file '{path}' is {'truncated' if size < implied else 'too long'}: {size} bytes, its "
+                        f"header implies {implied}.")
+    return dtype, shape
 
 
 def check_mnist_dir(path: PathLike) -> str:
@@ -152,32 +159,15 @@ def check_mnist_dir(path: PathLike) -> str:
         images = os.path.join(path, images_rel)
         labels = os.path.join(path, labels_rel)
         try:
-            magic, (count, rows, cols), size = _check_magic(images, _IMAGE_MAGIC)
+            _, (count, rows, cols) = _idx_header(images, _IMAGE_MAGIC)
             if (rows, cols) != (_SIDE, _SIDE):
                 raise DataError(f"MNIST file '{images}' holds {rows}x{cols} images, expected {_SIDE}x{_SIDE}.")
-            _check_size(images, size)
-            magic, (label_count,), size = _check_magic(labels, _LABEL_MAGIC)
+            _, (label_count,) = _idx_header(labels, _LABEL_MAGIC)
         except DataError as err:
             raise DataError(f"{err}{hint}") from None
-        _check_size(labels, size)
         if label_count != count:
             raise DataError(f"MNIST file '{labels}' has {label_count} labels but '{images}' has {count} images.")
     return path
-
-
-def _check_magic(path: str, expected: int) -> Tuple[int, Tuple[int, ...], int]:
-    magic, shape, size = _idx_header(path)
-    if magic != expected:
-        raise DataError(f"MNIST file '{path}' has a bad magic number {magic} (0x{magic:08x}), expected "
-                        f"{expected} (0x{expected:08x}); it is not an uncompressed idx file of this kind.")
-    return magic, shape, size
-
-
-def _check_size(path: str, expected: int) -> None:
-    size = os.path.getsize(path)
-    if size != expected:
-        state = "truncated" if size < expected else "too long"
-        raise DataError(f"idx file '{path}' is {state}: {size} bytes, its header implies {expected}.")
 
 
 def read_idx(path: PathLike) -> np.ndarray:
@@ -195,9 +185,7 @@ def read_idx(path: PathLike) -> np.ndarray:
             its header.
     """
     path = os.fspath(path)
-    magic, dims, size = _idx_header(path)
-    _check_size(path, size)
-    dtype = _IDX_DTYPES[(magic >> 8) & 0xFF]
+    dtype, dims = _idx_header(path)
     offset = 4 + 4 * len(dims)
     with open(path, "rb") as f:
         data = f.read()
@@ -359,14 +347,14 @@ def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, 
                          f"but got num_shards={num_shards!r}, shard_id={shard_id!r}.")
     if num_shards is not None:
         check_positive_int(num_shards, "num_shards", api)
-        check_non_negative_int(shard_id, "shard_id", api)
+        check_positive_int(shard_id, "shard_id", api, minimum=0)
         if shard_id >= num_shards:
             raise ValueError(f"For '{api}', the argument 'shard_id' must be in [0, {num_shards}), "
                              f"but got {shard_id}.")
     if num_samples is not None:
         check_positive_int(num_samples, "num_samples", api)
     if seed is not None:
-        check_non_negative_int(seed, "seed", api)
+        check_positive_int(seed, "seed", api, minimum=0)
         if seed > 0xFFFFFFFF:
             raise ValueError(f"For '{api}', the argument 'seed' must be in [0, 4294967295], but got {seed}.")
     check_isinstance(drop_remainder, "drop_remainder", bool, api)
@@ -572,7 +560,7 @@ def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 
     check_isinstance(root, "root", (str, os.PathLike), "make_synthetic_mnist")
     check_positive_int(num_train, "num_train", "make_synthetic_mnist")
     check_positive_int(num_test, "num_test", "make_synthetic_mnist")
-    check_non_negative_int(seed, "seed", "make_synthetic_mnist")
+    check_positive_int(seed, "seed", "make_synthetic_mnist", minimum=0)
     root = os.fspath(root)
     target = os.path.join(root, "MNIST_Data")
     if os.path.lexists(target) and not is_synthetic(target):

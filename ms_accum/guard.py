@@ -58,16 +58,12 @@ def _keep_dense(finite, grad):
     return ops.select(finite, grad, ops.zeros_like(grad))
 
 
-def _finite_float(flag):
-    return ops.cast(flag, ms.float32)
-
-
 @ms.jit_class
 class _KeepAll:
     """skip_window: accumulate everything; a non-finite loss marks the window (its gradient shows by itself)."""
 
     def __call__(self, loss, grads, weight):
-        return grads, weight, 1.0 - _finite_float(ops.isfinite(loss).all())
+        return grads, weight, 1.0 - ops.cast(ops.isfinite(loss).all(), ms.float32)
 
     def left_out(self, bad):  # micro-batches left out of the window: none
         return ops.zeros((), ms.int32)
@@ -82,7 +78,7 @@ class _DropNonFinite:
 
     def __call__(self, loss, grads, weight):
         finite = ops.logical_and(amp.all_finite(grads), ops.isfinite(loss).all())
-        keep = _finite_float(finite)
+        keep = ops.cast(finite, ms.float32)
         return _hyper_map(ops.partial(_keep_op, finite), grads), weight * keep, 1.0 - keep
 
     def left_out(self, bad):

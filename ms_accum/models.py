@@ -79,8 +79,6 @@ class MLP(nn.Cell):
 
 
 MODELS = {"lenet5": LeNet5, "mlp": MLP}
-# The input each model expects, so data pipelines and checkpoints can be matched to it.
-IMAGE_SIZE = {"lenet5": 32, "mlp": 28}
 
 
 def build_model(name: str) -> nn.Cell:
