@@ -18,6 +18,7 @@ _EXPORTS = {
     "NonFiniteError": "executor",
     "StepRecord": "executor",
     "TrainResult": "executor",
+    "TokenCrossEntropy": "losses",
     "LeNet5": "models",
     "MLP": "models",
     "EquivalenceReport": "verify",

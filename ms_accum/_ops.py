@@ -12,6 +12,7 @@ _hyper_map = ops.HyperMap()
 
 _accumulate_op = ops.MultitypeFuncGraph("ms_accum_accumulate")
 _weigh_op = ops.MultitypeFuncGraph("ms_accum_weigh")
+_cast_like_op = ops.MultitypeFuncGraph("ms_accum_cast_like")
 _scale_in_place_op = ops.MultitypeFuncGraph("ms_accum_scale_in_place")
 _clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
 _zero_in_place_op = ops.MultitypeFuncGraph("ms_accum_zero_in_place")
@@ -54,12 +55,13 @@ def shape_matches(shape, expected) -> bool:
 
 @_accumulate_op.register("Tensor", "Tensor")
 def _accumulate_dense(grad_sum, grad):
-    return ops.assign_add(grad_sum, grad)
+    # In the buffer's dtype: a half-precision gradient is summed in float32 (a cast to the same dtype is a no-op).
+    return ops.assign_add(grad_sum, ops.cast(grad, ops.dtype(grad_sum)))
 
 
 @_accumulate_op.register("Tensor", "RowTensor")
 def _accumulate_row_tensor(grad_sum, grad):
-    return ops.assign_add(grad_sum, _densify(grad))
+    return ops.assign_add(grad_sum, ops.cast(_densify(grad), ops.dtype(grad_sum)))
 
 
 @_weigh_op.register("Tensor", "Tensor")
@@ -102,6 +104,16 @@ def accumulate(grad_sum, mini_step, num_samples, grads, weight):
     done = _hyper_map(_accumulate_op, grad_sum, grads)
     ops.assign_add(num_samples, ops.depend(ops.cast(weight, ms.float32), done))
     return ops.assign_add(mini_step, ops.ones((), ms.int32))
+
+
+@_cast_like_op.register("Tensor", "Tensor")
+def _cast_like(grad, param):
+    return ops.cast(grad, ops.dtype(param))
+
+
+def cast_like(grads, params):
+    """`grads` in the dtypes of `params` (a float32 window handed to a half-precision optimizer)."""
+    return _hyper_map(_cast_like_op, grads, params)
 
 
 def weigh(grads, weight):

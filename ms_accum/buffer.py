@@ -5,13 +5,19 @@ from typing import Optional
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
+from mindspore.common.initializer import initializer
 
 from . import _ops
 from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import window_reducer
 
-REDUCTIONS = ("mean", "sum")
+REDUCTIONS = ("mean", "sum", "weighted_mean")
+HALF = (ms.float16, ms.bfloat16)
+
+
+def _scalar_sens(out, scale):
+    return ops.ones_like(out) * ops.cast(scale, ops.dtype(out))
 
 
 @ms.jit_class
@@ -23,12 +29,23 @@ class SampleMean:
     def weight(self, samples):
         return samples
 
+    def split(self, out, batch):
+        """`(loss, weight)` of a micro-batch from the network's output and its first input."""
+        return out, ops.shape(batch)[0]
+
+    def sens(self, out, scale):
+        """The backward pass's sensitivity for the network's output: `scale` for the loss."""
+        return _scalar_sens(out, scale)
+
     def divisor(self, samples, sum_divisor):
         return samples
 
+    def window_output(self, losses, weights):
+        return losses
+
 
 @ms.jit_class
-class Sum:
+class Sum(SampleMean):
     """``reduction="sum"``: a micro-batch weighs 1; the window is divided by `sum_divisor` (1, or the ranks)."""
 
     name = "sum"
@@ -36,8 +53,52 @@ class Sum:
     def weight(self, samples):
         return 1.0
 
+    def split(self, out, batch):
+        return out, 1.0
+
     def divisor(self, samples, sum_divisor):
         return sum_divisor
+
+
+@ms.jit_class
+class WeightedMean(SampleMean):
+    """``reduction="weighted_mean"``: the network with its loss returns `(loss, weight)`, the loss a mean over `weight`
+    items (the micro-batch's non-padding tokens, say); the window is divided by the weights it holds, so it is the
+    mean over all its items, however they are spread over micro-batches (and ranks)."""
+
+    name = "weighted_mean"
+
+    def split(self, out, batch):
+        return out[0], ops.cast(out[1], ms.float32)
+
+    def sens(self, out, scale):
+        return _scalar_sens(out[0], scale), ops.zeros_like(out[1])
+
+    def window_output(self, losses, weights):
+        return losses, weights
+
+
+@ms.jit_class
+class _SameDtype:
+    """The buffer has the parameters' dtypes: the window's gradient goes to the optimizer as it is."""
+
+    def __call__(self, grads):
+        return grads
+
+
+@ms.jit_class
+class _ToParamDtype:
+    """A float32 buffer for half-precision parameters: the window is cast to their dtypes for the optimizer."""
+
+    def __init__(self, params) -> None:
+        self.params = params
+
+    def __call__(self, grads):
+        return _ops.cast_like(grads, self.params)
+
+
+def _buffer_dtype(param_dtype, dtype):
+    return (ms.float32 if param_dtype in HALF else param_dtype) if dtype is None else dtype
 
 
 @ms.jit_class
@@ -62,14 +123,18 @@ class AccumulationBuffer:
         loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler for
             the backward passes. Default: ``None``.
         reduction (str): ``"mean"`` (default): each micro-batch weighs its samples and the window is divided by the
-            samples it holds, so an update equals one step on the concatenated batch; ``"sum"``: the plain sum.
+            samples it holds, so an update equals one step on the concatenated batch; ``"sum"``: the plain sum;
+            ``"weighted_mean"``: the network with its loss returns ``(loss, weight)`` and micro-batches weigh
+            `weight` (e.g. their non-padding tokens: see `ms_accum.TokenCrossEntropy`).
+        dtype (mindspore.dtype, optional): The buffer's dtype. Default: ``None``, float32 for float16 and bfloat16
+            parameters (their window is summed in float32 and cast back for the optimizer), else the parameter's.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
         mini_step (Parameter): int32, micro-batches in the open window.
         num_samples (Parameter): float32, the sum of their weights, the divisor of the mean.
         guard (WindowGuard): The non-finite check and loss scale.
-        reduction (Union[SampleMean, Sum]): The rule `reduction` names: what a micro-batch weighs and what the
+        reduction (Union[SampleMean, Sum, WeightedMean]): The rule `reduction` names: what a micro-batch weighs and what the
             window is divided by. An object chosen here, not a flag in the graph (README, "Known MindSpore
             behaviour": a constant if/else).
         reducer (Union[LocalWindow, AllReduceWindow]): The window's communication, chosen from MindSpore's parallel
@@ -93,15 +158,22 @@ class AccumulationBuffer:
     """
 
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
-                 loss_scaler: Optional[LossScaler] = None, reduction: str = "mean") -> None:
+                 loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple), "AccumulationBuffer")
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
-        self.reduction = SampleMean() if check_value_in(reduction, "reduction", REDUCTIONS,
-                                                        "AccumulationBuffer") == "mean" else Sum()
+        rules = {"mean": SampleMean, "sum": Sum, "weighted_mean": WeightedMean}
+        self.reduction = rules[check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")]()
+        if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
+            raise TypeError(f"For 'AccumulationBuffer', the argument 'dtype' must be a float mindspore.dtype or None, "
+                            f"but got {dtype!r}.")
         self.reducer = window_reducer("AccumulationBuffer")
-        self.grad_sum = ParameterTuple(params).clone(prefix=prefix, init="zeros")
+        self.grad_sum = ParameterTuple([
+            Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")
+            for p in params])
+        differs = any(b.dtype != p.dtype for b, p in zip(self.grad_sum, params))
+        self.to_params = _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
         self.guard = WindowGuard(policy, loss_scaler, prefix)
@@ -133,7 +205,7 @@ class AccumulationBuffer:
         grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, clip_norm)
         applied = self.guard.close(grads, self.reducer, self.mini_step)
         if applied:
-            optimizer(grads)
+            optimizer(self.to_params(grads))
         return applied
 
     def clear(self):

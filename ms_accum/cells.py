@@ -74,16 +74,16 @@ class _MicroBatchCell(_WindowCell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def micro_batch(self, inputs):
-        """Forward, backward and accumulation of one micro-batch: `(loss, micro-steps in the window now)`.
+        """Forward, backward and accumulation of one micro-batch: `(network output, loss, weight, micro-steps now)`.
 
-        The micro-batch's weight (its sample count under ``"mean"``) and the loss scale are the backward pass's
-        sensitivity, so weighting costs nothing.
+        The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
+        and the loss scale are the backward pass's sensitivity, so weighting costs nothing.
         """
-        loss = self.network(*inputs)
-        weight = self.buffer.reduction.weight(ops.shape(inputs[0])[0])
-        sens = ops.ones_like(loss) * ops.cast(weight * self.buffer.guard.loss_scale, ops.dtype(loss))
+        out = self.network(*inputs)
+        loss, weight = self.buffer.reduction.split(out, inputs[0])
+        sens = self.buffer.reduction.sens(out, weight * self.buffer.guard.loss_scale)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
-        return loss, self.buffer.add(loss, grads, weight)
+        return out, loss, weight, self.buffer.add(loss, grads, weight)
 
 
 class TrainingState(_WindowCell):
@@ -143,7 +143,7 @@ class TrainForwardBackward(_MicroBatchCell):
           batch.
 
     Outputs:
-        Tensor, the micro-batch's loss.
+        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`).
 
     Raises:
         TypeError: If `network` is not a Cell, `optimizer` not an `nn.Optimizer`, or `buffer` not an
@@ -173,8 +173,8 @@ class TrainForwardBackward(_MicroBatchCell):
                              "weight_by_samples", weight_by_samples)
 
     def construct(self, *inputs):
-        loss, step = self.micro_batch(inputs)
-        return ops.depend(loss, step)
+        out, _, _, step = self.micro_batch(inputs)
+        return ops.depend(out, step)
 
 
 class TrainOptim(_WindowCell):
@@ -273,7 +273,7 @@ class TrainAccumulationCell(_MicroBatchCell):
         - **\*inputs** (Tensor) - One micro-batch; the first input's first axis is the batch.
 
     Outputs:
-        Tensor, the micro-batch's loss.
+        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`).
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -304,9 +304,9 @@ class TrainAccumulationCell(_MicroBatchCell):
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):
-        loss, step = self.micro_batch(inputs)
+        out, _, _, step = self.micro_batch(inputs)
         if step >= self.accumulate_step:
             # The window's only communication in data parallel: micro-steps before it stay local.
             self.buffer.close(self.optimizer, self.clip_norm)
-        return loss
+        return out
 

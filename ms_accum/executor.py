@@ -118,7 +118,8 @@ class Stacked(Fused):
         if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphs.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
-        return list(self.cell(*stacked).asnumpy())
+        out = self.cell(*stacked)
+        return list(zip(out[0].asnumpy(), out[1].asnumpy())) if isinstance(out, tuple) else list(out.asnumpy())
 
 
 class GradientAccumulation:
@@ -139,7 +140,9 @@ class GradientAccumulation:
             reduction="mean")`).
         optimizer (nn.Optimizer): The optimizer over `network`'s parameters.
         clip_norm (float, optional): Clip each window's gradient to this global norm. Default: ``None``.
-        reduction (str): ``"mean"`` (sample-weighted, the default) or ``"sum"``.
+        reduction (str): ``"mean"`` (sample-weighted, the default), ``"sum"``, or ``"weighted_mean"``: `loss_fn`
+            returns ``(loss, weight)``, e.g. `TokenCrossEntropy`'s mean over real tokens and their count, and the
+            window is the mean over all its tokens (see `AccumulationBuffer`).
         structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` /
             `TrainOptim` / `TrainClear`, least memory; ``"fused"``: one call per micro-batch
             (`TrainAccumulationCell`), faster, more memory; ``"window"``: a whole window in one graph call
@@ -157,6 +160,8 @@ class GradientAccumulation:
             forward pass is recomputed in the backward pass instead of keeping their activations
             (`ms_accum.recompute.recompute_cells`), for networks where even one micro-batch does not fit.
             Gradients are unchanged. Default: ``None``.
+        buffer_dtype (mindspore.dtype, optional): The accumulation buffer's dtype. Default: ``None``, float32 for
+            float16 and bfloat16 parameters, else theirs.
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
@@ -180,7 +185,8 @@ class GradientAccumulation:
     def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
                  clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "auto",
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
-                 stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None) -> None:
+                 stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
+                 buffer_dtype=None) -> None:
         name = "GradientAccumulation"
         self._network = check_isinstance(network, "network", nn.Cell, name)
         check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
@@ -197,7 +203,7 @@ class GradientAccumulation:
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                         reduction=reduction)
+                                         reduction=reduction, dtype=buffer_dtype)
         self._three_graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
                               TrainOptim(optimizer, self.buffer, clip_norm).set_train(),
                               TrainClear(self.buffer).set_train())
@@ -346,15 +352,17 @@ class GradientAccumulation:
 
     def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
                 log_every: int, verbose: bool, on_step) -> None:
-        weights = np.asarray(samples, np.float64)
-        values = np.asarray([loss.asnumpy() if isinstance(loss, Tensor) else loss for loss in losses], np.float64)
+        # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
+        pairs = [out if isinstance(out, tuple) else (out, size) for out, size in zip(losses, samples)]
+        values, weights = (np.asarray([x.asnumpy() if isinstance(x, Tensor) else x for x in column], np.float64)
+                           for column in zip(*pairs))
         finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
         loss = float((values[finite] * weights[finite]).sum() / weights[finite].sum()) if finite.any() else np.nan
         guard = self.buffer.guard
         result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
         epoch, step = position.epoch, position.step
-        record = StepRecord(epoch, step, loss, len(losses), int(weights.sum()), not applied,
+        record = StepRecord(epoch, step, loss, len(losses), int(sum(samples)), not applied,
                             float(guard.loss_scale.asnumpy()))
         result.steps.append(record)
         if not applied:

@@ -24,7 +24,8 @@ class TrainWindowCell(TrainAccumulationCell):
           shape :math:`(K, B, \ldots)`, so a window's micro-batches are of equal size B.
 
     Outputs:
-        Tensor of shape :math:`(K,)`, the loss of each micro-batch.
+        Tensor of shape :math:`(K,)`, the loss of each micro-batch (under ``"weighted_mean"``, the tuple of the losses
+        and the weights, both :math:`(K,)`).
 
     Raises:
         TypeError: As `TrainAccumulationCell` raises.
@@ -58,13 +59,16 @@ class TrainWindowCell(TrainAccumulationCell):
 
     def construct(self, *inputs):
         losses = ops.zeros((self.accumulate_step,), ms.float32)
+        weights = ops.zeros((self.accumulate_step,), ms.float32)
         i = ops.zeros((), ms.int32)
         # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
         while i < self.accumulate_step:
-            loss, step = self.micro_batch(tuple([x[i] for x in inputs]))
+            _, loss, weight, step = self.micro_batch(tuple([x[i] for x in inputs]))
             # Every output is used (README, "Known MindSpore behaviour": side effects eliminated inside `while`).
-            losses = ops.tensor_scatter_update(losses, ops.reshape(i, (1, 1)),
-                                               ops.reshape(ops.cast(ops.depend(loss, step), ms.float32), (1,)))
+            at = ops.reshape(i, (1, 1))
+            losses = ops.tensor_scatter_update(losses, at, ops.reshape(ops.cast(ops.depend(loss, step), ms.float32),
+                                                                       (1,)))
+            weights = ops.tensor_scatter_update(weights, at, ops.reshape(ops.cast(weight, ms.float32), (1,)))
             i = i + 1
         self.buffer.close(self.optimizer, self.clip_norm)
-        return losses
+        return self.buffer.reduction.window_output(losses, weights)

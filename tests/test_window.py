@@ -173,7 +173,8 @@ def test_bad_arguments():
         TrainWindowCell(nn.WithLossCell(nn.ReLU(), nn.MSELoss()), opt, K)
     with pytest.raises(ValueError, match="For 'TrainWindowCell', the argument 'clip_norm' must be a positive float"):
         TrainWindowCell(net, opt, K, clip_norm=0.0)
-    with pytest.raises(ValueError, match=r"the argument 'reduction' must be one of \['mean', 'sum'\], but got 'avg'"):
+    with pytest.raises(ValueError, match=r"the argument 'reduction' must be one of \['mean', 'sum', "
+                                         r"'weighted_mean'\], but got 'avg'"):
         TrainWindowCell(net, opt, K, reduction="avg")
     with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'buffer' must be AccumulationBuffer"):
         TrainWindowCell(net, opt, K, buffer=[])
