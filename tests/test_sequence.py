@@ -1,0 +1,179 @@
+"""Sequence models: token-weighted windows equal the large batch's mean over its real tokens, and half-precision
+networks accumulate in float32."""
+import numpy as np
+import pytest
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import Tensor, nn
+
+from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, TokenCrossEntropy,
+                      TrainForwardBackward)
+
+T, F, V, B, K, PAD = 6, 5, 7, 2, 4, -100
+
+
+def token_batches(count, seed=0, nan_sample=None):
+    """(count, T, F) features and (count, T) targets, each sequence 1 to T real tokens long, the rest padding."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((count, T, F)).astype(np.float32)
+    y = rng.integers(0, V, (count, T)).astype(np.int32)
+    lengths = rng.choice([1, 1, 2, 6], count)  # micro-batches of very different token counts
+    y[np.arange(T)[None, :] >= lengths[:, None]] = PAD
+    if nan_sample is not None:
+        x[nan_sample] = np.nan
+    return x, y
+
+
+def net(seed=0):
+    ms.set_seed(seed)
+    return nn.Dense(F, V)  # applied to every position: (B, T, F) -> (B, T, V)
+
+
+class MeanOnly(nn.Cell):
+    """The large batch's reference: TokenCrossEntropy's mean over all its real tokens."""
+
+    def __init__(self, network):
+        super().__init__()
+        self.network, self.loss = network, TokenCrossEntropy(PAD)
+
+    def construct(self, x, y):
+        return self.loss(self.network(x), y)[0]
+
+
+def big_batch(windows, x, y):
+    network = net()
+    step = nn.TrainOneStepCell(MeanOnly(network), nn.Momentum(network.trainable_params(), 0.1, 0.9)).set_train()
+    for window in windows:
+        step(Tensor(x[window]), Tensor(y[window]))
+    return [p.asnumpy() for p in network.trainable_params()]
+
+
+def close(actual, expected):
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+def test_token_weighted_windows_equal_the_large_batch(structure):
+    # 10 micro-batches of 2 sequences, K=4: windows of 8, 8 and a partial 4 sequences, token counts 2 to 12 each.
+    x, y = token_batches(20)
+    counts = [(y[i:i + B] != PAD).sum() for i in range(0, 20, B)]
+    assert max(counts) >= 3 * min(counts)  # the case a mean of micro-batch means gets wrong
+    expected = big_batch([slice(0, 8), slice(8, 16), slice(16, 20)], x, y)
+    network = net()
+    executor = GradientAccumulation(network, TokenCrossEntropy(PAD), nn.Momentum(network.trainable_params(), 0.1, 0.9),
+                                    reduction="weighted_mean", structure=structure)
+    result = executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K,
+                                    ckpt_dir=None, verbose=False)
+    assert [r.micro_batches for r in result.steps] == [4, 4, 2]
+    close([p.asnumpy() for p in network.trainable_params()], expected)
+    # The logged loss is the window's mean over its tokens, as the large batch's loss at the same weights would be.
+    assert all(np.isfinite(result.losses))
+
+
+def test_a_mean_of_micro_batch_means_would_differ():
+    # The control: weighting by samples, as for images, misses the large batch here.
+    x, y = token_batches(8)
+    expected = big_batch([slice(0, 8)], x, y)
+    network = net()
+
+    class Plain(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.loss = TokenCrossEntropy(PAD)
+
+        def construct(self, logits, targets):
+            return self.loss(logits, targets)[0]
+    executor = GradientAccumulation(network, Plain(), nn.Momentum(network.trainable_params(), 0.1, 0.9))
+    executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K, ckpt_dir=None,
+                           verbose=False)
+    differences = [np.abs(p.asnumpy() - e).max() for p, e in zip(network.trainable_params(), expected)]
+    assert max(differences) > 1e-3
+
+
+def test_a_dropped_micro_batch_leaves_its_tokens_out_of_the_divisor():
+    x, y = token_batches(8, nan_sample=2)  # the second micro-batch (samples 2, 3) is not finite
+    keep = [0, 1, 4, 5, 6, 7]
+    expected = big_batch([keep], x, y)
+    network = net()
+    executor = GradientAccumulation(network, TokenCrossEntropy(PAD), nn.Momentum(network.trainable_params(), 0.1, 0.9),
+                                    reduction="weighted_mean", policy="skip_microbatch")
+    result = executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K,
+                                    ckpt_dir=None, verbose=False)
+    assert result.skipped_micro_batches == 1 and result.skipped_windows == 0
+    close([p.asnumpy() for p in network.trainable_params()], expected)
+
+
+def test_accumulator_weighted_by_token_counts():
+    x, y = token_batches(8)
+    expected = big_batch([slice(0, 8)], x, y)
+    network = net()
+    loss_fn = TokenCrossEntropy(PAD)
+    optimizer = nn.Momentum(network.trainable_params(), 0.1, 0.9)
+    accumulator = Accumulator(optimizer, K)
+
+    def forward(data, label):
+        return loss_fn(network(data), label)
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
+
+    @ms.jit
+    def step(data, label):
+        (loss, count), grads = grad_fn(data, label)
+        return ms.ops.depend(loss, accumulator(grads, count))
+    for i in range(0, 8, B):
+        step(Tensor(x[i:i + B]), Tensor(y[i:i + B]))
+    close([p.asnumpy() for p in network.trainable_params()], expected)
+
+
+def half_network(seed=0):
+    ms.set_seed(seed)
+    network = nn.Dense(F, V)
+    for p in network.get_parameters():
+        p.set_dtype(ms.float16)
+    return network
+
+
+def window_gradient(dtype):
+    """The mean gradient of 16 micro-batches of a float16 network, accumulated in a `dtype` buffer (None: default)."""
+    network = half_network()
+    with_loss = nn.WithLossCell(network, nn.MSELoss())
+    optimizer = nn.SGD(network.trainable_params(), 0.1)
+    buffer = AccumulationBuffer(optimizer.parameters, dtype=dtype)
+    step = TrainForwardBackward(with_loss, optimizer, buffer).set_train()
+    rng = np.random.default_rng(3)
+    for _ in range(16):  # small gradients of varied size: the float16 sum rounds each addition to 11 bits
+        x = (rng.standard_normal((B, F)) * 0.05).astype(np.float16)
+        step(Tensor(x), Tensor((rng.standard_normal((B, V)) * 0.05).astype(np.float16)))
+    divisor = float(buffer.num_samples.asnumpy())
+    return buffer, [g.asnumpy().astype(np.float64) / divisor for g in buffer.grad_sum]
+
+
+def test_half_precision_parameters_accumulate_in_float32():
+    buffer, fp32 = window_gradient(None)
+    assert all(g.dtype == ms.float32 for g in buffer.grad_sum)  # the default for float16 parameters
+    _, fp16 = window_gradient(ms.float16)
+    _, reference = window_gradient(ms.float64)  # the same float16 gradients, summed exactly
+    error = {name: max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip(grads, reference))
+             for name, grads in (("float32 buffer", fp32), ("float16 buffer", fp16))}
+    print(f"window gradient, relative error against float64: {error}")
+    assert error["float32 buffer"] < 1e-6
+    assert error["float16 buffer"] > max(100 * error["float32 buffer"], 1e-4)  # measured: 1.1e-3 against 0.0
+
+
+def test_half_precision_network_trains_with_the_float32_buffer():
+    network = half_network()
+    before = [p.asnumpy().copy() for p in network.trainable_params()]
+    rng = np.random.default_rng(0)
+    data = {"x": rng.standard_normal((16, F)).astype(np.float16),
+            "y": rng.standard_normal((16, V)).astype(np.float16)}
+    executor = GradientAccumulation(network, nn.MSELoss(), nn.SGD(network.trainable_params(), 0.1))
+    result = executor.train_process(1, ds.NumpySlicesDataset(data, shuffle=False).batch(B), K, ckpt_dir=None,
+                                    verbose=False)
+    assert len(result.steps) == 2 and result.skipped_windows == 0
+    for p, b in zip(network.trainable_params(), before):
+        assert p.dtype == ms.float16 and np.isfinite(p.asnumpy()).all() and not np.array_equal(p.asnumpy(), b)
+
+
+def test_bad_buffer_dtype():
+    with pytest.raises(TypeError, match="For 'AccumulationBuffer', the argument 'dtype' must be a float"):
+        AccumulationBuffer(net().trainable_params(), dtype=ms.int32)
