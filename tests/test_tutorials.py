@@ -2,6 +2,7 @@
 
 The full 3-epoch runs are marked slow; their measured accuracy is in README.
 """
+import os
 import re
 import subprocess
 import sys
@@ -66,3 +67,25 @@ def test_tutorials_learn_generated_idx_files(tmp_path):
 def test_full_tutorials_reach_the_documented_accuracy(tutorial, documented, tmp_path):
     out = run_tutorial(tutorial, "--data", mnist_dir(), cwd=tmp_path)
     assert accuracies(out)[-1] >= documented - 0.005
+
+
+SHAKESPEARE = os.environ.get("MS_ACCUM_SHAKESPEARE") or str(
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt")
+
+
+@pytest.mark.skipif(not os.path.isfile(SHAKESPEARE), reason="Tiny Shakespeare is not beside the checkout")
+def test_char_transformer_accumulated_equals_the_large_batch_and_reloads(tmp_path):
+    out = run_tutorial("char_transformer_shakespeare.py", "--steps", "4", "--data", SHAKESPEARE, cwd=tmp_path)
+    accumulated, plain = (float(v) for v in re.search(r"validation: ([0-9.]+) bits per character accumulated .*, "
+                                                      r"([0-9.]+) without accumulation", out).groups())
+    assert abs(accumulated - plain) < 1e-3  # the same updates: token-weighted windows equal the concatenated batch
+    assert 0.0 < accumulated < 8.0  # a finite loss in bits (log2 of 66 symbols is 6.04)
+    assert f"checkpoint evaluated again: {accumulated:.4f}" in out
+    assert (tmp_path / "ckpt" / "char_transformer_loss.png").is_file()
+    assert out.split("sample:\n", 1)[1].startswith("ROMEO:")
+
+
+def test_char_transformer_says_where_to_get_the_text(tmp_path):
+    out = subprocess.run([sys.executable, str(TUTORIALS / "char_transformer_shakespeare.py"), "--data",
+                          str(tmp_path / "missing.txt")], capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+    assert out.returncode != 0 and "karpathy/char-rnn" in out.stderr and "MS_ACCUM_SHAKESPEARE" in out.stderr
