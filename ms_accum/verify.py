@@ -7,8 +7,20 @@ from typing import Dict, Sequence
 import numpy as np
 from mindspore import Tensor, nn
 
-from ._validation import check_isinstance, check_positive_float, check_positive_int
+from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .buffer import REDUCTIONS
 from .cells import TrainAccumulationCell
+
+
+class _LossOnly(nn.Cell):
+    """The big batch's step trains the loss of a `(loss, weight)` network: its mean over all the batch's items."""
+
+    def __init__(self, network: nn.Cell) -> None:
+        super().__init__()
+        self.network = network
+
+    def construct(self, *inputs):
+        return self.network(*inputs)[0]
 
 
 @dataclass
@@ -49,7 +61,8 @@ def _restore(params, snapshot: Dict[int, np.ndarray]) -> None:
 
 
 def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
-                       accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6) -> EquivalenceReport:
+                       accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6,
+                       reduction: str = "mean") -> EquivalenceReport:
     r"""
     Compares one optimizer update from `accumulate_step` accumulated micro-batches with one big-batch update.
 
@@ -67,14 +80,17 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
         accumulate_step (int): K. Must not exceed the batch size.
         rtol (float): Relative tolerance. Default: ``1e-5``.
         atol (float): Absolute tolerance. Default: ``1e-6``.
+        reduction (str): How micro-batches are weighted, as in `AccumulationBuffer`. With ``"weighted_mean"``
+            `loss_fn` returns ``(loss, weight)`` (e.g. `TokenCrossEntropy`) and the big batch's step trains its
+            `loss`, the mean over all its items. Default: ``"mean"``.
 
     Returns:
         EquivalenceReport; `print` it for a one-line verdict.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `accumulate_step` is not positive or exceeds the batch size, or the inputs disagree in
-            batch size.
+        ValueError: If `accumulate_step` is not positive or exceeds the batch size, the inputs disagree in
+            batch size, or `reduction` is unknown.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -97,6 +113,7 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
     rtol = check_positive_float(rtol, "rtol", name)
     atol = check_positive_float(atol, "atol", name)
+    check_value_in(reduction, "reduction", REDUCTIONS, name)
     arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
     if not arrays or len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1 or arrays[0].ndim == 0:
         raise ValueError(f"For '{name}', the argument 'inputs' must be arrays sharing their first (batch) axis, "
@@ -110,12 +127,13 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     start = {id(p): p.asnumpy().copy() for p in state}
     names = [p.name for p in optimizer.parameters]
     try:
-        reference = nn.TrainOneStepCell(with_loss, optimizer).set_train()
+        reference = nn.TrainOneStepCell(_LossOnly(with_loss) if reduction == "weighted_mean" else with_loss,
+                                        optimizer).set_train()
         reference(*[Tensor(a) for a in arrays])
         expected = [p.asnumpy().copy() for p in optimizer.parameters]
         _restore(state, start)
 
-        accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step).set_train()
+        accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step, reduction=reduction).set_train()
         moved = set()
         micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
         for i, micro in enumerate(micro_batches):

@@ -76,15 +76,7 @@ def test_a_mean_of_micro_batch_means_would_differ():
     x, y = token_batches(8)
     expected = big_batch([slice(0, 8)], x, y)
     network = net()
-
-    class Plain(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.loss = TokenCrossEntropy(PAD)
-
-        def construct(self, logits, targets):
-            return self.loss(logits, targets)[0]
-    executor = GradientAccumulation(network, Plain(), nn.Momentum(network.trainable_params(), 0.1, 0.9))
+    executor = GradientAccumulation(network, MeanOnlyLoss(), nn.Momentum(network.trainable_params(), 0.1, 0.9))
     executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K, ckpt_dir=None,
                            verbose=False)
     differences = [np.abs(p.asnumpy() - e).max() for p, e in zip(network.trainable_params(), expected)]
@@ -177,3 +169,25 @@ def test_half_precision_network_trains_with_the_float32_buffer():
 def test_bad_buffer_dtype():
     with pytest.raises(TypeError, match="For 'AccumulationBuffer', the argument 'dtype' must be a float"):
         AccumulationBuffer(net().trainable_params(), dtype=ms.int32)
+
+
+def test_verify_equivalence_with_token_weights():
+    from ms_accum import verify_equivalence
+    x, y = token_batches(8)
+    network = net()
+    optimizer = nn.Adam(network.trainable_params(), 0.01)
+    report = verify_equivalence(network, TokenCrossEntropy(PAD), optimizer, (x, y), 4, reduction="weighted_mean")
+    print(report)
+    assert report.passed and report.max_rel_diff < 1e-4
+    # Sample weighting of a token mean is not the large batch's update: verify says so.
+    plain = verify_equivalence(network, MeanOnlyLoss(), optimizer, (x, y), 4)
+    assert not plain.passed
+
+
+class MeanOnlyLoss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.loss = TokenCrossEntropy(PAD)
+
+    def construct(self, logits, targets):
+        return self.loss(logits, targets)[0]
