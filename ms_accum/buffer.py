@@ -12,7 +12,6 @@ from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import window_reducer
 
-REDUCTIONS = ("mean", "sum", "weighted_mean")
 HALF = (ms.float16, ms.bfloat16)
 
 
@@ -31,7 +30,7 @@ class SampleMean:
 
     def split(self, out, batch):
         """`(loss, weight)` of a micro-batch from the network's output and its first input."""
-        return out, ops.shape(batch)[0]
+        return out, self.weight(ops.shape(batch)[0])
 
     def sens(self, out, scale):
         """The backward pass's sensitivity for the network's output: `scale` for the loss."""
@@ -53,9 +52,6 @@ class Sum(SampleMean):
     def weight(self, samples):
         return 1.0
 
-    def split(self, out, batch):
-        return out, 1.0
-
     def divisor(self, samples, sum_divisor):
         return sum_divisor
 
@@ -76,6 +72,10 @@ class WeightedMean(SampleMean):
 
     def window_output(self, losses, weights):
         return losses, weights
+
+
+RULES = {"mean": SampleMean, "sum": Sum, "weighted_mean": WeightedMean}
+REDUCTIONS = tuple(RULES)
 
 
 @ms.jit_class
@@ -134,9 +134,9 @@ class AccumulationBuffer:
         mini_step (Parameter): int32, micro-batches in the open window.
         num_samples (Parameter): float32, the sum of their weights, the divisor of the mean.
         guard (WindowGuard): The non-finite check and loss scale.
-        reduction (Union[SampleMean, Sum, WeightedMean]): The rule `reduction` names: what a micro-batch weighs and what the
-            window is divided by. An object chosen here, not a flag in the graph (README, "Known MindSpore
-            behaviour": a constant if/else).
+        reduction (Union[SampleMean, Sum, WeightedMean]): The rule `reduction` names: what a micro-batch weighs
+            and what the window is divided by. An object chosen here, not a flag in the graph (README, "Known
+            MindSpore behaviour": a constant if/else).
         reducer (Union[LocalWindow, AllReduceWindow]): The window's communication, chosen from MindSpore's parallel
             mode when the buffer is built.
 
@@ -163,8 +163,7 @@ class AccumulationBuffer:
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
-        rules = {"mean": SampleMean, "sum": Sum, "weighted_mean": WeightedMean}
-        self.reduction = rules[check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")]()
+        self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")]()
         if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
             raise TypeError(f"For 'AccumulationBuffer', the argument 'dtype' must be a float mindspore.dtype or None, "
                             f"but got {dtype!r}.")

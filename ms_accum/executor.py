@@ -198,6 +198,7 @@ class GradientAccumulation:
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone
+        self._writes = self._parallel is None or self._parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
             recompute_cells(network, recompute)
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
@@ -287,17 +288,17 @@ class GradientAccumulation:
         name = "GradientAccumulation.train_process"
         num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
                                       save_every, keep_last, resume, name)
-        writes = self._parallel is None or self._parallel.is_main
         run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
                "data_seed": ds_config.get_seed()}
-        states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last, writes)
+        states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last,
+                                  self._writes)
         self._three_graphs[2]()  # start from an empty window whatever happened before
         position, resumed_from = states.resume(resume, epoch)
         runner = self.runner(mini_steps)
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
-                             skipped_windows=int(self.buffer.guard.skipped_windows.asnumpy()))
+                             skipped_windows=runner.skipped)  # earlier runs' skips, as the runner read them
         for size, window in _windows(train_dataset, epoch, num_batches, mini_steps, position):
             if size < mini_steps and partial_window == "drop":
                 for _ in window:  # read, not trained: the data order stays the same
@@ -307,9 +308,9 @@ class GradientAccumulation:
                 continue
             losses, samples, applied = runner.train_window(window, size)
             position.step += 1
-            self._record(result, position, losses, samples, applied, log_every, verbose and writes, on_step)
+            self._record(result, position, losses, samples, applied, log_every, verbose and self._writes, on_step)
             states.window_closed(position)
-        if ckpt_dir is not None and writes:
+        if ckpt_dir is not None and self._writes:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
             result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
@@ -332,7 +333,7 @@ class GradientAccumulation:
         for arg_name, value in (("save_every", save_every), ("resume", resume)):
             if value not in (None, False) and ckpt_dir is None:
                 raise ValueError(f"For '{name}', the argument '{arg_name}' needs 'ckpt_dir', but 'ckpt_dir' is None.")
-        if ckpt_dir is not None and (self._parallel is None or self._parallel.is_main):
+        if ckpt_dir is not None and self._writes:
             check_writable_dir(ckpt_dir, "ckpt_dir", name)
         columns = train_dataset.get_col_names()
         if len(columns) != 2:
