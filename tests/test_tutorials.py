@@ -87,5 +87,6 @@ def test_char_transformer_accumulated_equals_the_large_batch_and_reloads(tmp_pat
 
 def test_char_transformer_says_where_to_get_the_text(tmp_path):
     out = subprocess.run([sys.executable, str(TUTORIALS / "char_transformer_shakespeare.py"), "--data",
-                          str(tmp_path / "missing.txt")], capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+                          str(tmp_path / "missing.txt")], capture_output=True, text=True, cwd=str(tmp_path),
+                         timeout=300)
     assert out.returncode != 0 and "karpathy/char-rnn" in out.stderr and "MS_ACCUM_SHAKESPEARE" in out.stderr

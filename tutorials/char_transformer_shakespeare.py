@@ -76,8 +76,8 @@ class CharTransformer(nn.Cell):
 
 
 def encode(speeches, index):
-    """(tokens, targets) per speech: the characters and the next ones, at most MAX_LEN long."""
-    return [(np.array([index[c] for c in s[:MAX_LEN]], np.int32)) for s in speeches]
+    """Each speech as character ids, at most MAX_LEN long (inputs and targets are cut from it in `batches`)."""
+    return [np.array([index[c] for c in s[:MAX_LEN]], np.int32) for s in speeches]
 
 
 def batches(encoded, rng, size):
@@ -126,14 +126,14 @@ def bits_per_char(network, val_batches):
     return total / count / math.log(2)
 
 
-def train(vocab, micro_batches, k, ckpt_dir, name):
-    """One run of STEPS optimizer steps from the same start; returns the network and its losses per step."""
+def train(vocab, micro_batches, k, steps, ckpt_dir, name):
+    """One run of `steps` optimizer steps from the same start; returns the network and its result."""
     from tqdm import tqdm
     ms.set_seed(SEED)
     network = CharTransformer(vocab)
     optimizer = nn.Adam(network.trainable_params(), LEARNING_RATE)
     executor = GradientAccumulation(network, TokenCrossEntropy(IGNORE), optimizer, reduction="weighted_mean")
-    with tqdm(total=STEPS, desc=name, unit="step") as bar:
+    with tqdm(total=steps, desc=name, unit="step") as bar:
         def on_step(record):
             bar.update(1)
             bar.set_postfix(bpc=f"{record.loss / math.log(2):.3f}", refresh=False)
@@ -158,8 +158,6 @@ def sample(network, index, prompt, length, rng):
 
 
 def main(data, steps, ckpt_dir):
-    global STEPS
-    STEPS = steps
     runtime.set_device(DEVICE)
     rng = np.random.default_rng(SEED)
     speeches = [s for s in find_text(data).split("\n\n") if len(s) >= 2]
@@ -175,8 +173,9 @@ def main(data, steps, ckpt_dir):
           f"{MICRO_BATCH}, real characters per micro-batch {min(counts)} to {max(counts)}")
     os.makedirs(ckpt_dir, exist_ok=True)
 
-    accumulated, acc_result = train(len(index) + 1, train_micro, ACCUMULATE_STEPS, ckpt_dir, "char_transformer")
-    plain, plain_result = train(len(index) + 1, concatenated(train_micro, ACCUMULATE_STEPS), 1, None, "no_accumulation")
+    accumulated, acc_result = train(len(index) + 1, train_micro, ACCUMULATE_STEPS, steps, ckpt_dir, "char_transformer")
+    plain, plain_result = train(len(index) + 1, concatenated(train_micro, ACCUMULATE_STEPS), 1, steps, None,
+                                "no_accumulation")
     acc_bpc, plain_bpc = bits_per_char(accumulated, val), bits_per_char(plain, val)
     print(f"validation: {acc_bpc:.4f} bits per character accumulated (K={ACCUMULATE_STEPS} x {MICRO_BATCH}), "
           f"{plain_bpc:.4f} without accumulation (batches of {ACCUMULATE_STEPS * MICRO_BATCH}); difference "
