@@ -41,8 +41,9 @@ class Accumulator:
         accumulate_step (int): Micro-batches per optimizer step, K. Must be a positive int.
         clip_norm (float, optional): If given, the window's gradient is clipped to this global norm before
             the optimizer step. Default: ``None``.
-        reduction (str): ``"mean"`` or ``"sum"``, how the window's gradients are combined.
-            Default: ``"mean"``.
+        reduction (str): ``"mean"``, ``"sum"`` or ``"weighted_mean"``, how the window's gradients are combined.
+            Here ``"weighted_mean"`` is ``"mean"`` under its sequence name: pass the micro-batch's token count as
+            `num_samples`. Default: ``"mean"``.
 
     Inputs:
         - **grads** (tuple[Tensor]) - The gradients of one micro-batch, one per optimizer parameter, in the

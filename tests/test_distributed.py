@@ -24,8 +24,8 @@ from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
-from dp_cases import (CASES, PROFILED_CASE, global_micro_batches, loss_fn, make_net, make_optimizer,  # noqa: E402
-                    params_of)
+from dp_cases import (CASES, PAD, PROFILED_CASE, TokenMean, global_micro_batches, loss_fn, make_net,  # noqa: E402
+                      make_optimizer, params_of, rank_share)
 
 RTOL, ATOL = 1e-5, 1e-6
 WORKERS = 2
@@ -114,7 +114,9 @@ def reference_params(case):
     if case["reduction"] == "sum":
         assert all(len(w) == k for w in windows) and len(set(case["sizes"])) == 1
     scale = k if case["reduction"] == "sum" else 1
-    step = ReferenceStep(nn.WithLossCell(net, loss_fn()), make_optimizer(case["optimizer"], net.trainable_params()),
+    # A token case's large batch has the mean over all its real tokens as its loss.
+    loss = TokenMean() if case["reduction"] == "weighted_mean" else loss_fn()
+    step = ReferenceStep(nn.WithLossCell(net, loss), make_optimizer(case["optimizer"], net.trainable_params()),
                          case["clip_norm"], scale)
     step.set_train()
     for window in windows:
@@ -135,6 +137,14 @@ def test_ranks_equal_single_process_on_global_batch(dp_run, name):
     for key, value in expected.items():
         assert not np.allclose(value, start[key]), f"{name}: '{key}' did not train"
         np.testing.assert_allclose(ranks[0][key], value, rtol=RTOL, atol=ATOL, err_msg=f"{name}: '{key}'")
+
+
+def test_token_cases_give_the_ranks_very_different_token_counts():
+    for name, case in CASES.items():
+        if "lengths" in case:
+            shares = [[rank_share(case, batch, rank) for batch in global_micro_batches(case)] for rank in range(2)]
+            counts = [sum(int((y != PAD).sum()) for _, y in share) for share in shares]
+            assert counts[0] >= 4 * counts[1], (name, counts)  # a per-rank mean would weight rank 1's tokens more
 
 
 @pytest.mark.distributed

@@ -6,7 +6,10 @@ the single-process reference trains on exactly the concatenation of what the ran
 import numpy as np
 from mindspore import Tensor, nn
 
+from ms_accum import TokenCrossEntropy
+
 IN, HIDDEN, OUT = 20, 32, 5
+T, PAD = 6, -100  # token cases: sequences of up to T positions, padding targets PAD
 
 # name -> settings. `micro` is the number of micro-batches per rank; with micro % k != 0 the run ends with a
 # partial window (the executor applies it, the Accumulator case calls flush()). `sizes` are the ranks'
@@ -24,6 +27,12 @@ CASES = {
                                   optimizer="momentum", reduction="mean", clip_norm=None),
     "executor_window": dict(api="executor", structure="window", k=2, micro=5, sizes=(2, 6), optimizer="momentum",
                             reduction="mean", clip_norm=None),
+    # Token-weighted: equal sample counts, but rank 0's sequences are 4 to 6 tokens long and rank 1's one token, so
+    # the window is the global batch's mean over its real tokens only if the counts are all-reduced with it.
+    "executor_tokens": dict(api="executor", structure="three_graphs", k=2, micro=5, sizes=(2, 2), lengths=(4, 1),
+                            optimizer="momentum", reduction="weighted_mean", clip_norm=None),
+    "accumulator_tokens": dict(api="accumulator", k=2, micro=5, sizes=(2, 2), lengths=(4, 1), optimizer="momentum",
+                               reduction="weighted_mean", clip_norm=0.5),
 }
 # The case whose all-reduce launches the workers count with MindSpore's profiler.
 PROFILED_CASE = "fused_unequal"
@@ -38,8 +47,22 @@ def make_net() -> nn.Cell:
     return net
 
 
-def loss_fn() -> nn.Cell:
+def loss_fn(case: dict = None) -> nn.Cell:
+    """The case's loss: a token-weighted case's returns (mean over real tokens, their count)."""
+    if case is not None and case["reduction"] == "weighted_mean":
+        return TokenCrossEntropy(PAD)
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+class TokenMean(nn.Cell):
+    """The large batch's loss of a token case: the mean over all its real tokens, without the count."""
+
+    def __init__(self):
+        super().__init__()
+        self.loss = TokenCrossEntropy(PAD)
+
+    def construct(self, logits, targets):
+        return self.loss(logits, targets)[0]
 
 
 def make_optimizer(name: str, params):
@@ -52,8 +75,19 @@ def global_micro_batches(case: dict, seed: int = 0):
     """The global micro-batches, in order: each the concatenation of the ranks' shares."""
     rng = np.random.default_rng(seed)
     total = sum(case["sizes"])
-    return [(rng.standard_normal((total, IN)).astype(np.float32), rng.integers(0, OUT, (total,)).astype(np.int32))
-            for _ in range(case["micro"])]
+    if "lengths" not in case:
+        return [(rng.standard_normal((total, IN)).astype(np.float32),
+                 rng.integers(0, OUT, (total,)).astype(np.int32)) for _ in range(case["micro"])]
+    # Rank r's sequences have lengths[r] to T real tokens when lengths[r] > 1, else exactly one.
+    low = np.repeat(case["lengths"], case["sizes"])
+    batches = []
+    for _ in range(case["micro"]):
+        x = rng.standard_normal((total, T, IN)).astype(np.float32)
+        y = rng.integers(0, OUT, (total, T)).astype(np.int32)
+        length = np.where(low > 1, rng.integers(low, T + 1), 1)
+        y[np.arange(T)[None, :] >= length[:, None]] = PAD
+        batches.append((x, y))
+    return batches
 
 
 def rank_share(case: dict, batch, rank: int):

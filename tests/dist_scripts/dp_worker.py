@@ -25,7 +25,7 @@ from dp_cases import (CASES, IN, OUT, PROFILED_CASE, global_micro_batches, loss_
 
 def train_cell(case, shares):
     net = make_net()
-    cell = TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), make_optimizer(case["optimizer"],
+    cell = TrainAccumulationCell(nn.WithLossCell(net, loss_fn(case)), make_optimizer(case["optimizer"],
                                  net.trainable_params()), case["k"], case["clip_norm"], case["reduction"])
     cell.set_train()
     for x, y in shares:
@@ -37,17 +37,25 @@ def train_accumulator(case, shares):
     net = make_net()
     optimizer = make_optimizer(case["optimizer"], net.trainable_params())
     accumulator = Accumulator(optimizer, case["k"], case["clip_norm"], case["reduction"])
-    criterion = loss_fn()
+    criterion = loss_fn(case)
 
     def forward_fn(x, y):
         return criterion(net(x), y)
 
-    grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
+    if case["reduction"] == "weighted_mean":  # the loss returns (mean over real tokens, their count)
+        grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
 
-    @ms.jit
-    def train_step(x, y):
-        loss, grads = grad_fn(x, y)
-        return ops.depend(loss, accumulator(grads, x.shape[0]))
+        @ms.jit
+        def train_step(x, y):
+            (loss, count), grads = grad_fn(x, y)
+            return ops.depend(loss, accumulator(grads, count))
+    else:
+        grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
+
+        @ms.jit
+        def train_step(x, y):
+            loss, grads = grad_fn(x, y)
+            return ops.depend(loss, accumulator(grads, x.shape[0]))
 
     for x, y in shares:
         train_step(Tensor(x), Tensor(y))
@@ -57,7 +65,7 @@ def train_accumulator(case, shares):
 
 def train_executor(case, shares, out_dir):
     net = make_net()
-    executor = GradientAccumulation(net, loss_fn(), make_optimizer(case["optimizer"], net.trainable_params()),
+    executor = GradientAccumulation(net, loss_fn(case), make_optimizer(case["optimizer"], net.trainable_params()),
                                     clip_norm=case["clip_norm"], reduction=case["reduction"],
                                     structure=case["structure"])
     x = np.concatenate([s[0] for s in shares])
