@@ -10,8 +10,9 @@ on CPU (`mindspore.runtime.max_memory_allocated()` answers 0 there), so RSS is t
 
 Networks, both activation-heavy and parameter-light (SGD, graph mode, global batch K·B = 32):
 - ``conv``: four 3x3 convolutions of 32 channels on 3x96x96 images, global average pooling, a dense head;
-- ``transformer``: character embedding, 2 self-attention blocks (`nn.TransformerEncoderLayer`, d=64, 4 heads),
-  sequence 256, a per-token cross-entropy.
+- ``transformer``: the Shakespeare tutorial's model (`ms_accum.CharTransformer`: character embedding, learned
+  positions, 2 causal `nn.TransformerEncoderLayer` blocks, d=64, 4 heads) on sequences of 256, its longest bucket,
+  with its loss (`TokenCrossEntropy`; the executor's windows token-weighted).
 
 Contenders: ``one_b`` / ``one_kb`` (`nn.TrainOneStepCell` on B, on K·B), ``window`` / ``fused`` /
 ``three_graphs`` (the executor forced to that structure), ``executor`` (its default, ``"auto"``), and
@@ -37,9 +38,10 @@ VOCAB, SEQ, WIDTH = 65, 256, 64
 
 
 def build(net_name: str):
-    """(network, loss, numpy inputs, numpy labels) for `net_name`; the data is GLOBAL_BATCH * WINDOWS samples."""
+    """(network, loss, reduction, numpy inputs, numpy labels) for `net_name`; the data is GLOBAL_BATCH * WINDOWS
+    samples."""
     import mindspore as ms
-    from mindspore import nn, ops
+    from mindspore import nn
     rng = np.random.default_rng(0)
     n = GLOBAL_BATCH * WINDOWS
     ms.set_seed(0)
@@ -58,30 +60,27 @@ def build(net_name: str):
 
         x = rng.standard_normal((n, 3, 96, 96)).astype(np.float32)
         y = rng.integers(0, 10, (n,)).astype(np.int32)
-        return ConvNet(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), x, y
+        return ConvNet(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), "mean", x, y
 
-    class CharTransformer(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(VOCAB, WIDTH)
-            self.blocks = nn.SequentialCell([nn.TransformerEncoderLayer(WIDTH, 4, 4 * WIDTH, dropout=0.0,
-                                                                        batch_first=True) for _ in range(2)])
-            self.head = nn.Dense(WIDTH, VOCAB)
-
-        def construct(self, tokens):
-            return self.head(self.blocks(self.embed(tokens)))
-
-    class TokenLoss(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-        def construct(self, logits, targets):
-            return self.loss(ops.reshape(logits, (-1, VOCAB)), ops.reshape(targets, (-1,)))
-
+    from ms_accum import CharTransformer, TokenCrossEntropy
+    # The Shakespeare tutorial's model and loss, on its longest bucket (every position a real character).
     x = rng.integers(0, VOCAB, (n, SEQ)).astype(np.int32)
     y = rng.integers(0, VOCAB, (n, SEQ)).astype(np.int32)
-    return CharTransformer(), TokenLoss(), x, y
+    return CharTransformer(VOCAB, WIDTH, 4, 2, SEQ), TokenCrossEntropy(), "weighted_mean", x, y
+
+
+def _loss_only(loss):
+    """`loss`, which returns `(loss, weight)`, as a Cell that returns the loss alone."""
+    from mindspore import nn
+
+    class LossOnly(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.loss = loss
+
+        def construct(self, logits, targets):
+            return self.loss(logits, targets)[0]
+    return LossOnly()
 
 
 def measure(net_name: str, contender: str, k: int):
@@ -93,7 +92,7 @@ def measure(net_name: str, contender: str, k: int):
     from .steps import jit_accumulator_step
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    net, loss, x, y = build(net_name)
+    net, loss, reduction, x, y = build(net_name)
     params = sum(p.nbytes for p in net.trainable_params())
     opt = nn.SGD(net.trainable_params(), 0.01)
     micro = GLOBAL_BATCH // k
@@ -103,9 +102,12 @@ def measure(net_name: str, contender: str, k: int):
     if contender in STRUCTURES or contender == "executor":
         from ms_accum import GradientAccumulation
         structure = "auto" if contender == "executor" else contender
-        GradientAccumulation(net, loss, opt, structure=structure).train_process(
+        GradientAccumulation(net, loss, opt, reduction=reduction, structure=structure).train_process(
             1, dataset, k, ckpt_dir=None, verbose=False)
-    elif contender == "accumulator":
+        return status("VmHWM") - start, params
+    if reduction == "weighted_mean":  # the plain steps take the loss alone
+        loss = _loss_only(loss)
+    if contender == "accumulator":
         step = jit_accumulator_step(net, loss, opt, k)
         for data, label in dataset.create_tuple_iterator():
             out = step(data, label)

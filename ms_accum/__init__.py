@@ -21,6 +21,7 @@ _EXPORTS = {
     "TokenCrossEntropy": "losses",
     "LeNet5": "models",
     "MLP": "models",
+    "CharTransformer": "models",
     "EquivalenceReport": "verify",
     "verify_equivalence": "verify",
     "EvalResult": "evaluate",

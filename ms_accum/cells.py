@@ -74,16 +74,17 @@ class _MicroBatchCell(_WindowCell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def micro_batch(self, inputs):
-        """Forward, backward and accumulation of one micro-batch: `(network output, loss, weight, micro-steps now)`.
+        """Forward, backward and accumulation of one micro-batch: `(network output, micro-steps now)`.
 
         The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
-        and the loss scale are the backward pass's sensitivity, so weighting costs nothing.
+        and the loss scale are the backward pass's sensitivity, so weighting costs nothing. Callers use both
+        results (README, "Known MindSpore behaviour": discarded results of a function with side effects).
         """
         out = self.network(*inputs)
         loss, weight = self.buffer.reduction.split(out, inputs[0])
         sens = self.buffer.reduction.sens(out, weight * self.buffer.guard.loss_scale)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
-        return out, loss, weight, self.buffer.add(loss, grads, weight)
+        return out, self.buffer.add(loss, grads, weight)
 
 
 class TrainingState(_WindowCell):
@@ -173,7 +174,7 @@ class TrainForwardBackward(_MicroBatchCell):
                              "weight_by_samples", weight_by_samples)
 
     def construct(self, *inputs):
-        out, _, _, step = self.micro_batch(inputs)
+        out, step = self.micro_batch(inputs)
         return ops.depend(out, step)
 
 
@@ -304,7 +305,7 @@ class TrainAccumulationCell(_MicroBatchCell):
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):
-        out, _, _, step = self.micro_batch(inputs)
+        out, step = self.micro_batch(inputs)
         if step >= self.accumulate_step:
             # The window's only communication in data parallel: micro-steps before it stay local.
             self.buffer.close(self.optimizer, self.clip_norm)

@@ -63,8 +63,9 @@ class TrainWindowCell(TrainAccumulationCell):
         i = ops.zeros((), ms.int32)
         # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
         while i < self.accumulate_step:
-            _, loss, weight, step = self.micro_batch(tuple([x[i] for x in inputs]))
-            # Every output is used (README, "Known MindSpore behaviour": side effects eliminated inside `while`).
+            micro = tuple([x[i] for x in inputs])
+            out, step = self.micro_batch(micro)
+            loss, weight = self.buffer.reduction.split(out, micro[0])
             at = ops.reshape(i, (1, 1))
             losses = ops.tensor_scatter_update(losses, at, ops.reshape(ops.cast(ops.depend(loss, step), ms.float32),
                                                                        (1,)))

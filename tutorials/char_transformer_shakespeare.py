@@ -21,9 +21,9 @@ runtime.prefer_fast_cpu_kernels()  # before MindSpore loads
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
-from mindspore import Tensor, nn, ops  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
 
-from ms_accum import GradientAccumulation, TokenCrossEntropy  # noqa: E402
+from ms_accum import CharTransformer, GradientAccumulation, TokenCrossEntropy  # noqa: E402
 from ms_accum.checkpoint import load_into  # noqa: E402
 
 # Configuration: small enough to train in a few minutes on 2 CPU cores.
@@ -53,26 +53,6 @@ def find_text(path):
     if hashlib.md5(raw).hexdigest() != MD5:
         print(f"note: '{path}' is not the MD5-checked Tiny Shakespeare; training on it anyway.")
     return raw.decode("utf-8")
-
-
-class CharTransformer(nn.Cell):
-    """Embedding, learned positions, causal Transformer encoder layers, a linear head over the characters."""
-
-    def __init__(self, vocab):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, WIDTH)
-        self.position = nn.Embedding(MAX_LEN, WIDTH)
-        self.blocks = nn.CellList([nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0, batch_first=True)
-                                   for _ in range(LAYERS)])
-        self.head = nn.Dense(WIDTH, vocab)
-
-    def construct(self, tokens):
-        length = tokens.shape[1]
-        x = self.embed(tokens) + self.position(ops.arange(length).astype(ms.int32))
-        causal = ops.triu(ops.ones((length, length), ms.float32), 1) * -1e9  # no position sees a later one
-        for block in self.blocks:
-            x = block(x, src_mask=causal)
-        return self.head(x)
 
 
 def encode(speeches, index):
@@ -130,7 +110,7 @@ def train(vocab, micro_batches, k, steps, ckpt_dir, name):
     """One run of `steps` optimizer steps from the same start; returns the network and its result."""
     from tqdm import tqdm
     ms.set_seed(SEED)
-    network = CharTransformer(vocab)
+    network = CharTransformer(vocab, WIDTH, HEADS, LAYERS, MAX_LEN)
     optimizer = nn.Adam(network.trainable_params(), LEARNING_RATE)
     executor = GradientAccumulation(network, TokenCrossEntropy(IGNORE), optimizer, reduction="weighted_mean")
     with tqdm(total=steps, desc=name, unit="step") as bar:
@@ -195,7 +175,7 @@ def main(data, steps, ckpt_dir):
     fig.savefig(plot, dpi=100)
     print(f"Checkpoint: {acc_result.checkpoint}\nLoss curves: {plot}")
 
-    restored = CharTransformer(len(index) + 1)
+    restored = CharTransformer(len(index) + 1, WIDTH, HEADS, LAYERS, MAX_LEN)
     load_into(restored, acc_result.checkpoint)
     print(f"checkpoint evaluated again: {bits_per_char(restored, val):.4f} bits per character")
     print("sample:\n" + sample(restored, index, "ROMEO:\n", 200, np.random.default_rng(SEED)))
