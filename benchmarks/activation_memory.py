@@ -69,20 +69,6 @@ def build(net_name: str):
     return CharTransformer(VOCAB, WIDTH, 4, 2, SEQ), TokenCrossEntropy(), "weighted_mean", x, y
 
 
-def _loss_only(loss):
-    """`loss`, which returns `(loss, weight)`, as a Cell that returns the loss alone."""
-    from mindspore import nn
-
-    class LossOnly(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.loss = loss
-
-        def construct(self, logits, targets):
-            return self.loss(logits, targets)[0]
-    return LossOnly()
-
-
 def measure(net_name: str, contender: str, k: int):
     """Peak RSS growth (bytes) and trainable bytes of one contender, in this (fresh) process."""
     import mindspore as ms
@@ -106,7 +92,8 @@ def measure(net_name: str, contender: str, k: int):
             1, dataset, k, ckpt_dir=None, verbose=False)
         return status("VmHWM") - start, params
     if reduction == "weighted_mean":  # the plain steps take the loss alone
-        loss = _loss_only(loss)
+        from ms_accum import LossOnly
+        loss = LossOnly(loss)
     if contender == "accumulator":
         step = jit_accumulator_step(net, loss, opt, k)
         for data, label in dataset.create_tuple_iterator():

@@ -19,6 +19,7 @@ _EXPORTS = {
     "StepRecord": "executor",
     "TrainResult": "executor",
     "TokenCrossEntropy": "losses",
+    "LossOnly": "losses",
     "LeNet5": "models",
     "MLP": "models",
     "CharTransformer": "models",

@@ -1,7 +1,9 @@
-"""`ms-accum`: train LeNet5 or the MLP on MNIST with gradient accumulation, and evaluate checkpoints.
+"""`ms-accum`: train LeNet5 or the MLP on MNIST with gradient accumulation, evaluate checkpoints, and verify that
+accumulation equals the large batch.
 
     ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
     ms-accum eval --ckpt ckpt/lenet5.ckpt [--json]
+    ms-accum verify --model lenet5 --accumulate-steps 4 --batch-size 32 [--json]
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
 
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
@@ -87,9 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
     train.add_argument("--num-samples", type=positive_int, metavar="N", help="train on the first N images only")
     _add_data_arguments(train)
-    train.add_argument("--download", action="store_true", help="download MNIST if it is not found")
-    train.add_argument("--synthetic-fallback", action="store_true",
-                       help="if MNIST is neither found nor downloadable, generate a synthetic MNIST-format set")
+    _add_fallback_arguments(train)
     train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", help="where the checkpoint goes (default ckpt)")
     train.add_argument("--save-every", type=positive_int, metavar="N",
                        help="save the whole training state every N optimizer steps, to resume from")
@@ -108,6 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=positive_int, default=256, metavar="B")
     evaluate.add_argument("--num-samples", type=positive_int, metavar="N", help="evaluate the first N test images")
     _add_data_arguments(evaluate)
+
+    verify = sub.add_parser("verify", help="check that K accumulated micro-batches give the update of one K*B "
+                                           "batch, parameter by parameter (exit 1 if not)")
+    verify.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
+    verify.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
+                        help="micro-batches per optimizer step (default 4)")
+    verify.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
+                        help="micro-batch size; the large batch is the first K*B training images (default 32)")
+    verify.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
+    verify.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
+    verify.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
+    verify.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance (default 1e-5)")
+    verify.add_argument("--atol", type=positive_float, default=1e-6, help="absolute tolerance (default 1e-6)")
+    verify.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
+    _add_data_arguments(verify)
+    _add_fallback_arguments(verify)
     return parser
 
 
@@ -117,6 +133,12 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=runtime.DEVICES, default="CPU")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_fallback_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--download", action="store_true", help="download MNIST if it is not found")
+    parser.add_argument("--synthetic-fallback", action="store_true",
+                        help="if MNIST is neither found nor downloadable, generate a synthetic MNIST-format set")
 
 
 def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
@@ -218,8 +240,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     from .executor import GradientAccumulation
     from .models import build_model
 
-    settings = {**DEFAULTS[args.model], **{k: getattr(args, k) for k in ("optimizer", "lr", "momentum")
-                                          if getattr(args, k) is not None}}
+    settings = _optimizer_settings(args)
     ms.set_seed(args.seed)
     network = build_model(args.model)
     optimizer = _optimizer(settings, network.trainable_params())
@@ -288,6 +309,12 @@ def _loss_scaler(args: argparse.Namespace):
     return None
 
 
+def _optimizer_settings(args: argparse.Namespace) -> dict:
+    """The model's documented optimizer settings, overridden by the command line's."""
+    return {**DEFAULTS[args.model], **{k: getattr(args, k) for k in ("optimizer", "lr", "momentum")
+                                      if getattr(args, k) is not None}}
+
+
 def _optimizer(settings: dict, params):
     from mindspore import nn
     if settings["optimizer"] == "momentum":
@@ -315,6 +342,42 @@ def run_eval(args: argparse.Namespace) -> dict:
             **evaluation.as_dict()}
 
 
+def run_verify(args: argparse.Namespace) -> dict:
+    """One update from K accumulated micro-batches against one on their K*B concatenation, from the same start."""
+    runtime.set_device(args.device)
+    data_dir, synthetic = find_data(args)
+    import mindspore as ms
+    from mindspore import nn
+    from .data import dataset_for
+    from .models import build_model
+    from .verify import verify_equivalence
+    settings = _optimizer_settings(args)
+    ms.set_seed(args.seed)
+    network = build_model(args.model)
+    large = args.accumulate_steps * args.batch_size
+    dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
+    batch = next(dataset.create_tuple_iterator(output_numpy=True))  # the pipeline refuses fewer than K*B images
+    report = verify_equivalence(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                _optimizer(settings, network.trainable_params()), tuple(batch),
+                                args.accumulate_steps, rtol=args.rtol, atol=args.atol)
+    summary = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
+               "optimizer": settings["optimizer"], "synthetic": synthetic, "passed": report.passed,
+               "max_abs_diff": report.max_abs_diff, "max_rel_diff": report.max_rel_diff,
+               "rtol": args.rtol, "atol": args.atol, "moved_between_updates": report.moved_between_updates,
+               "per_parameter": {name: {"max_abs_diff": a, "max_rel_diff": r}
+                                 for name, (a, r) in report.per_parameter.items()}}
+    if not args.json:
+        tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
+        print(f"{args.model}, {settings['optimizer']}, K={args.accumulate_steps} x B={args.batch_size} against one "
+              f"batch of {large}, the first images of {os.path.abspath(data_dir)}{tag}")
+        width = max(len(name) for name in report.per_parameter)
+        print(f"  {'parameter':<{width}}  {'max abs diff':>12}  {'max rel diff':>12}")
+        for name, (abs_diff, rel_diff) in report.per_parameter.items():
+            print(f"  {name:<{width}}  {abs_diff:>12.3e}  {rel_diff:>12.3e}")
+        print(report)
+    return summary
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `ms-accum` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -323,7 +386,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .checkpoint import CheckpointError
     from .data import DataError
     try:
-        summary = run_train(args) if args.command == "train" else run_eval(args)
+        summary = {"train": run_train, "eval": run_eval, "verify": run_verify}[args.command](args)
     except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError, FloatingPointError) as err:
         print(f"ms-accum {args.command}: error: {err}", file=sys.stderr)
         return 1
@@ -332,7 +395,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     if args.json and summary is not None:
         print(json.dumps(summary))
-    return 0
+    return 1 if summary is not None and summary.get("passed") is False else 0
 
 
 if __name__ == "__main__":

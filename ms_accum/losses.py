@@ -1,4 +1,5 @@
-"""A loss for sequence models that says how many items it averaged, for token-weighted windows."""
+"""Losses for sequence models: one that says how many items it averaged, for token-weighted windows, and the plain
+mean of such a loss, for the large-batch step it is compared with."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -47,3 +48,34 @@ class TokenCrossEntropy(nn.Cell):
         mask = ops.cast(real, ms.float32)
         count = mask.sum()
         return (ops.reshape(nll, (-1,)) * mask).sum() / ops.maximum(count, 1.0), count
+
+
+class LossOnly(nn.Cell):
+    r"""
+    The loss alone of a Cell that returns ``(loss, weight)``: what a plain, non-accumulated step (e.g.
+    `nn.TrainOneStepCell`) trains on one large batch, whose loss is then the mean over all its items.
+
+    Args:
+        cell (nn.Cell): A loss, or a network with its loss, returning ``(loss, weight)`` (e.g. `TokenCrossEntropy`).
+
+    Inputs:
+        - **\*inputs** - `cell`'s inputs.
+
+    Outputs:
+        Tensor, `cell`'s loss.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from ms_accum import LossOnly, TokenCrossEntropy
+        >>> # nn.TrainOneStepCell(nn.WithLossCell(language_model, LossOnly(TokenCrossEntropy())), optimizer)
+    """
+
+    def __init__(self, cell: nn.Cell) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def construct(self, *inputs):
+        return self.cell(*inputs)[0]

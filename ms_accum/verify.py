@@ -10,17 +10,7 @@ from mindspore import Tensor, nn
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .buffer import REDUCTIONS
 from .cells import TrainAccumulationCell
-
-
-class _LossOnly(nn.Cell):
-    """The big batch's step trains the loss of a `(loss, weight)` network: its mean over all the batch's items."""
-
-    def __init__(self, network: nn.Cell) -> None:
-        super().__init__()
-        self.network = network
-
-    def construct(self, *inputs):
-        return self.network(*inputs)[0]
+from .losses import LossOnly
 
 
 @dataclass
@@ -71,6 +61,11 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     `nn.TrainOneStepCell` on the whole batch, then one window of `TrainAccumulationCell` on the
     micro-batches, and reports the parameter differences. The network and the optimizer are left exactly as
     they were.
+
+    Float32 sums in another order differ by rounding, and an adaptive optimizer can magnify it: Adam's first step
+    is about ``lr * g / (|g| + eps)``, so where a gradient is within rounding of zero (an input pixel that is
+    always 0, say) the two updates may differ by a good part of `lr`. Verify with `nn.SGD` or `nn.Momentum`,
+    which pass a gradient's difference through unchanged, to check the accumulation itself.
 
     Args:
         network (nn.Cell): Your network.
@@ -127,7 +122,7 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     start = {id(p): p.asnumpy().copy() for p in state}
     names = [p.name for p in optimizer.parameters]
     try:
-        reference = nn.TrainOneStepCell(_LossOnly(with_loss) if reduction == "weighted_mean" else with_loss,
+        reference = nn.TrainOneStepCell(LossOnly(with_loss) if reduction == "weighted_mean" else with_loss,
                                         optimizer).set_train()
         reference(*[Tensor(a) for a in arrays])
         expected = [p.asnumpy().copy() for p in optimizer.parameters]

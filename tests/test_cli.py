@@ -11,7 +11,7 @@ import mindspore as ms
 from ms_accum import cli
 from ms_accum.checkpoint import load_checkpoint, save_checkpoint
 from ms_accum.data import make_synthetic_mnist
-from ms_accum.models import MLP
+from ms_accum.models import LeNet5, MLP
 from conftest import mnist_dir, requires_mnist
 
 # 128 optimizer steps of 2 x 32 images: enough for LeNet5 to pass 90% on the real test set (measured 92.6%).
@@ -72,6 +72,33 @@ def test_train_mlp_on_generated_idx_files_is_labelled_synthetic(tmp_path, synthe
     assert "SYNTHETIC" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("model", ["lenet5", "mlp"])
+def test_verify_reports_every_parameter_and_passes(model, synthetic, capsys):
+    code = cli.main(["verify", "--model", model, "--accumulate-steps", "4", "--batch-size", "8", "--data", synthetic])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[-1].startswith("PASSED: 4 accumulated micro-batches vs one big batch")
+    assert "SYNTHETIC" in out.splitlines()[0]
+    names = [p.name for p in (LeNet5() if model == "lenet5" else MLP()).trainable_params()]
+    rows = [line.split() for line in out.splitlines()[2:-1]]
+    assert [row[0] for row in rows] == names and all(float(row[1]) < 1e-5 for row in rows)
+
+
+def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, capsys):
+    # No tolerance is met by float32 sums in another order: the same comparison, reported as failed.
+    code = cli.main(["verify", "--accumulate-steps", "4", "--batch-size", "8", "--data", synthetic,
+                     "--rtol", "1e-30", "--atol", "1e-30", "--json"])
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert code == 1 and report["passed"] is False and report["max_abs_diff"] > 0
+    assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
+
+
+def test_verify_needs_k_times_b_images(synthetic, capsys):
+    assert cli.main(["verify", "--accumulate-steps", "64", "--batch-size", "32", "--data", synthetic]) == 1
+    assert ("ms-accum verify: error: For 'create_dataset', the dataset yields no batch: fewer samples than "
+            "batch_size 2048") in capsys.readouterr().err
+
+
 def test_make_run_falls_back_to_synthetic_data_when_mnist_is_nowhere(tmp_path):
     # `make run`'s command with no --data, no MS_ACCUM_MNIST, no ./datasets/MNIST_Data and no --download (CI must
     # not depend on the network): it trains on the synthetic set, learns it, and says so on every result line.
@@ -107,6 +134,8 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
     (["train", "--model", "resnet"], "argument --model: invalid choice: 'resnet'"),
     (["eval", "--model", "lenet5"], "the following arguments are required: --ckpt"),
     (["eval", "--ckpt", "x.ckpt", "--device", "TPU"], "argument --device: invalid choice: 'TPU'"),
+    (["verify", "--rtol", "0"], "argument --rtol: must be a positive float, but got 0"),
+    (["verify", "--accumulate-steps", "-1"], "argument --accumulate-steps: must be a positive int, but got -1"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

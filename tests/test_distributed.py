@@ -18,13 +18,13 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ms_accum import cli
+from ms_accum import LossOnly, cli
 from ms_accum.checkpoint import load_checkpoint
 from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_parallel
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
-from dp_cases import (CASES, PAD, PROFILED_CASE, TokenMean, global_micro_batches, loss_fn, make_net,  # noqa: E402
+from dp_cases import (CASES, PAD, PROFILED_CASE, global_micro_batches, loss_fn, make_net,  # noqa: E402
                       make_optimizer, params_of, rank_share)
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -115,7 +115,7 @@ def reference_params(case):
         assert all(len(w) == k for w in windows) and len(set(case["sizes"])) == 1
     scale = k if case["reduction"] == "sum" else 1
     # A token case's large batch has the mean over all its real tokens as its loss.
-    loss = TokenMean() if case["reduction"] == "weighted_mean" else loss_fn()
+    loss = LossOnly(loss_fn(case)) if case["reduction"] == "weighted_mean" else loss_fn(case)
     step = ReferenceStep(nn.WithLossCell(net, loss), make_optimizer(case["optimizer"], net.trainable_params()),
                          case["clip_norm"], scale)
     step.set_train()

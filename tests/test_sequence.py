@@ -10,7 +10,7 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, nn
 
-from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, TokenCrossEntropy,
+from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, LossOnly, TokenCrossEntropy,
                       TrainForwardBackward)
 
 T, F, V, B, K, PAD = 6, 5, 7, 2, 4, -100
@@ -36,7 +36,7 @@ def net(seed=0):
 def big_batch(windows, x, y):
     network = net()
     # The large batch's reference: TokenCrossEntropy's mean over all its real tokens.
-    step = nn.TrainOneStepCell(nn.WithLossCell(network, MeanOnlyLoss()),
+    step = nn.TrainOneStepCell(nn.WithLossCell(network, LossOnly(TokenCrossEntropy(PAD))),
                                nn.Momentum(network.trainable_params(), 0.1, 0.9)).set_train()
     for window in windows:
         step(Tensor(x[window]), Tensor(y[window]))
@@ -71,7 +71,7 @@ def test_a_mean_of_micro_batch_means_would_differ():
     x, y = token_batches(8)
     expected = big_batch([slice(0, 8)], x, y)
     network = net()
-    executor = GradientAccumulation(network, MeanOnlyLoss(), nn.Momentum(network.trainable_params(), 0.1, 0.9))
+    executor = GradientAccumulation(network, LossOnly(TokenCrossEntropy(PAD)), nn.Momentum(network.trainable_params(), 0.1, 0.9))
     executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K, ckpt_dir=None,
                            verbose=False)
     differences = [np.abs(p.asnumpy() - e).max() for p, e in zip(network.trainable_params(), expected)]
@@ -175,17 +175,8 @@ def test_verify_equivalence_with_token_weights():
     print(report)
     assert report.passed and report.max_rel_diff < 1e-4
     # Sample weighting of a token mean is not the large batch's update: verify says so.
-    plain = verify_equivalence(network, MeanOnlyLoss(), optimizer, (x, y), 4)
+    plain = verify_equivalence(network, LossOnly(TokenCrossEntropy(PAD)), optimizer, (x, y), 4)
     assert not plain.passed
-
-
-class MeanOnlyLoss(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.loss = TokenCrossEntropy(PAD)
-
-    def construct(self, logits, targets):
-        return self.loss(logits, targets)[0]
 
 
 def test_every_structure_compiles_without_eliminating_side_effects():

@@ -54,17 +54,6 @@ def loss_fn(case: dict = None) -> nn.Cell:
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
-class TokenMean(nn.Cell):
-    """The large batch's loss of a token case: the mean over all its real tokens, without the count."""
-
-    def __init__(self):
-        super().__init__()
-        self.loss = TokenCrossEntropy(PAD)
-
-    def construct(self, logits, targets):
-        return self.loss(logits, targets)[0]
-
-
 def make_optimizer(name: str, params):
     if name == "sgd":
         return nn.SGD(params, 0.1)
