@@ -24,7 +24,7 @@ from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
-from dp_cases import (CASES, PAD, PROFILED_CASE, global_micro_batches, loss_fn, make_net,  # noqa: E402
+from dp_cases import (CASES, NODE_CASES, PAD, PROFILED_CASE, global_micro_batches, loss_fn, make_net,  # noqa: E402
                       make_optimizer, params_of, rank_share)
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -38,16 +38,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def msrun(log_dir, *command, env=None):
-    """Runs `msrun ... command` with WORKERS CPU workers; returns (returncode, msrun's output)."""
+def start_msrun(log_dir, command, env=None, workers=WORKERS, local_workers=WORKERS, node=None, port=None):
+    """Starts `msrun ... command`: `workers` CPU workers in all, `local_workers` of them on this node."""
     bin_dir = os.path.dirname(sys.executable)
     # msrun starts `python` from PATH: the venv's must come first.
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "GLOG_v": "3", **(env or {})}
-    args = [os.path.join(bin_dir, "msrun"), f"--worker_num={WORKERS}", f"--local_worker_num={WORKERS}",
-            f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", *command]
+    nodes = [] if node is None else [f"--node_rank={node}", "--master_addr=127.0.0.1"]
+    args = [os.path.join(bin_dir, "msrun"), f"--worker_num={workers}", f"--local_worker_num={local_workers}",
+            *nodes, f"--master_port={port or free_port()}", "--join=True", f"--log_dir={log_dir}", *command]
     # A session of its own, so a hung job (workers waiting on a dead peer) is killed whole, not just msrun.
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+
+
+def finish_msrun(proc, log_dir):
+    """Waits for a started msrun; returns (returncode, msrun's output)."""
     try:
         output, _ = proc.communicate(timeout=MSRUN_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -55,6 +60,11 @@ def msrun(log_dir, *command, env=None):
         output, _ = proc.communicate()
         pytest.fail(f"msrun did not finish in {MSRUN_TIMEOUT} s:\n{output[-3000:]}\n{worker_logs(log_dir)}")
     return proc.returncode, output
+
+
+def msrun(log_dir, *command, env=None):
+    """Runs `msrun ... command` with WORKERS CPU workers; returns (returncode, msrun's output)."""
+    return finish_msrun(start_msrun(log_dir, command, env), log_dir)
 
 
 def worker_logs(log_dir, tail=3000) -> str:
@@ -81,6 +91,20 @@ def dp_run(tmp_path_factory):
         with open(out / f"report_rank{rank}.json", encoding="utf-8") as handle:
             reports.append(json.load(handle))
     return out, reports
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Two msrun launches on this machine acting as two nodes: 4 workers, 2 per node, one master address."""
+    out = tmp_path_factory.mktemp("nodes")
+    port = free_port()
+    logs = [str(out / f"logs_node{node}") for node in (0, 1)]
+    procs = [start_msrun(logs[node], [os.path.join(SCRIPTS, "dp_worker.py"), str(out), "nodes"], workers=4,
+                         local_workers=2, node=node, port=port) for node in (0, 1)]
+    for proc, log_dir in zip(procs, logs):
+        code, output = finish_msrun(proc, log_dir)
+        assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    return out
 
 
 class ReferenceStep(nn.Cell):
@@ -136,6 +160,19 @@ def test_ranks_equal_single_process_on_global_batch(dp_run, name):
     start = params_of(make_net())
     for key, value in expected.items():
         assert not np.allclose(value, start[key]), f"{name}: '{key}' did not train"
+        np.testing.assert_allclose(ranks[0][key], value, rtol=RTOL, atol=ATOL, err_msg=f"{name}: '{key}'")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(NODE_CASES))
+def test_two_nodes_of_two_workers_equal_single_process_on_global_batch(two_nodes, name):
+    ranks = [dict(np.load(two_nodes / f"{name}_rank{rank}.npz")) for rank in range(4)]
+    reports = [json.loads((two_nodes / f"report_rank{rank}.json").read_text()) for rank in range(4)]
+    assert [r["group_size"] for r in reports] == [4] * 4 and sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    expected = reference_params(NODE_CASES[name])
+    for key, value in expected.items():
+        for rank in range(1, 4):
+            assert np.array_equal(ranks[0][key], ranks[rank][key]), f"{name}: '{key}' differs on rank {rank}"
         np.testing.assert_allclose(ranks[0][key], value, rtol=RTOL, atol=ATOL, err_msg=f"{name}: '{key}'")
 
 

@@ -34,6 +34,13 @@ CASES = {
     "accumulator_tokens": dict(api="accumulator", k=2, micro=5, sizes=(2, 2), lengths=(4, 1), optimizer="momentum",
                                reduction="weighted_mean", clip_norm=0.5),
 }
+# Two msrun launches on this machine acting as two nodes of 2 workers each (4 ranks; `dp_worker.py OUT nodes`).
+NODE_CASES = {
+    "executor_4_ranks": dict(api="executor", structure="three_graphs", k=2, micro=5, sizes=(1, 3, 2, 2),
+                             optimizer="momentum", reduction="mean", clip_norm=None),
+    "fused_4_ranks_tokens": dict(api="cell", k=2, micro=4, sizes=(2, 2, 2, 2), lengths=(6, 1, 3, 1),
+                                 optimizer="momentum", reduction="weighted_mean", clip_norm=None),
+}
 # The case whose all-reduce launches the workers count with MindSpore's profiler.
 PROFILED_CASE = "fused_unequal"
 
