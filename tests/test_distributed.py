@@ -38,13 +38,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# msrun starts the cluster's scheduler when --master_addr is an address of this machine. On a real second node it
+# is not; on this machine it is for both launches, and the second scheduler fails to bind the port (msrun then exits
+# 1 though training completes). So a node other than 0 runs msrun with the master address taken as remote, as it
+# is on a real node.
+REMOTE_MASTER = ("import sys; from mindspore.parallel.cluster.process_entity import _api; "
+                 "_api._is_local_ip = lambda ip: False; from mindspore.parallel.cluster.run import main; "
+                 "sys.argv[0] = 'msrun'; sys.exit(main())")
+
+
 def start_msrun(log_dir, command, env=None, workers=WORKERS, local_workers=WORKERS, node=None, port=None):
-    """Starts `msrun ... command`: `workers` CPU workers in all, `local_workers` of them on this node."""
+    """Starts `msrun ... command`: `workers` CPU workers in all, `local_workers` of them on this node (`node`,
+    with the master at 127.0.0.1, or None for a job on this machine alone)."""
     bin_dir = os.path.dirname(sys.executable)
     # msrun starts `python` from PATH: the venv's must come first.
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "GLOG_v": "3", **(env or {})}
+    launcher = [os.path.join(bin_dir, "msrun")] if not node else [sys.executable, "-c", REMOTE_MASTER]
     nodes = [] if node is None else [f"--node_rank={node}", "--master_addr=127.0.0.1"]
-    args = [os.path.join(bin_dir, "msrun"), f"--worker_num={workers}", f"--local_worker_num={local_workers}",
+    args = [*launcher, f"--worker_num={workers}", f"--local_worker_num={local_workers}",
             *nodes, f"--master_port={port or free_port()}", "--join=True", f"--log_dir={log_dir}", *command]
     # A session of its own, so a hung job (workers waiting on a dead peer) is killed whole, not just msrun.
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
