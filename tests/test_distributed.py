@@ -25,7 +25,7 @@ from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
 from dp_cases import (CASES, NODE_CASES, PAD, PROFILED_CASE, global_micro_batches, loss_fn, make_net,  # noqa: E402
-                      make_optimizer, params_of, rank_share)
+                      make_optimizer, nan_window, params_of, rank_share)
 
 RTOL, ATOL = 1e-5, 1e-6
 WORKERS = 2
@@ -145,6 +145,8 @@ def reference_params(case):
     batches = global_micro_batches(case)
     k = case["k"]
     windows = [batches[i:i + k] for i in range(0, len(batches), k)]
+    if nan_window(case) is not None:  # skipped on every rank: the reference does not step on it
+        del windows[nan_window(case)]
     # "sum" adds the window's micro-batch means: with equal micro-batches, k times the window's mean.
     if case["reduction"] == "sum":
         assert all(len(w) == k for w in windows) and len(set(case["sizes"])) == 1
@@ -193,6 +195,15 @@ def test_token_cases_give_the_ranks_very_different_token_counts():
             shares = [[rank_share(case, batch, rank) for batch in global_micro_batches(case)] for rank in range(2)]
             counts = [sum(int((y != PAD).sum()) for _, y in share) for share in shares]
             assert counts[0] >= 4 * counts[1], (name, counts)  # a per-rank mean would weight rank 1's tokens more
+
+
+@pytest.mark.distributed
+def test_a_nan_on_one_rank_skips_the_window_and_scales_down_on_every_rank(dp_run):
+    _, reports = dp_run
+    runs = [report["executor_nan_on_one_rank"] for report in reports]
+    # Window 2 holds rank 1's NaN: both ranks skip it and halve the dynamic scale together (parameters: above).
+    assert runs[0]["skipped"] == runs[1]["skipped"] == [False, True, False]
+    assert runs[0]["loss_scale"] == runs[1]["loss_scale"] == [1024.0, 512.0, 512.0]
 
 
 @pytest.mark.distributed

@@ -33,6 +33,11 @@ CASES = {
                             optimizer="momentum", reduction="weighted_mean", clip_norm=None),
     "accumulator_tokens": dict(api="accumulator", k=2, micro=5, sizes=(2, 2), lengths=(4, 1), optimizer="momentum",
                                reduction="weighted_mean", clip_norm=0.5),
+    # A NaN in rank 1's third micro-batch only (window 2 of 3), under dynamic loss scaling: every rank must skip that
+    # window and halve the same scale, or the ranks' parameters would part.
+    "executor_nan_on_one_rank": dict(api="executor", structure="three_graphs", k=2, micro=6, sizes=(2, 3),
+                                     optimizer="momentum", reduction="mean", clip_norm=None, nan=(1, 2),
+                                     loss_scale=2.0 ** 10),
 }
 # Two msrun launches on this machine acting as two nodes of 2 workers each (4 ranks; `dp_worker.py OUT nodes`).
 NODE_CASES = {
@@ -86,10 +91,19 @@ def global_micro_batches(case: dict, seed: int = 0):
     return batches
 
 
-def rank_share(case: dict, batch, rank: int):
+def rank_share(case: dict, batch, rank: int, index: int = None):
+    """Rank `rank`'s part of global micro-batch number `index`, NaN where the case's `nan` (rank, index) says."""
     start = sum(case["sizes"][:rank])
     x, y = batch
-    return x[start:start + case["sizes"][rank]], y[start:start + case["sizes"][rank]]
+    x = x[start:start + case["sizes"][rank]].copy()
+    if case.get("nan") == (rank, index):
+        x[0, 0] = np.nan
+    return x, y[start:start + case["sizes"][rank]]
+
+
+def nan_window(case: dict):
+    """The window that holds the case's NaN micro-batch, or None."""
+    return None if "nan" not in case else case["nan"][1] // case["k"]
 
 
 def params_of(net: nn.Cell) -> dict:

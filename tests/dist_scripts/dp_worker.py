@@ -67,9 +67,12 @@ def train_accumulator(case, shares):
 
 def train_executor(case, shares, out_dir):
     net = make_net()
+    scaler = None
+    if "loss_scale" in case:  # halved on overflow, doubled after 1000 clean windows
+        scaler = ms.amp.DynamicLossScaler(case["loss_scale"], scale_factor=2, scale_window=1000)
     executor = GradientAccumulation(net, loss_fn(case), make_optimizer(case["optimizer"], net.trainable_params()),
                                     clip_norm=case["clip_norm"], reduction=case["reduction"],
-                                    structure=case["structure"])
+                                    structure=case["structure"], loss_scaler=scaler)
     x = np.concatenate([s[0] for s in shares])
     y = np.concatenate([s[1] for s in shares])
     size = len(shares[0][0])
@@ -114,7 +117,7 @@ def main():
     report = {"rank": info.rank, "group_size": info.group_size}
     nodes = sys.argv[2:] == ["nodes"]
     for name, case in (NODE_CASES if nodes else CASES).items():
-        shares = [rank_share(case, batch, info.rank) for batch in global_micro_batches(case)]
+        shares = [rank_share(case, batch, info.rank, i) for i, batch in enumerate(global_micro_batches(case))]
         profiler = None
         if name == PROFILED_CASE:
             profiler = ms.Profiler(output_path=os.path.join(out_dir, f"profile_rank{info.rank}"))
@@ -124,7 +127,9 @@ def main():
             net = train_accumulator(case, shares)
         else:
             net, result = train_executor(case, shares, out_dir)
-            report[name] = {"steps": len(result.steps), "checkpoint": result.checkpoint}
+            report[name] = {"steps": len(result.steps), "checkpoint": result.checkpoint,
+                            "skipped": [record.skipped for record in result.steps],
+                            "loss_scale": [record.loss_scale for record in result.steps], "losses": result.losses}
         if profiler is not None:
             profiler.stop()
             profiler.analyse()
