@@ -31,7 +31,8 @@ AUTO_STRUCTURE = "three_graphs"
 
 @dataclass
 class StepRecord:
-    """One window: where it closed, its loss (sample-weighted mean), and whether it was skipped as not finite."""
+    """One window: where it closed, its loss (the sample- or token-weighted mean over all ranks' micro-batches),
+    its samples (all ranks'), and whether it was skipped as not finite."""
 
     epoch: int
     step: int
@@ -358,12 +359,16 @@ class GradientAccumulation:
         values, weights = (np.asarray([x.asnumpy() if isinstance(x, Tensor) else x for x in column], np.float64)
                            for column in zip(*pairs))
         finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
-        loss = float((values[finite] * weights[finite]).sum() / weights[finite].sum()) if finite.any() else np.nan
+        # The window's loss over all ranks: each rank's weighted sum and weight, summed by the buffer's reducer (one
+        # small all-reduce in data parallel, the values themselves stand-alone).
+        local = [(values[finite] * weights[finite]).sum(), weights[finite].sum(), sum(samples)]
+        total, weight, samples = self.buffer.reducer.total(Tensor(np.asarray(local, np.float32))).asnumpy()
+        loss = float(total / weight) if weight > 0 else np.nan
         guard = self.buffer.guard
         result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
         epoch, step = position.epoch, position.step
-        record = StepRecord(epoch, step, loss, len(losses), int(sum(samples)), not applied,
+        record = StepRecord(epoch, step, loss, len(losses), int(samples), not applied,
                             float(guard.loss_scale.asnumpy()))
         result.steps.append(record)
         if not applied:

@@ -139,8 +139,9 @@ class ReferenceStep(nn.Cell):
         return ops.depend(loss, self.optimizer(grads))
 
 
-def reference_params(case):
-    """One process, one step per window on the window's concatenated global batch (a last partial one too)."""
+def reference_run(case):
+    """One process, one step per window on the window's concatenated global batch (a last partial one too): the
+    parameters, and each window's loss (at the window's starting weights)."""
     net = make_net()
     batches = global_micro_batches(case)
     k = case["k"]
@@ -156,9 +157,9 @@ def reference_params(case):
     step = ReferenceStep(nn.WithLossCell(net, loss), make_optimizer(case["optimizer"], net.trainable_params()),
                          case["clip_norm"], scale)
     step.set_train()
-    for window in windows:
-        step(Tensor(np.concatenate([x for x, _ in window])), Tensor(np.concatenate([y for _, y in window])))
-    return params_of(net)
+    losses = [float(step(Tensor(np.concatenate([x for x, _ in window])),
+                         Tensor(np.concatenate([y for _, y in window]))).asnumpy()) for window in windows]
+    return params_of(net), losses
 
 
 @pytest.mark.distributed
@@ -169,7 +170,7 @@ def test_ranks_equal_single_process_on_global_batch(dp_run, name):
     for key in ranks[0]:
         # Both ranks apply the same all-reduced window: bit-identical parameters.
         assert np.array_equal(ranks[0][key], ranks[1][key]), f"{name}: '{key}' differs between the ranks"
-    expected = reference_params(CASES[name])
+    expected, _ = reference_run(CASES[name])
     start = params_of(make_net())
     for key, value in expected.items():
         assert not np.allclose(value, start[key]), f"{name}: '{key}' did not train"
@@ -182,7 +183,7 @@ def test_two_nodes_of_two_workers_equal_single_process_on_global_batch(two_nodes
     ranks = [dict(np.load(two_nodes / f"{name}_rank{rank}.npz")) for rank in range(4)]
     reports = [json.loads((two_nodes / f"report_rank{rank}.json").read_text()) for rank in range(4)]
     assert [r["group_size"] for r in reports] == [4] * 4 and sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
-    expected = reference_params(NODE_CASES[name])
+    expected, _ = reference_run(NODE_CASES[name])
     for key, value in expected.items():
         for rank in range(1, 4):
             assert np.array_equal(ranks[0][key], ranks[rank][key]), f"{name}: '{key}' differs on rank {rank}"
@@ -195,6 +196,16 @@ def test_token_cases_give_the_ranks_very_different_token_counts():
             shares = [[rank_share(case, batch, rank) for batch in global_micro_batches(case)] for rank in range(2)]
             counts = [sum(int((y != PAD).sum()) for _, y in share) for share in shares]
             assert counts[0] >= 4 * counts[1], (name, counts)  # a per-rank mean would weight rank 1's tokens more
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["executor_fused", "executor_window", "executor_three_graphs", "executor_tokens"])
+def test_the_logged_loss_is_the_global_windows(dp_run, name):
+    # Ranks holding different numbers of samples (or tokens) log the same loss: the global batch's, not their share's.
+    _, reports = dp_run
+    _, expected = reference_run(CASES[name])
+    assert reports[0][name]["losses"] == reports[1][name]["losses"]
+    np.testing.assert_allclose(reports[0][name]["losses"], expected, rtol=1e-5)
 
 
 @pytest.mark.distributed
