@@ -336,3 +336,38 @@ def test_data_parallel_before_init_is_refused(restore_parallel_context):
     with pytest.raises(ValueError, match=r"For 'X', the parallel mode is 'data_parallel', which needs "
                                          r"mindspore.communication.init\(\) first"):
         data_parallel_info("X")
+
+
+RESUME_WORKER = os.path.join(os.path.dirname(SCRIPTS), "fault_scripts", "resume_worker.py")
+
+
+@pytest.mark.distributed
+def test_a_worker_killed_mid_window_then_resumed_under_msrun_is_bit_identical(tmp_path):
+    def launch(ckpt_dir, fault):
+        return msrun(str(ckpt_dir / f"logs_{fault.replace(':', '_').replace('@', '_')}"), RESUME_WORKER,
+                     str(ckpt_dir), "three_graphs", fault)
+
+    reference = tmp_path / "reference"
+    code, output = launch(reference, "none")
+    assert code == 0, output[-3000:]
+    expected = [dict(np.load(reference / f"params_rank{rank}.npz")) for rank in range(WORKERS)]
+
+    killed = tmp_path / "killed"
+    # Rank 1 dies by SIGKILL after its 8th micro-batch, two thirds into the third window (2 steps saved): msrun
+    # then ends the job, rank 0 included, without a final checkpoint.
+    code, output = launch(killed, "micro:8@1")
+    assert code != 0 and not os.path.exists(killed / "run.ckpt"), output[-3000:]
+    assert sorted(os.listdir(killed)) == ["logs_micro_8_1", "run-000000002.ckpt"]  # only rank 0 wrote
+
+    code, output = launch(killed, "none")  # the same command: it resumes from the newest state, on every rank
+    assert code == 0, output[-3000:]
+    summary = json.loads(log_lines(str(killed / "logs_none"), 0)[-1])
+    assert summary["resumed_from"] == str(killed / "run-000000002.ckpt") and summary["steps"][0] == 3
+    final, _ = load_checkpoint(str(killed / "run.ckpt"))
+    reference_final, _ = load_checkpoint(str(reference / "run.ckpt"))
+    for rank in range(WORKERS):
+        got = dict(np.load(killed / f"params_rank{rank}.npz"))
+        for name, value in expected[rank].items():
+            assert np.array_equal(got[name], value), f"rank {rank}: '{name}'"
+    for name, value in reference_final.items():
+        assert np.array_equal(final[name].asnumpy(), value.asnumpy()), name

@@ -1,12 +1,16 @@
 """One resumable training run, optionally killed with SIGKILL at a chosen point (used by test_resume.py).
 
     python resume_worker.py CKPT_DIR STRUCTURE FAULT
+    msrun --worker_num=2 --local_worker_num=2 --master_port=P --join=True resume_worker.py CKPT_DIR STRUCTURE FAULT
 
 FAULT is ``none``, ``micro:N`` (killed right after the N-th micro-batch of this process ran; with the window
 structure, after the window call that ran it), ``boundary:S``
 (killed right after the training state of optimizer step S was saved) or ``save:S`` (killed while the state of
 step S is being written: the temporary file is left torn). The run always asks to resume, so a second run of
 the same command continues where the killed one stopped. It prints one JSON line, the result.
+
+Under msrun the run is data parallel: each rank reads its shard, in micro-batches of BATCH / ranks, and writes its
+final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
 """
 import json
 import os
@@ -22,6 +26,7 @@ import ms_accum.checkpoint
 from ms_accum import GradientAccumulation, MLP
 from ms_accum.cells import TrainForwardBackward, TrainAccumulationCell
 from ms_accum.window import TrainWindowCell
+from ms_accum.parallel import distributed_launch, init_data_parallel
 from ms_accum.resume import StateCheckpoints
 
 EPOCHS, MINI_STEPS, BATCH, SAMPLES = 2, 3, 8, 100  # 13 batches an epoch: 4 full windows and a partial one
@@ -72,13 +77,18 @@ def inject(fault: str) -> None:
 
 
 def main(ckpt_dir: str, structure: str, fault: str) -> None:
-    inject(fault)
+    info = None if distributed_launch() is None else init_data_parallel()  # first: msrun's scheduler stops here
+    fault, _, rank = fault.partition("@")
+    if not rank or info.rank == int(rank):
+        inject(fault)
+    shards = {} if info is None else {"num_shards": info.group_size, "shard_id": info.rank}
     ds.config.set_seed(7)  # the shuffle order, which resuming relies on
     ms.set_seed(1)
     rng = np.random.RandomState(0)
     data = {"image": rng.rand(SAMPLES, 1, 28, 28).astype(np.float32),
             "label": rng.randint(0, 10, SAMPLES).astype(np.int32)}
-    dataset = ds.NumpySlicesDataset(data, shuffle=True).batch(BATCH)
+    dataset = ds.NumpySlicesDataset(data, shuffle=True, **shards).batch(BATCH // (1 if info is None else
+                                                                                  info.group_size))
     net = MLP()
     # Adam: its moments and beta powers are state that must survive the kill too.
     optimizer = nn.Adam(net.trainable_params(), 1e-3)
@@ -86,8 +96,11 @@ def main(ckpt_dir: str, structure: str, fault: str) -> None:
                                     structure=structure)
     result = executor.train_process(EPOCHS, dataset, MINI_STEPS, ckpt_dir=ckpt_dir, ckpt_name="run", verbose=False,
                                     save_every=SAVE_EVERY, keep_last=KEEP_LAST, resume=True)
+    if info is not None:
+        np.savez(os.path.join(ckpt_dir, f"params_rank{info.rank}.npz"),
+                 **{p.name: p.asnumpy() for p in net.trainable_params()})
     print(json.dumps({"checkpoint": result.checkpoint, "resumed_from": result.resumed_from,
-                      "steps": [record.step for record in result.steps]}))
+                      "steps": [record.step for record in result.steps]}), flush=True)
 
 
 if __name__ == "__main__":
