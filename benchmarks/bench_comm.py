@@ -1,16 +1,19 @@
-"""Communication per window under msrun: AllReduce launches and wall time, K = 1 and K = 4 side by side.
+"""Communication per window under msrun: AllReduce launches and wall time, for K in --ks, side by side.
 
     PATH="$PWD/.venv/bin:$PATH" msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True \\
-        --log_dir=/tmp/bench_comm benchmarks/bench_comm.py [--rounds 7] [--windows 8] [--micro 16]
+        --log_dir=/tmp/bench_comm benchmarks/bench_comm.py [--rounds 7] [--windows 8] [--micro 16] [--ks 1 4 16]
 
 Rank 0 prints the table (in msrun's output and in LOG_DIR/worker_0.log). Contenders, all LeNet5 with
 Momentum(0.01, 0.9), `--micro` samples per rank per micro-batch (so the global micro-batch is twice that), run
 in interleaved rounds after a compiling warm-up; the median of the rounds is reported:
 
-  window K=1      `TrainAccumulationCell`, K=1: plain data parallelism, one reduction per micro-batch
-  window K=4      `TrainAccumulationCell`, K=4: micro-batches accumulate locally, one reduction per window
+  window K        `TrainAccumulationCell`: micro-batches accumulate locally, and each window all-reduces each
+                  buffer tensor and the sample count (ms_accum's `AllReduceWindow`); K=1 is plain data parallelism
+  flat K          the same, but the window's buffer and sample count are concatenated into one tensor, all-reduced
+                  in one launch and split again (`FlatAllReduceWindow` below: a temporary copy of the buffer)
   per-micro K=4   the same window, but each micro-batch's gradients are all-reduced as it is computed (what
                   `nn.DistributedGradReducer` inside a train-one-step Cell would do): the baseline
+Both window contenders add one all-reduce of the guard's two counts per window.
 
 AllReduce launches and their kernel time come from MindSpore's CPU profiler, in a separate profiled pass of
 `--windows` windows per contender (the profiler's overhead stays out of the wall times).
@@ -34,7 +37,22 @@ from mindspore.communication import GlobalComm  # noqa: E402
 
 from ms_accum import AccumulationBuffer, LeNet5, TrainAccumulationCell  # noqa: E402
 from ms_accum import _ops  # noqa: E402
-from ms_accum.parallel import LocalWindow, init_data_parallel  # noqa: E402
+from ms_accum.parallel import AllReduceWindow, LocalWindow, init_data_parallel  # noqa: E402
+
+
+@ms.jit_class
+class FlatAllReduceWindow(AllReduceWindow):
+    """The window's buffer and sample count in one all-reduce: concatenated, reduced, split back."""
+
+    def __call__(self, grad_sum, num_samples):
+        flat = ops.concat([ops.reshape(g, (-1,)) for g in grad_sum] + [ops.reshape(num_samples, (1,))])
+        total = self.all_reduce(flat)
+        out = []
+        start = 0
+        for g in grad_sum:
+            out.append(ops.reshape(total[start:start + g.size], g.shape))
+            start += g.size
+        return tuple(out), total[start]
 
 
 class PerMicroBatchReduce(nn.Cell):
@@ -72,8 +90,10 @@ def build(kind, k):
     net = LeNet5()
     with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
     optimizer = nn.Momentum(net.trainable_params(), 0.01, 0.9)
-    if kind == "window":
+    if kind in ("window", "flat"):
         cell = TrainAccumulationCell(with_loss, optimizer, k)
+        if kind == "flat":
+            cell.buffer.reducer = FlatAllReduceWindow()
     else:
         cell = PerMicroBatchReduce(with_loss, optimizer, k)
     return cell.set_train(), len(optimizer.parameters)
@@ -103,6 +123,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--windows", type=int, default=8, help="windows per contender per round")
     parser.add_argument("--micro", type=int, default=16, help="samples per rank per micro-batch")
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16], help="window sizes K")
     parser.add_argument("--out", default=None, help="profiler output directory (default: a temporary one)")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -112,7 +133,8 @@ def main():
     rng = np.random.default_rng(info.rank)
     batches = [(Tensor(rng.standard_normal((args.micro, 1, 32, 32)).astype(np.float32)),
                 Tensor(rng.integers(0, 10, (args.micro,)).astype(np.int32))) for _ in range(8)]
-    contenders = {"window K=1": ("window", 1), "window K=4": ("window", 4), "per-micro K=4": ("per_micro", 4)}
+    contenders = {f"{kind} K={k}": (kind, k) for k in args.ks for kind in ("window", "flat")}
+    contenders["per-micro K=4"] = ("per_micro", 4)
     cells = {}
     for name, (kind, k) in contenders.items():
         cells[name], tensors = build(kind, k)
