@@ -1,4 +1,5 @@
-"""Saving a run's whole training state every few optimizer steps, and resuming from the newest file."""
+"""Saving a run's whole training state every few optimizer steps, and resuming from the newest file, on as many
+devices as before or on another number of them (the same global batch per update, the same data order)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,9 @@ STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 # Before ms_accum 0.2 the executor's buffer was named "grad_sum" (the Accumulator's "accumulate"): such files load
 # under today's one name.
 _OLD_BUFFER_PREFIX, _BUFFER_PREFIX = "grad_sum.", "accumulate."
+# Settings a resumed run must share exactly; the layout (mini_steps, batch_size, world_size, num_batches) may change
+# as long as the global batch per update and the samples per epoch stay.
+_SAME = ("partial_window", "data_seed")
 
 
 @dataclass
@@ -53,7 +57,14 @@ class StateCheckpoints:
         self.keep_last = keep_last
 
     def resume(self, resume: Union[bool, str, os.PathLike, None], epochs: int) -> Tuple[Position, Optional[str]]:
-        """Loads the file `resume` names (``True``: the newest readable one, if any); returns where it left off."""
+        """Loads the file `resume` names (``True``: the newest readable one, if any); returns where it left off.
+
+        The file may come from a run on another number of ranks, with another `mini_steps` and micro-batch size,
+        if every update still sees the same global batch and an epoch the same samples: the position, kept in
+        global samples, is then converted to this run's batches. The data order is the same when every rank reads
+        its shard through MindSpore's `DistributedSampler` (`num_shards`, `shard_id`; a single process with
+        ``num_shards=1``): rank r of n reads samples r, r + n, ... of one shuffled order.
+        """
         if resume in (None, False):
             return Position(), None
         path = find_latest(self.ckpt_dir, self.ckpt_name) if resume is True else os.fspath(resume)
@@ -64,23 +75,56 @@ class StateCheckpoints:
         if meta.get("kind") != STATE_KIND:
             raise CheckpointError(f"Checkpoint '{path}' holds no training state to resume from (it was not saved "
                                   f"with 'save_every').")
-        for key, value in self.run.items():
-            if meta.get(key) != value:
+        for key in _SAME:
+            if meta.get(key) != self.run[key]:
                 raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
-                                      f"{key}={value!r}: resuming would not continue the same training.")
+                                      f"{key}={self.run[key]!r}: resuming would not continue the same training.")
+        # Files older than ms_accum 0.3 lack the batch size and world size: theirs were this run's, or it is refused.
+        saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "batch_size", "world_size")
+                                if key in meta}}
+        _check_layout(path, saved, self.run)
         if meta["epoch"] > epochs:
             raise CheckpointError(f"Checkpoint '{path}' is at epoch {meta['epoch']}, beyond this run's {epochs} "
                                   f"epochs.")
         params = {_BUFFER_PREFIX + name[len(_OLD_BUFFER_PREFIX):] if name.startswith(_OLD_BUFFER_PREFIX) else name:
                   value for name, value in contents[0].items()}
         load_into(self.state, path, strict=True, contents=(params, meta))
-        return Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__}), path
+        position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
+        position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
+        return position, path
 
     def window_closed(self, position: Position) -> None:
         """Saves the state when `position.step` is due (and prunes old files)."""
         if self.save_every is None or position.step % self.save_every:
             return
         save_checkpoint(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
-                        {**self.metadata, **asdict(position)})
+                        {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run)})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
+
+
+def _per_batch(run: Dict[str, MetaValue]) -> int:
+    """Global samples in one batch of every rank."""
+    return int(run["batch_size"]) * int(run["world_size"])
+
+
+def _check_layout(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
+    """Refuses a resume whose global batch per update or samples per epoch differ from the saved run's."""
+    def describe(layout):
+        return (f"mini_steps={layout['mini_steps']} x batch_size={layout['batch_size']} x "
+                f"{layout['world_size']} rank(s)")
+
+    saved_batch, batch = int(saved["mini_steps"]) * _per_batch(saved), int(run["mini_steps"]) * _per_batch(run)
+    if saved_batch != batch:
+        keeps = (f"mini_steps={saved_batch // _per_batch(run)} keeps it" if saved_batch % _per_batch(run) == 0 else
+                 f"no mini_steps keeps it with batch_size={run['batch_size']} on {run['world_size']} rank(s), as "
+                 f"{saved_batch} is not a multiple of {_per_batch(run)}")
+        raise CheckpointError(f"Checkpoint '{path}' was saved with a global batch of {saved_batch} samples per "
+                              f"update ({describe(saved)}), but this run has {batch} ({describe(run)}): resuming "
+                              f"would not continue the same training; {keeps}.")
+    saved_epoch, epoch = int(saved["num_batches"]) * _per_batch(saved), int(run["num_batches"]) * _per_batch(run)
+    if saved_epoch != epoch:
+        raise CheckpointError(f"Checkpoint '{path}' was saved by a run reading {saved_epoch} samples an epoch "
+                              f"({saved['num_batches']} batches of {_per_batch(saved)} over all ranks), but this run "
+                              f"reads {epoch} ({run['num_batches']} batches of {_per_batch(run)}): resuming would not "
+                              f"continue the same training.")

@@ -371,3 +371,31 @@ def test_a_worker_killed_mid_window_then_resumed_under_msrun_is_bit_identical(tm
             assert np.array_equal(got[name], value), f"rank {rank}: '{name}'"
     for name, value in reference_final.items():
         assert np.array_equal(final[name].asnumpy(), value.asnumpy()), name
+
+
+@pytest.mark.distributed
+def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_path):
+    # 192 samples, micro-batches of 8 per rank: 2 ranks with K=3 and 1 process with K=6 both update on 48 samples,
+    # the same ones (DistributedSampler: rank r of n reads r, r + n, ... of one shuffled order).
+    def single(ckpt_dir, mini_steps, resume):
+        env = {**os.environ, "GLOG_v": "3"}
+        return subprocess.run([sys.executable, RESUME_WORKER, str(ckpt_dir), "three_graphs", "none", str(mini_steps),
+                               "192", "0", resume], capture_output=True, text=True, env=env, timeout=MSRUN_TIMEOUT)
+
+    ranks = tmp_path / "ranks"
+    code, output = msrun(str(ranks / "logs"), RESUME_WORKER, str(ranks), "three_graphs", "none", "3", "192", "0",
+                         "latest")
+    assert code == 0, output[-3000:]
+    state = str(ranks / "run-000000002.ckpt")  # two windows into the first of two epochs of 4 windows
+    refused = single(tmp_path / "refused", 4, state)
+    assert refused.returncode != 0 and (
+        "a global batch of 48 samples per update (mini_steps=3 x batch_size=8 x 2 rank(s)), but this run has 32 "
+        "(mini_steps=4 x batch_size=8 x 1 rank(s)): resuming would not continue the same training; mini_steps=6 "
+        "keeps it.") in refused.stderr
+    resumed = single(tmp_path / "one", 6, state)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == [3, 4, 5, 6, 7, 8]
+    expected, _ = load_checkpoint(str(ranks / "run.ckpt"))
+    got, _ = load_checkpoint(str(tmp_path / "one" / "run.ckpt"))
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)

@@ -81,12 +81,12 @@ def test_killed_and_resumed_run_is_bit_identical(reference, fault, tmp_path):
     assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [8, 10]  # keep_last=2
 
 
-def _train(tmp_path, epochs=1, **kwargs):
+def _train(tmp_path, epochs=1, batch=8, **kwargs):
     ds.config.set_seed(7)
     ms.set_seed(1)
     rng = np.random.RandomState(0)
     data = {"image": rng.rand(48, 1, 28, 28).astype(np.float32), "label": rng.randint(0, 10, 48).astype(np.int32)}
-    dataset = ds.NumpySlicesDataset(data, shuffle=True).batch(8)
+    dataset = ds.NumpySlicesDataset(data, shuffle=True).batch(batch)
     net = MLP()
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                                     nn.Momentum(net.trainable_params(), 0.01, 0.9))
@@ -103,12 +103,34 @@ def test_resume_true_without_a_state_starts_afresh(tmp_path):
 def test_resume_refuses_a_different_run(tmp_path):
     _train(tmp_path, save_every=1)
     latest = find_latest(str(tmp_path), "run")
-    with pytest.raises(CheckpointError, match="mini_steps=2, but this run has mini_steps=3"):
+    with pytest.raises(CheckpointError, match=r"a global batch of 16 samples per update \(mini_steps=2 x "
+                                              r"batch_size=8 x 1 rank\(s\)\), but this run has 24 \(mini_steps=3 x "
+                                              r"batch_size=8 x 1 rank\(s\)\): resuming would not continue the same "
+                                              r"training; mini_steps=2 keeps it\."):
         _train(tmp_path, resume=latest, mini_steps=3)
+    with pytest.raises(CheckpointError, match="no mini_steps keeps it with batch_size=6 on 1 rank.s., as 16 is not a "
+                                              "multiple of 6"):
+        _train(tmp_path, resume=latest, batch=6)
     with pytest.raises(CheckpointError, match="holds no training state"):
         _train(tmp_path, resume=str(tmp_path / "run.ckpt"))
     with pytest.raises(CheckpointError, match="does not exist"):
         _train(tmp_path, resume=str(tmp_path / "missing.ckpt"))
+
+
+def test_resume_with_another_micro_batch_and_k_keeping_the_global_batch(tmp_path):
+    # Saved with windows of 2 x 8, resumed as 4 x 4: the same 16 samples per update, read in the same order.
+    _train(tmp_path / "whole", epochs=2, save_every=1)
+    _train(tmp_path / "cut", epochs=1, save_every=1)
+    state = find_latest(str(tmp_path / "cut"), "run")  # step 3, the end of epoch 1
+    resumed = _train(tmp_path / "cut", epochs=2, batch=4, mini_steps=4, resume=state, save_every=1)
+    assert resumed.resumed_from == state and [r.step for r in resumed.steps] == [4, 5, 6]
+    assert [r.samples for r in resumed.steps] == [16, 16, 16]
+    _, meta = load_checkpoint(find_latest(str(tmp_path / "cut"), "run"))
+    assert (meta["samples"], meta["batch"], meta["batch_size"], meta["mini_steps"]) == (48, 12, 4, 4)
+    whole, _ = load_checkpoint(str(tmp_path / "whole" / "run.ckpt"))
+    got, _ = load_checkpoint(str(tmp_path / "cut" / "run.ckpt"))
+    for name, value in whole.items():
+        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_resume_and_save_every_need_a_directory(tmp_path):

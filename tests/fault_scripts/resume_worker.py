@@ -1,7 +1,7 @@
 """One resumable training run, optionally killed with SIGKILL at a chosen point (used by test_resume.py).
 
-    python resume_worker.py CKPT_DIR STRUCTURE FAULT
-    msrun --worker_num=2 --local_worker_num=2 --master_port=P --join=True resume_worker.py CKPT_DIR STRUCTURE FAULT
+    python resume_worker.py CKPT_DIR STRUCTURE FAULT [MINI_STEPS SAMPLES KEEP_LAST RESUME]
+    msrun --worker_num=2 --local_worker_num=2 --master_port=P --join=True resume_worker.py CKPT_DIR STRUCTURE FAULT ...
 
 FAULT is ``none``, ``micro:N`` (killed right after the N-th micro-batch of this process ran; with the window
 structure, after the window call that ran it), ``boundary:S``
@@ -9,8 +9,10 @@ structure, after the window call that ran it), ``boundary:S``
 step S is being written: the temporary file is left torn). The run always asks to resume, so a second run of
 the same command continues where the killed one stopped. It prints one JSON line, the result.
 
-Under msrun the run is data parallel: each rank reads its shard, in micro-batches of BATCH / ranks, and writes its
-final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
+Every run reads its data through MindSpore's DistributedSampler (``num_shards``: the ranks, 1 without msrun), in
+micro-batches of BATCH on each rank, so runs on different numbers of ranks read the same global order. Under msrun each
+rank writes its final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
+KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file.
 """
 import json
 import os
@@ -76,26 +78,27 @@ def inject(fault: str) -> None:
         raise SystemExit(f"unknown fault {fault!r}")
 
 
-def main(ckpt_dir: str, structure: str, fault: str) -> None:
+def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_STEPS), samples: str = str(SAMPLES),
+         keep_last: str = str(KEEP_LAST), resume: str = "latest") -> None:
     info = None if distributed_launch() is None else init_data_parallel()  # first: msrun's scheduler stops here
-    fault, _, rank = fault.partition("@")
-    if not rank or info.rank == int(rank):
+    fault, _, fault_rank = fault.partition("@")
+    if not fault_rank or info.rank == int(fault_rank):
         inject(fault)
-    shards = {} if info is None else {"num_shards": info.group_size, "shard_id": info.rank}
+    ranks, rank = (1, 0) if info is None else (info.group_size, info.rank)
     ds.config.set_seed(7)  # the shuffle order, which resuming relies on
     ms.set_seed(1)
     rng = np.random.RandomState(0)
-    data = {"image": rng.rand(SAMPLES, 1, 28, 28).astype(np.float32),
-            "label": rng.randint(0, 10, SAMPLES).astype(np.int32)}
-    dataset = ds.NumpySlicesDataset(data, shuffle=True, **shards).batch(BATCH // (1 if info is None else
-                                                                                  info.group_size))
+    data = {"image": rng.rand(int(samples), 1, 28, 28).astype(np.float32),
+            "label": rng.randint(0, 10, int(samples)).astype(np.int32)}
+    dataset = ds.NumpySlicesDataset(data, shuffle=True, num_shards=ranks, shard_id=rank).batch(BATCH)
     net = MLP()
     # Adam: its moments and beta powers are state that must survive the kill too.
     optimizer = nn.Adam(net.trainable_params(), 1e-3)
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
                                     structure=structure)
-    result = executor.train_process(EPOCHS, dataset, MINI_STEPS, ckpt_dir=ckpt_dir, ckpt_name="run", verbose=False,
-                                    save_every=SAVE_EVERY, keep_last=KEEP_LAST, resume=True)
+    result = executor.train_process(EPOCHS, dataset, int(mini_steps), ckpt_dir=ckpt_dir, ckpt_name="run",
+                                    verbose=False, save_every=SAVE_EVERY, keep_last=int(keep_last) or None,
+                                    resume=True if resume == "latest" else resume)
     if info is not None:
         np.savez(os.path.join(ckpt_dir, f"params_rank{info.rank}.npz"),
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
