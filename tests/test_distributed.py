@@ -20,6 +20,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_accum import LossOnly, cli
 from ms_accum.checkpoint import load_checkpoint
+from ms_accum.data import make_synthetic_mnist
 from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_parallel
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
@@ -397,5 +398,34 @@ def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == [3, 4, 5, 6, 7, 8]
     expected, _ = load_checkpoint(str(ranks / "run.ckpt"))
     got, _ = load_checkpoint(str(tmp_path / "one" / "run.ckpt"))
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.distributed
+def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
+    # The same global micro-batch of 32 (8 on each of 4 ranks, or 32 in one process), read in the same order: the
+    # data pipeline shards with MindSpore's DistributedSampler, 1 shard in one process.
+    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
+    train = ["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--data", data,
+             "--no-eval", "--json", "--quiet"]
+    port = free_port()
+    ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
+    logs = [str(tmp_path / f"logs_node{node}") for node in (0, 1)]
+    procs = [start_msrun(logs[node], [ms_accum, *train, "--ckpt-dir", str(tmp_path / "nodes")], workers=4,
+                         local_workers=2, node=node, port=port) for node in (0, 1)]
+    for proc, log_dir in zip(procs, logs):
+        code, output = finish_msrun(proc, log_dir)
+        assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    nodes = json.loads(log_lines(logs[0], 0)[-1])
+    assert nodes["world_size"] == 4 and nodes["optimizer_steps"] == 8
+    single = subprocess.run([sys.executable, "-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one")],
+                            capture_output=True, text=True, timeout=MSRUN_TIMEOUT, env={**os.environ, "GLOG_v": "3"})
+    assert single.returncode == 0, single.stderr[-3000:]
+    one = json.loads(single.stdout.strip().splitlines()[-1])
+    assert one["world_size"] == 1 and one["optimizer_steps"] == 8
+    np.testing.assert_allclose(nodes["final_loss"], one["final_loss"], rtol=1e-5)  # the global loss on both
+    expected, _ = load_checkpoint(str(tmp_path / "one" / "lenet5.ckpt"))
+    got, _ = load_checkpoint(str(tmp_path / "nodes" / "lenet5.ckpt"))
     for name, value in expected.items():
         np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
