@@ -17,6 +17,12 @@ Both window contenders add one all-reduce of the guard's two counts per window.
 
 AllReduce launches and their kernel time come from MindSpore's CPU profiler, in a separate profiled pass of
 `--windows` windows per contender (the profiler's overhead stays out of the wall times).
+
+    msrun ... benchmarks/bench_comm.py --peak window|flat      (one contender's memory, one job each)
+
+measures instead the peak resident memory a window's reduction costs: an MLP of 3 x 4096^2 weights (192 MiB), K=2,
+b8, SGD, two windows; rank 0 prints the growth of its peak RSS (VmHWM) from before the Cell is built, in MiB and
+as a multiple of the parameters.
 """
 import argparse
 import glob
@@ -118,16 +124,42 @@ def allreduce_stats(path):
     return 0, 0.0
 
 
+def peak(kind, info):
+    """Peak RSS growth (bytes) of two windows of the large MLP with the `kind` reduction, and its parameter bytes."""
+    from benchmarks.peak_memory import B, WIDTH, status
+    net = nn.SequentialCell([nn.Dense(WIDTH, WIDTH), nn.ReLU(), nn.Dense(WIDTH, WIDTH), nn.ReLU(),
+                             nn.Dense(WIDTH, WIDTH), nn.ReLU(), nn.Dense(WIDTH, 10)])
+    with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    rng = np.random.default_rng(info.rank)
+    x = Tensor(rng.standard_normal((B, WIDTH)).astype(np.float32))
+    y = Tensor(rng.integers(0, 10, (B,)).astype(np.int32))
+    start = status("VmRSS")
+    cell = TrainAccumulationCell(with_loss, nn.SGD(net.trainable_params(), 0.01), 2)
+    if kind == "flat":
+        cell.buffer.reducer = FlatAllReduceWindow()
+    cell.set_train()
+    for _ in range(4):
+        cell(x, y).asnumpy()
+    return status("VmHWM") - start, sum(p.nbytes for p in net.trainable_params())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--windows", type=int, default=8, help="windows per contender per round")
     parser.add_argument("--micro", type=int, default=16, help="samples per rank per micro-batch")
+    parser.add_argument("--peak", choices=("window", "flat"), help="measure this contender's peak memory instead")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16], help="window sizes K")
     parser.add_argument("--out", default=None, help="profiler output directory (default: a temporary one)")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE)
     info = init_data_parallel()
+    if args.peak:
+        grown, params = peak(args.peak, info)
+        if info.is_main:
+            print(f"PEAK {args.peak}: {grown / 2**20:.0f} MiB, {grown / params:.2f} x the parameters "
+                  f"({params / 2**20:.0f} MiB)", flush=True)
+        return
     out = args.out or os.path.join("/tmp", f"bench_comm_profile_{os.getpid()}")
 
     rng = np.random.default_rng(info.rank)
