@@ -62,15 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train with gradient accumulation, save a checkpoint, evaluate it")
-    train.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
-    train.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
-                       help="micro-batches per optimizer step (default 4)")
-    train.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
-                       help="micro-batch size; each update sees K*B samples (default 32)")
+    _add_training_arguments(train, "micro-batch size; each update sees K*B samples (default 32)")
     train.add_argument("--epochs", type=positive_int, default=1, metavar="E")
-    train.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
-    train.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
-    train.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
     train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
     train.add_argument("--structure", choices=("auto", "window", "fused", "three_graphs"), default="auto",
                        help="how micro-batches run (default auto: three_graphs, the least memory; window and "
@@ -86,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                                       "pass, e.g. conv1 conv2 (saves memory)")
     train.add_argument("--partial-window", choices=("apply", "drop"), default="apply",
                        help="what to do with an epoch's last, incomplete window (default apply)")
-    train.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
     train.add_argument("--num-samples", type=positive_int, metavar="N", help="train on the first N images only")
     _add_data_arguments(train)
     _add_fallback_arguments(train)
@@ -111,17 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="check that K accumulated micro-batches give the update of one K*B "
                                            "batch, parameter by parameter (exit 1 if not)")
-    verify.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
-    verify.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
-                        help="micro-batches per optimizer step (default 4)")
-    verify.add_argument("--batch-size", type=positive_int, default=32, metavar="B",
-                        help="micro-batch size; the large batch is the first K*B training images (default 32)")
-    verify.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
-    verify.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
-    verify.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
+    _add_training_arguments(verify, "micro-batch size; the large batch is the first K*B training images (default 32)")
     verify.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance (default 1e-5)")
     verify.add_argument("--atol", type=positive_float, default=1e-6, help="absolute tolerance (default 1e-6)")
-    verify.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
     _add_data_arguments(verify)
     _add_fallback_arguments(verify)
     return parser
@@ -133,6 +117,18 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=runtime.DEVICES, default="CPU")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str) -> None:
+    """What `train` and `verify` share: the model, K, B, the optimizer and the seed."""
+    parser.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
+    parser.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
+                        help="micro-batches per optimizer step (default 4)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help=batch_help)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
+    parser.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
+    parser.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
 
 
 def _add_fallback_arguments(parser: argparse.ArgumentParser) -> None:

@@ -363,13 +363,13 @@ class GradientAccumulation:
         # The window's loss over all ranks: each rank's weighted sum and weight, summed by the buffer's reducer (one
         # small all-reduce in data parallel, the values themselves stand-alone).
         local = [(values[finite] * weights[finite]).sum(), weights[finite].sum(), sum(samples)]
-        total, weight, samples = self.buffer.reducer.total(Tensor(np.asarray(local, np.float32))).asnumpy()
+        total, weight, all_samples = self.buffer.reducer.total(Tensor(np.asarray(local, np.float32))).asnumpy()
         loss = float(total / weight) if weight > 0 else np.nan
         guard = self.buffer.guard
         result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
         epoch, step = position.epoch, position.step
-        record = StepRecord(epoch, step, loss, len(losses), int(samples), not applied,
+        record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
                             float(guard.loss_scale.asnumpy()))
         result.steps.append(record)
         if not applied:

@@ -358,7 +358,8 @@ def test_a_worker_killed_mid_window_then_resumed_under_msrun_is_bit_identical(tm
     # then ends the job, rank 0 included, without a final checkpoint.
     code, output = launch(killed, "micro:8@1")
     assert code != 0 and not os.path.exists(killed / "run.ckpt"), output[-3000:]
-    assert sorted(os.listdir(killed)) == ["logs_micro_8_1", "run-000000002.ckpt"]  # only rank 0 wrote
+    # The state of step 2, which rank 0 alone writes (the save plan of other ranks is empty), and every rank reads.
+    assert sorted(os.listdir(killed)) == ["logs_micro_8_1", "run-000000002.ckpt"]
 
     code, output = launch(killed, "none")  # the same command: it resumes from the newest state, on every rank
     assert code == 0, output[-3000:]
