@@ -290,7 +290,7 @@ class GradientAccumulation:
         num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
                                       save_every, keep_last, resume, name)
         run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
-               "data_seed": ds_config.get_seed(), "batch_size": train_dataset.get_batch_size(),
+               "data_seed": ds_config.get_seed(), "rank_batch_size": train_dataset.get_batch_size(),
                "world_size": 1 if self._parallel is None else self._parallel.group_size}
         states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last,
                                   self._writes)

@@ -15,8 +15,8 @@ STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 # Before ms_accum 0.2 the executor's buffer was named "grad_sum" (the Accumulator's "accumulate"): such files load
 # under today's one name.
 _OLD_BUFFER_PREFIX, _BUFFER_PREFIX = "grad_sum.", "accumulate."
-# Settings a resumed run must share exactly; the layout (mini_steps, batch_size, world_size, num_batches) may change
-# as long as the global batch per update and the samples per epoch stay.
+# Settings a resumed run must share exactly. The layout (mini_steps, rank_batch_size, world_size, num_batches) may
+# change as long as the global batch per update and the samples per epoch stay.
 _SAME = ("partial_window", "data_seed")
 
 
@@ -52,7 +52,8 @@ class StateCheckpoints:
                  metadata: Optional[Dict[str, MetaValue]] = None, save_every: Optional[int] = None,
                  keep_last: Optional[int] = None, writes: bool = True) -> None:
         self.state, self.ckpt_dir, self.ckpt_name, self.run = state, ckpt_dir, ckpt_name, run
-        self.metadata = {**run, **(metadata or {}), "kind": STATE_KIND}
+        # The run's settings win over the caller's metadata: resuming checks them.
+        self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
         self.save_every = save_every if writes else None
         self.keep_last = keep_last
 
@@ -79,8 +80,9 @@ class StateCheckpoints:
             if meta.get(key) != self.run[key]:
                 raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
                                       f"{key}={self.run[key]!r}: resuming would not continue the same training.")
-        # Files older than ms_accum 0.3 lack the batch size and world size: theirs were this run's, or it is refused.
-        saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "batch_size", "world_size")
+        # Files older than ms_accum 0.3 lack the per-rank batch size and world size: theirs were this run's, or it is
+        # refused.
+        saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size")
                                 if key in meta}}
         _check_layout(path, saved, self.run)
         if meta["epoch"] > epochs:
@@ -105,19 +107,19 @@ class StateCheckpoints:
 
 def _per_batch(run: Dict[str, MetaValue]) -> int:
     """Global samples in one batch of every rank."""
-    return int(run["batch_size"]) * int(run["world_size"])
+    return int(run["rank_batch_size"]) * int(run["world_size"])
 
 
 def _check_layout(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
     """Refuses a resume whose global batch per update or samples per epoch differ from the saved run's."""
     def describe(layout):
-        return (f"mini_steps={layout['mini_steps']} x batch_size={layout['batch_size']} x "
+        return (f"mini_steps={layout['mini_steps']} x batch_size={layout['rank_batch_size']} x "
                 f"{layout['world_size']} rank(s)")
 
     saved_batch, batch = int(saved["mini_steps"]) * _per_batch(saved), int(run["mini_steps"]) * _per_batch(run)
     if saved_batch != batch:
         keeps = (f"mini_steps={saved_batch // _per_batch(run)} keeps it" if saved_batch % _per_batch(run) == 0 else
-                 f"no mini_steps keeps it with batch_size={run['batch_size']} on {run['world_size']} rank(s), as "
+                 f"no mini_steps keeps it with batch_size={run['rank_batch_size']} on {run['world_size']} rank(s), as "
                  f"{saved_batch} is not a multiple of {_per_batch(run)}")
         raise CheckpointError(f"Checkpoint '{path}' was saved with a global batch of {saved_batch} samples per "
                               f"update ({describe(saved)}), but this run has {batch} ({describe(run)}): resuming "

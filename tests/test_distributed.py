@@ -430,3 +430,25 @@ def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
     got, _ = load_checkpoint(str(tmp_path / "nodes" / "lenet5.ckpt"))
     for name, value in expected.items():
         np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.distributed
+def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
+    # --batch-size is the global micro-batch: 16 on each of 2 workers, then 32 in one process, the same 32 samples.
+    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
+    train = ["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--data", data,
+             "--no-eval", "--json", "--quiet", "--save-every", "2"]
+    ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
+    code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"))
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
+    state = str(tmp_path / "two" / "lenet5-000000002.ckpt")
+    single = subprocess.run([sys.executable, "-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one"),
+                             "--resume", state], capture_output=True, text=True, timeout=MSRUN_TIMEOUT,
+                            env={**os.environ, "GLOG_v": "3"})
+    assert single.returncode == 0, single.stderr[-3000:]
+    summary = json.loads(single.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from"] == state and summary["optimizer_steps"] == 6 and summary["world_size"] == 1
+    expected, _ = load_checkpoint(str(tmp_path / "two" / "lenet5.ckpt"))
+    got, _ = load_checkpoint(str(tmp_path / "one" / "lenet5.ckpt"))
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)

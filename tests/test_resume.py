@@ -126,7 +126,7 @@ def test_resume_with_another_micro_batch_and_k_keeping_the_global_batch(tmp_path
     assert resumed.resumed_from == state and [r.step for r in resumed.steps] == [4, 5, 6]
     assert [r.samples for r in resumed.steps] == [16, 16, 16]
     _, meta = load_checkpoint(find_latest(str(tmp_path / "cut"), "run"))
-    assert (meta["samples"], meta["batch"], meta["batch_size"], meta["mini_steps"]) == (48, 12, 4, 4)
+    assert (meta["samples"], meta["batch"], meta["rank_batch_size"], meta["mini_steps"]) == (48, 12, 4, 4)
     whole, _ = load_checkpoint(str(tmp_path / "whole" / "run.ckpt"))
     got, _ = load_checkpoint(str(tmp_path / "cut" / "run.ckpt"))
     for name, value in whole.items():
