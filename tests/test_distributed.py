@@ -3,7 +3,9 @@
 The msrun tests (marked `distributed`) start real workers: `dist_scripts/dp_worker.py` trains every case of
 `dist_scripts/dp_cases.py` on each rank's share of the global micro-batches, including shares of unequal size, and
 this process trains the single-process reference on the concatenation. The number of all-reduce kernels run is
-taken from MindSpore's own CPU profiler in the workers. The rest of the file checks the error paths in-process.
+taken from MindSpore's own CPU profiler in the workers. Two msrun launches act as two nodes of 2 workers (the
+cases of `NODE_CASES`, and `ms-accum train`). `fault_scripts/resume_worker.py` under msrun is killed mid-window and
+resumed, and resumed on one process with twice the K. The error paths are checked in-process.
 """
 import glob
 import json
