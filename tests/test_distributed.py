@@ -95,6 +95,31 @@ def log_lines(log_dir, rank):
         return [line.rstrip("\n") for line in handle if not line.startswith("[")]
 
 
+def two_node_msrun(log_prefix, command):
+    """Runs `command` under two msrun launches acting as two nodes of 2 workers; returns each node's log dir."""
+    port = free_port()
+    logs = [f"{log_prefix}_node{node}" for node in (0, 1)]
+    procs = [start_msrun(logs[node], command, workers=4, local_workers=2, node=node, port=port) for node in (0, 1)]
+    for proc, log_dir in zip(procs, logs):
+        code, output = finish_msrun(proc, log_dir)
+        assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    return logs
+
+
+def single_process(*command):
+    """Runs `python command...` in a fresh process, as one worker without a launcher; returns the finished run."""
+    return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=MSRUN_TIMEOUT,
+                          env={**os.environ, "GLOG_v": "3"})
+
+
+def assert_checkpoints_close(expected_path, got_path):
+    """Every parameter of the two checkpoints equal within float32 summation-order tolerance."""
+    expected, _ = load_checkpoint(str(expected_path))
+    got, _ = load_checkpoint(str(got_path))
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp")
@@ -111,13 +136,7 @@ def dp_run(tmp_path_factory):
 def two_nodes(tmp_path_factory):
     """Two msrun launches on this machine acting as two nodes: 4 workers, 2 per node, one master address."""
     out = tmp_path_factory.mktemp("nodes")
-    port = free_port()
-    logs = [str(out / f"logs_node{node}") for node in (0, 1)]
-    procs = [start_msrun(logs[node], [os.path.join(SCRIPTS, "dp_worker.py"), str(out), "nodes"], workers=4,
-                         local_workers=2, node=node, port=port) for node in (0, 1)]
-    for proc, log_dir in zip(procs, logs):
-        code, output = finish_msrun(proc, log_dir)
-        assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    two_node_msrun(str(out / "logs"), [os.path.join(SCRIPTS, "dp_worker.py"), str(out), "nodes"])
     return out
 
 
@@ -382,9 +401,8 @@ def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_
     # 192 samples, micro-batches of 8 per rank: 2 ranks with K=3 and 1 process with K=6 both update on 48 samples,
     # the same ones (DistributedSampler: rank r of n reads r, r + n, ... of one shuffled order).
     def single(ckpt_dir, mini_steps, resume):
-        env = {**os.environ, "GLOG_v": "3"}
-        return subprocess.run([sys.executable, RESUME_WORKER, str(ckpt_dir), "three_graphs", "none", str(mini_steps),
-                               "192", "0", resume], capture_output=True, text=True, env=env, timeout=MSRUN_TIMEOUT)
+        return single_process(RESUME_WORKER, str(ckpt_dir), "three_graphs", "none", str(mini_steps), "192", "0",
+                              resume)
 
     ranks = tmp_path / "ranks"
     code, output = msrun(str(ranks / "logs"), RESUME_WORKER, str(ranks), "three_graphs", "none", "3", "192", "0",
@@ -399,10 +417,7 @@ def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_
     resumed = single(tmp_path / "one", 6, state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == [3, 4, 5, 6, 7, 8]
-    expected, _ = load_checkpoint(str(ranks / "run.ckpt"))
-    got, _ = load_checkpoint(str(tmp_path / "one" / "run.ckpt"))
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert_checkpoints_close(ranks / "run.ckpt", tmp_path / "one" / "run.ckpt")
 
 
 @pytest.mark.distributed
@@ -412,26 +427,16 @@ def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
     train = ["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--data", data,
              "--no-eval", "--json", "--quiet"]
-    port = free_port()
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
-    logs = [str(tmp_path / f"logs_node{node}") for node in (0, 1)]
-    procs = [start_msrun(logs[node], [ms_accum, *train, "--ckpt-dir", str(tmp_path / "nodes")], workers=4,
-                         local_workers=2, node=node, port=port) for node in (0, 1)]
-    for proc, log_dir in zip(procs, logs):
-        code, output = finish_msrun(proc, log_dir)
-        assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    logs = two_node_msrun(str(tmp_path / "logs"), [ms_accum, *train, "--ckpt-dir", str(tmp_path / "nodes")])
     nodes = json.loads(log_lines(logs[0], 0)[-1])
     assert nodes["world_size"] == 4 and nodes["optimizer_steps"] == 8
-    single = subprocess.run([sys.executable, "-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one")],
-                            capture_output=True, text=True, timeout=MSRUN_TIMEOUT, env={**os.environ, "GLOG_v": "3"})
+    single = single_process("-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-3000:]
     one = json.loads(single.stdout.strip().splitlines()[-1])
     assert one["world_size"] == 1 and one["optimizer_steps"] == 8
     np.testing.assert_allclose(nodes["final_loss"], one["final_loss"], rtol=1e-5)  # the global loss on both
-    expected, _ = load_checkpoint(str(tmp_path / "one" / "lenet5.ckpt"))
-    got, _ = load_checkpoint(str(tmp_path / "nodes" / "lenet5.ckpt"))
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert_checkpoints_close(tmp_path / "one" / "lenet5.ckpt", tmp_path / "nodes" / "lenet5.ckpt")
 
 
 @pytest.mark.distributed
@@ -444,13 +449,8 @@ def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
     code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"))
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
     state = str(tmp_path / "two" / "lenet5-000000002.ckpt")
-    single = subprocess.run([sys.executable, "-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one"),
-                             "--resume", state], capture_output=True, text=True, timeout=MSRUN_TIMEOUT,
-                            env={**os.environ, "GLOG_v": "3"})
+    single = single_process("-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one"), "--resume", state)
     assert single.returncode == 0, single.stderr[-3000:]
     summary = json.loads(single.stdout.strip().splitlines()[-1])
     assert summary["resumed_from"] == state and summary["optimizer_steps"] == 6 and summary["world_size"] == 1
-    expected, _ = load_checkpoint(str(tmp_path / "two" / "lenet5.ckpt"))
-    got, _ = load_checkpoint(str(tmp_path / "one" / "lenet5.ckpt"))
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert_checkpoints_close(tmp_path / "two" / "lenet5.ckpt", tmp_path / "one" / "lenet5.ckpt")
