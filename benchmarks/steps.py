@@ -135,20 +135,20 @@ def jit_accumulator_step(net, loss_fn, opt, k: int = K):
 
 
 def _three_graphs(net, loss_fn, opt, inputs):
-    """ms_accum's TrainForwardBackward / TrainOptim / TrainClear driven by the tutorial's loop."""
+    """ms_accum's three graphs as the executor runs them, in the tutorial's loop: TrainForwardBackward per
+    micro-batch, then TrainOptim with its TrainClear in the same call (clear=True) per window."""
     from mindspore import nn
-    from ms_accum import AccumulationBuffer, TrainClear, TrainForwardBackward, TrainOptim
+    from ms_accum import AccumulationBuffer, TrainForwardBackward, TrainOptim
     buffer = AccumulationBuffer(opt.parameters)
     forward_backward = TrainForwardBackward(nn.WithLossCell(net, loss_fn), opt, buffer).set_train()
-    optim, clear = TrainOptim(opt, buffer).set_train(), TrainClear(buffer).set_train()
+    close = TrainOptim(opt, buffer, clear=True).set_train()
 
     def run(n):
         loss = None
         for k in range(n):
             loss = forward_backward(*inputs[k % len(inputs)])
             if (k + 1) % K == 0:
-                optim()
-                clear()
+                close()
         sync(loss)
     return run
 

@@ -1,9 +1,11 @@
 """ms_accum: gradient accumulation for MindSpore graph mode, equal to large-batch training.
 
-The public names load on first use (PEP 562), so that `import ms_accum.runtime` (the CLI and the tutorials)
-can set oneDNN's CPU ISA before MindSpore's native libraries are loaded: the setting is read only then.
+Importing it before `mindspore` caps oneDNN's CPU ISA on AVX-512 CPUs (`ms_accum.runtime`), which MindSpore reads
+only when its native libraries load; so the public names load on first use (PEP 562), not with the package.
 """
 import importlib
+
+from . import runtime as _runtime  # noqa: F401  (imports no MindSpore; caps the ISA if it is not loaded yet)
 
 _EXPORTS = {
     "Accumulator": "accumulator",

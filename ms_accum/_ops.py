@@ -18,6 +18,7 @@ _clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
 _zero_in_place_op = ops.MultitypeFuncGraph("ms_accum_zero_in_place")
 _sum_op = ops.MultitypeFuncGraph("ms_accum_sum")
 _dense_shape_op = ops.MultitypeFuncGraph("ms_accum_dense_shape")
+_count_op = ops.MultitypeFuncGraph("ms_accum_count")
 
 
 def _densify(grad):
@@ -64,12 +65,24 @@ def _accumulate_row_tensor(grad_sum, grad):
     return ops.assign_add(grad_sum, ops.cast(_densify(grad), ops.dtype(grad_sum)))
 
 
+@_weigh_op.register("None", "Tensor")
+def _unweighted_dense(weight, grad):
+    return grad
+
+
+@_weigh_op.register("None", "RowTensor")
+def _unweighted_row_tensor(weight, grad):
+    return _densify(grad)
+
+
 @_weigh_op.register("Tensor", "Tensor")
+@_weigh_op.register("Number", "Tensor")
 def _weigh_dense(weight, grad):
     return grad * ops.cast(weight, grad.dtype)
 
 
 @_weigh_op.register("Tensor", "RowTensor")
+@_weigh_op.register("Number", "RowTensor")
 def _weigh_row_tensor(weight, grad):
     dense = _densify(grad)
     return dense * ops.cast(weight, dense.dtype)
@@ -116,9 +129,25 @@ def cast_like(grads, params):
     return _hyper_map(_cast_like_op, grads, params)
 
 
+@_count_op.register("None")
+def _count_unweighted(weight):
+    return 1.0
+
+
+@_count_op.register("Number")
+@_count_op.register("Tensor")
+def _count_weight(weight):
+    return weight
+
+
+def count(weight):
+    """What a micro-batch of `weight` adds to the window's divisor: `weight`, or 1 for an unweighted one (None)."""
+    return _count_op(weight)
+
+
 def weigh(grads, weight):
-    """`grads` times `weight` (a sparse gradient comes back dense)."""
-    return _hyper_map(ops.partial(_weigh_op, ops.cast(weight, ms.float32)), grads)
+    """`grads` times `weight` (a sparse gradient comes back dense); with `weight` None, `grads` as they are."""
+    return _hyper_map(ops.partial(_weigh_op, weight), grads)
 
 
 def window_grads(grad_sum, divisor, clip_norm):
@@ -129,15 +158,32 @@ def window_grads(grad_sum, divisor, clip_norm):
     return grads
 
 
-def clear_window(grad_sum, mini_step, num_samples):
-    """Zero the buffer and both counters: the window is closed.
+def zero_finite(grad_sum):
+    """Zero a buffer known to be finite: subtracting it from itself needs no temporary (inf or nan would stay nan)."""
+    return _hyper_map(_zero_in_place_op, grad_sum)
 
-    Subtracting the buffer from itself needs no temporary and zeroes every finite value; a buffer that held inf
-    or nan (a skipped window) then sums to nan and is overwritten with zeros, which costs a temporary.
-    """
-    done = _hyper_map(_zero_in_place_op, grad_sum)
-    if not ops.isfinite(ops.addn(_hyper_map(_sum_op, done))):
-        done = _hyper_map(_clear_op, grad_sum)
+
+def zero_any(grad_sum):
+    """Zero a buffer that may hold inf or nan: a broadcast zero copied in, which costs a temporary per tensor."""
+    return _hyper_map(_clear_op, grad_sum)
+
+
+def zero_counters(done, counters):
+    """Zero the float32 `counters` and return an int32 zero, after `done` (the buffer's zeroing)."""
     zero = ops.depend(ops.zeros((), ms.int32), done)
-    ops.assign(num_samples, ops.cast(zero, ms.float32))
-    return ops.assign(mini_step, zero)
+    for counter in counters:
+        ops.assign(counter, ops.cast(zero, ms.float32))
+    return zero
+
+
+def clear_window(grad_sum, mini_step, counters):
+    """Zero the buffer, whatever it holds, the float32 `counters` and `mini_step`: the window is closed.
+
+    Subtracting the buffer from itself zeroes every finite value; a buffer that held inf or nan then sums to nan
+    and is overwritten with zeros. The test is a tensor `if` (README, "Performance": a graph with control flow costs
+    more per call), so a window closed by the optimizer step, which knows whether it was finite, avoids it.
+    """
+    done = zero_finite(grad_sum)
+    if not ops.isfinite(ops.addn(_hyper_map(_sum_op, done))):
+        done = zero_any(grad_sum)
+    return ops.assign(mini_step, zero_counters(done, counters))

@@ -9,6 +9,7 @@ from mindspore import nn, ops
 from . import _ops
 from .buffer import AccumulationBuffer
 from .parallel import data_parallel_info
+from .runtime import check_cpu_kernels
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 
 
@@ -50,8 +51,8 @@ class Accumulator:
           optimizer's order (what `value_and_grad(fn, None, optimizer.parameters)` returns).
         - **num_samples** (Union[int, Tensor], optional) - The micro-batch's sample count. Give it when
           micro-batches differ in size: the mean then weights each by its count, so the window's gradient
-          equals the gradient of the concatenated batch (``"sum"`` ignores it). Default: ``1`` (every micro-batch
-          weighs the same).
+          equals the gradient of the concatenated batch (``"sum"`` ignores it). Default: ``None``, every
+          micro-batch weighs 1 and its gradient is accumulated as it is (no multiplication).
 
     Outputs:
         Tensor of bool, whether this call closed a window. The optimizer then ran, unless the window's gradient
@@ -88,6 +89,7 @@ class Accumulator:
     def __init__(self, optimizer: nn.Optimizer, accumulate_step: int, clip_norm: Optional[float] = None,
                  reduction: str = "mean") -> None:
         check_isinstance(optimizer, "optimizer", nn.Optimizer, "Accumulator")
+        check_cpu_kernels("Accumulator")
         self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "Accumulator")
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "Accumulator", allow_none=True)
         self.optimizer = optimizer
@@ -98,13 +100,13 @@ class Accumulator:
         self.num_samples = self.buffer.num_samples
         self.param_shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
 
-    def __call__(self, grads, num_samples=1):
-        # No Python-level if/else before the tensor `if` below (README, "Known MindSpore behaviour"): every
-        # micro-batch is weighted, by 1 unless told otherwise; multiplying by 1.0 is exact. The Accumulator sees no
-        # loss: a zero stands for it, and the window's gradient check finds what is not finite.
+    def __call__(self, grads, num_samples=None):
+        # No Python-level if/else before the tensor `if` below (README, "Known MindSpore behaviour"): a micro-batch
+        # without a sample count (None) is left unweighted by type dispatch, not by a branch. The Accumulator sees
+        # no loss (None): the window's gradient check finds what is not finite.
         self._check_grads(grads)
-        weight = self.buffer.reduction.weight(num_samples)
-        step = self.buffer.add(ops.zeros((), ms.float32), _ops.weigh(grads, weight), weight)
+        weight = self.buffer.reduction.given_weight(num_samples)
+        step = self.buffer.add(None, _ops.weigh(grads, weight), _ops.count(weight))
         applied = step >= self.accumulate_step
         if applied:
             self.buffer.close(self.optimizer, self.clip_norm)
@@ -116,9 +118,9 @@ class Accumulator:
         Outputs:
             Tensor of bool, whether the optimizer was applied.
         """
-        applied = self.mini_step > 0
-        if applied:
-            self.buffer.close(self.optimizer, self.clip_norm)
+        applied = ops.zeros((), ms.bool_)
+        if self.mini_step > 0:
+            applied = self.buffer.close(self.optimizer, self.clip_norm)
         return applied
 
     def _check_grads(self, grads):

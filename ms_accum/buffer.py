@@ -16,17 +16,34 @@ HALF = (ms.float16, ms.bfloat16)
 
 
 def _scalar_sens(out, scale):
-    return ops.ones_like(out) * ops.cast(scale, ops.dtype(out))
+    # A constant `scale` (a sample count, no loss scaler) makes a constant sensitivity: nothing runs for it.
+    return ops.fill(ops.dtype(out), ops.shape(out), scale)
 
 
 @ms.jit_class
-class SampleMean:
-    """``reduction="mean"``: a micro-batch weighs its samples; the window is divided by the samples it holds."""
+class Reduction:
+    """
+    How a window combines its micro-batches: the protocol every ``reduction`` rule implements.
 
-    name = "mean"
+    A rule answers, in the graph, what a micro-batch weighs and what the window is divided by, and on the host, how
+    the executor reads the micro-batches' losses back. The defaults are those of a network whose output is its scalar
+    loss; a rule overrides what differs. The rule is chosen once, when the `AccumulationBuffer` is built, never by a
+    flag in the graph (README, "Known MindSpore behaviour": a constant if/else).
+
+    Attributes:
+        name (str): The ``reduction`` argument that names the rule.
+    """
+
+    name = ""
 
     def weight(self, samples):
-        return samples
+        """What a micro-batch of `samples` samples weighs (the backward pass's sensitivity in the Cells)."""
+        raise NotImplementedError
+
+    def given_weight(self, num_samples):
+        """What a micro-batch weighs when its caller gives `num_samples` (the Accumulator's input; None: nothing
+        given, the micro-batch is accumulated unweighted and counts 1)."""
+        return num_samples
 
     def split(self, out, batch):
         """`(loss, weight)` of a micro-batch from the network's output and its first input."""
@@ -37,14 +54,36 @@ class SampleMean:
         return _scalar_sens(out, scale)
 
     def divisor(self, samples, sum_divisor):
+        """What the window's sum is divided by, given the weights it holds (all ranks') and the ranks' divisor for
+        sums (1, or the group size)."""
         return samples
 
     def window_output(self, losses, weights):
+        """What `TrainWindowCell` returns from its micro-batches' losses and weights, both of shape (K,)."""
         return losses
+
+    def loss_weights(self, outputs, samples):
+        """Host side: `(loss, weight)` of each micro-batch from the outputs of its graph calls and its sample
+        count; the logged window loss is the weighted mean."""
+        return list(zip(outputs, samples))
+
+    def unstack(self, output):
+        """Host side: `TrainWindowCell`'s output split into one output per micro-batch."""
+        return list(output.asnumpy())
 
 
 @ms.jit_class
-class Sum(SampleMean):
+class SampleMean(Reduction):
+    """``reduction="mean"``: a micro-batch weighs its samples; the window is divided by the samples it holds."""
+
+    name = "mean"
+
+    def weight(self, samples):
+        return samples
+
+
+@ms.jit_class
+class Sum(Reduction):
     """``reduction="sum"``: a micro-batch weighs 1; the window is divided by `sum_divisor` (1, or the ranks)."""
 
     name = "sum"
@@ -52,17 +91,24 @@ class Sum(SampleMean):
     def weight(self, samples):
         return 1.0
 
+    def given_weight(self, num_samples):
+        return None  # a sample count changes nothing here
+
     def divisor(self, samples, sum_divisor):
         return sum_divisor
 
 
 @ms.jit_class
-class WeightedMean(SampleMean):
+class WeightedMean(Reduction):
     """``reduction="weighted_mean"``: the network with its loss returns `(loss, weight)`, the loss a mean over `weight`
     items (the micro-batch's non-padding tokens, say); the window is divided by the weights it holds, so it is the
-    mean over all its items, however they are spread over micro-batches (and ranks)."""
+    mean over all its items, however they are spread over micro-batches (and ranks). The Accumulator, which sees no
+    network, weighs a micro-batch by the `num_samples` given (its token count)."""
 
     name = "weighted_mean"
+
+    def weight(self, samples):
+        return samples
 
     def split(self, out, batch):
         return out[0], ops.cast(out[1], ms.float32)
@@ -72,6 +118,12 @@ class WeightedMean(SampleMean):
 
     def window_output(self, losses, weights):
         return losses, weights
+
+    def loss_weights(self, outputs, samples):
+        return list(outputs)
+
+    def unstack(self, output):
+        return list(zip(output[0].asnumpy(), output[1].asnumpy()))
 
 
 RULES = {"mean": SampleMean, "sum": Sum, "weighted_mean": WeightedMean}
@@ -134,9 +186,8 @@ class AccumulationBuffer:
         mini_step (Parameter): int32, micro-batches in the open window.
         num_samples (Parameter): float32, the sum of their weights, the divisor of the mean.
         guard (WindowGuard): The non-finite check and loss scale.
-        reduction (Union[SampleMean, Sum, WeightedMean]): The rule `reduction` names: what a micro-batch weighs
-            and what the window is divided by. An object chosen here, not a flag in the graph (README, "Known
-            MindSpore behaviour": a constant if/else).
+        reduction (Reduction): The rule `reduction` names (`SampleMean`, `Sum` or `WeightedMean`): what a
+            micro-batch weighs and what the window is divided by.
         reducer (Union[LocalWindow, AllReduceWindow]): The window's communication, chosen from MindSpore's parallel
             mode when the buffer is built.
 
@@ -175,7 +226,7 @@ class AccumulationBuffer:
         self.to_params = _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
-        self.guard = WindowGuard(policy, loss_scaler, prefix)
+        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum])
 
     def parameters(self) -> list:
         """All Parameters the buffer owns: the gradient buffers, the two counters, then the guard's."""
@@ -193,27 +244,43 @@ class AccumulationBuffer:
         grads, weight = self.guard.micro_batch(loss, grads, weight)
         return _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
 
+    def _window(self, clip_norm):
+        """The window's gradient and whether the guard lets it be applied: reduced, divided (in place), unscaled,
+        clipped."""
+        grad_sum, samples = self.reducer(self.grad_sum, self.num_samples)
+        divisor = self.reduction.divisor(samples, self.reducer.sum_divisor)
+        # A tensor divisor: an in-place multiplication by a Python constant leaves MindSpore 2.10 unable to infer the
+        # buffer's type (the "sum" rule's divisor is one).
+        grads = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32), clip_norm)
+        return grads, self.guard.close(grads, self.reducer, self.mini_step)
+
     def apply(self, optimizer, clip_norm):
         """Reduces, divides, unscales and clips the window's gradient, and steps `optimizer` if the guard allows.
 
         The division is in place, so the buffer holds the applied gradient until `clear`. Returns whether the
         optimizer ran.
         """
-        grad_sum, samples = self.reducer(self.grad_sum, self.num_samples)
-        divisor = self.reduction.divisor(samples, self.reducer.sum_divisor)
-        grads = _ops.window_grads(grad_sum, divisor * self.guard.loss_scale, clip_norm)
-        applied = self.guard.close(grads, self.reducer, self.mini_step)
+        grads, applied = self._window(clip_norm)
         if applied:
             optimizer(self.to_params(grads))
         return applied
 
     def clear(self):
-        """Zeroes the buffer, the counters and the guard's open-window count; returns the micro-step count (0)."""
-        ops.assign(self.guard.window_bad, ops.zeros((), ms.float32))
-        return _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+        """Zeroes the buffer, whatever it holds, the counters and the guard's open-window count; returns the
+        micro-step count (0)."""
+        return _ops.clear_window(self.grad_sum, self.mini_step, (self.num_samples, self.guard.window_bad))
 
     def close(self, optimizer, clip_norm):
-        """`apply`, then `clear`: returns whether the optimizer ran."""
-        applied = self.apply(optimizer, clip_norm)
-        self.clear()
+        """`apply`, then `clear`, in one branch: returns whether the optimizer ran.
+
+        The guard's verdict also says how to zero the buffer (an applied window is finite), so closing needs no
+        second test, and a graph that closes windows has one tensor `if`, not two.
+        """
+        grads, applied = self._window(clip_norm)
+        if applied:
+            optimizer(self.to_params(grads))
+            done = _ops.zero_finite(self.grad_sum)
+        else:
+            done = _ops.zero_any(self.grad_sum)
+        ops.assign(self.mini_step, _ops.zero_counters(done, (self.num_samples, self.guard.window_bad)))
         return applied

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 from .buffer import AccumulationBuffer
 from .guard import LossScaler, check_policy_fits
 from .parallel import data_parallel_info
+from .runtime import check_cpu_kernels
 
 
 def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
@@ -55,6 +57,7 @@ class _WindowCell(nn.Cell):
 
     def __init__(self, buffer: AccumulationBuffer) -> None:
         super().__init__(auto_prefix=False)
+        check_cpu_kernels(type(self).__name__)
         self.buffer = buffer
         self.window_state = ParameterTuple(buffer.parameters())
 
@@ -82,7 +85,7 @@ class _MicroBatchCell(_WindowCell):
         """
         out = self.network(*inputs)
         loss, weight = self.buffer.reduction.split(out, inputs[0])
-        sens = self.buffer.reduction.sens(out, weight * self.buffer.guard.loss_scale)
+        sens = self.buffer.reduction.sens(out, self.buffer.guard.scaling.sens(weight))
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         return out, self.buffer.add(loss, grads, weight)
 
@@ -178,22 +181,44 @@ class TrainForwardBackward(_MicroBatchCell):
         return ops.depend(out, step)
 
 
+@ms.jit_class
+class _Apply:
+    """`TrainOptim`'s step when the window stays open for `TrainClear`: the buffer's `apply`."""
+
+    def __init__(self, buffer: AccumulationBuffer) -> None:
+        self.buffer = buffer
+
+    def __call__(self, optimizer, clip_norm):
+        return self.buffer.apply(optimizer, clip_norm)
+
+
+@ms.jit_class
+class _Close(_Apply):
+    """`TrainOptim`'s step with ``clear=True``: the buffer's `close`, apply and clear in one branch."""
+
+    def __call__(self, optimizer, clip_norm):
+        return self.buffer.close(optimizer, clip_norm)
+
+
 class TrainOptim(_WindowCell):
     r"""
     Applies the window's gradient: the sample-weighted mean (or the sum), unscaled, clipped, then `optimizer`,
     unless the buffer's `WindowGuard` finds it not finite (the window is then skipped and counted). The buffer's
-    reduction decides between mean and sum.
+    reduction decides what the window is divided by.
 
     In data parallel the buffer and the sample count are first all-reduced over the ranks. The division happens in
     place (in graph mode the buffer then holds the applied gradient), so `TrainClear` must follow before the next
-    window, as in the tutorial's loop.
+    window, as in the tutorial's loop; or give ``clear=True`` and the window is also cleared in the same graph call,
+    as `GradientAccumulation` does: one launch and one tensor `if` per window instead of two of each (README,
+    "Performance").
 
     Args:
         optimizer (nn.Optimizer): The optimizer.
         buffer (AccumulationBuffer): The window's state.
         clip_norm (float, optional): Clip the gradient to this global norm first. Default: ``None``.
-        reduction (str, optional): The buffer's reduction, ``"mean"`` or ``"sum"``; give it only to state it.
-            Default: ``None``.
+        reduction (str, optional): The buffer's reduction (``"mean"``, ``"sum"`` or ``"weighted_mean"``); give it only
+            to state it. Default: ``None``.
+        clear (bool): Also clear the window, as `TrainClear` would. Default: ``False``.
 
     Inputs:
         None.
@@ -210,14 +235,15 @@ class TrainOptim(_WindowCell):
     """
 
     def __init__(self, optimizer: nn.Optimizer, buffer: AccumulationBuffer, clip_norm: Optional[float] = None,
-                 reduction: Optional[str] = None) -> None:
+                 reduction: Optional[str] = None, clear: bool = False) -> None:
         super().__init__(_check_buffer(buffer, optimizer, "TrainOptim"))
         _check_reduction(buffer, reduction, "TrainOptim")
         self.optimizer = optimizer
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "TrainOptim", allow_none=True)
+        self.step = _Close(buffer) if check_isinstance(clear, "clear", bool, "TrainOptim") else _Apply(buffer)
 
     def construct(self):
-        return self.buffer.apply(self.optimizer, self.clip_norm)
+        return self.step(self.optimizer, self.clip_norm)
 
 
 class TrainClear(_WindowCell):

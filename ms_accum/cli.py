@@ -21,7 +21,7 @@ import os
 import sys
 from typing import List, Optional
 
-from . import runtime
+from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
 
 MODEL_NAMES = ("lenet5", "mlp")
 OPTIMIZERS = ("momentum", "sgd", "adam")
@@ -377,7 +377,6 @@ def run_verify(args: argparse.Namespace) -> dict:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `ms-accum` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
-    runtime.prefer_fast_cpu_kernels()  # before MindSpore's libraries load
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's log: errors only, so a CLI error stays one line
     from .checkpoint import CheckpointError
     from .data import DataError

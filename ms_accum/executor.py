@@ -20,6 +20,7 @@ from .guard import LossScaler
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
+from .runtime import check_cpu_kernels
 from .window import TrainWindowCell
 
 PARTIAL_WINDOWS = ("apply", "drop")
@@ -72,37 +73,37 @@ Window = Iterable[Sequence[Tensor]]  # micro-batches, each the tuple of inputs t
 
 
 class ThreeGraphs:
-    """``"three_graphs"``: `TrainForwardBackward` per micro-batch, then `TrainOptim` and `TrainClear`."""
+    """``"three_graphs"``: the tutorial's graphs, `TrainForwardBackward` per micro-batch, then `TrainOptim` with
+    ``clear=True`` (its `TrainClear` in the same call) to close the window."""
 
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, optim: nn.Cell, clear: nn.Cell) -> None:
-        self.forward_backward, self.optim, self.clear = forward_backward, optim, clear
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, close: nn.Cell) -> None:
+        self.forward_backward, self.close = forward_backward, close
+        self.reduction = buffer.reduction
         self.skipped_windows = buffer.guard.skipped_windows
         self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
 
     def train_window(self, window: Window, size: int) -> Tuple[List, List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
 
-        Returns `(their losses, their sample counts, whether the optimizer was applied)`. Every Cell answers
+        Returns `(their outputs, their sample counts, whether the optimizer was applied)`. Every Cell answers
         "applied" the same way, through the guard's count of skipped windows (one read).
         """
         samples = []
-        losses = self.run(_noting_sizes(window, samples), size)
+        outputs = self.run(_noting_sizes(window, samples), size)
         skipped, self.skipped = self.skipped, int(self.skipped_windows.asnumpy())
-        return losses, samples, self.skipped == skipped
+        return outputs, samples, self.skipped == skipped
 
     def run(self, window: Window, size: int) -> List:
-        losses = [self.forward_backward(*inputs) for inputs in window]
-        self.optim()
-        self.clear()
-        return losses
+        outputs = [self.forward_backward(*inputs) for inputs in window]
+        self.close()
+        return outputs
 
 
 class Fused(ThreeGraphs):
     """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
 
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, optim: nn.Cell, clear: nn.Cell,
-                 cell: nn.Cell) -> None:
-        super().__init__(buffer, forward_backward, optim, clear)
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, close: nn.Cell, cell: nn.Cell) -> None:
+        super().__init__(buffer, forward_backward, close)
         self.cell = cell
 
     def run(self, window: Window, size: int) -> List:
@@ -119,8 +120,7 @@ class Stacked(Fused):
         if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphs.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
-        out = self.cell(*stacked)
-        return list(zip(out[0].asnumpy(), out[1].asnumpy())) if isinstance(out, tuple) else list(out.asnumpy())
+        return self.reduction.unstack(self.cell(*stacked))
 
 
 class GradientAccumulation:
@@ -189,6 +189,7 @@ class GradientAccumulation:
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
                  buffer_dtype=None) -> None:
         name = "GradientAccumulation"
+        check_cpu_kernels(name)
         self._network = check_isinstance(network, "network", nn.Cell, name)
         check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
         self._optimizer = check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
@@ -206,9 +207,9 @@ class GradientAccumulation:
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                          reduction=reduction, dtype=buffer_dtype)
-        self._three_graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
-                              TrainOptim(optimizer, self.buffer, clip_norm).set_train(),
-                              TrainClear(self.buffer).set_train())
+        self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
+                        TrainOptim(optimizer, self.buffer, clip_norm, clear=True).set_train())
+        self._clear = TrainClear(self.buffer).set_train()
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
 
@@ -224,12 +225,12 @@ class GradientAccumulation:
         """
         structure = self.structure_for(mini_steps)
         if structure == "three_graphs":
-            return ThreeGraphs(self.buffer, *self._three_graphs)
+            return ThreeGraphs(self.buffer, *self._graphs)
         cls, runner = (TrainWindowCell, Stacked) if structure == "window" else (TrainAccumulationCell, Fused)
         if mini_steps not in self._cells:
             self._cells[mini_steps] = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm,
                                           buffer=self.buffer).set_train()
-        return runner(self.buffer, *self._three_graphs, self._cells[mini_steps])
+        return runner(self.buffer, *self._graphs, self._cells[mini_steps])
 
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
@@ -294,7 +295,7 @@ class GradientAccumulation:
                "world_size": 1 if self._parallel is None else self._parallel.group_size}
         states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last,
                                   self._writes)
-        self._three_graphs[2]()  # start from an empty window whatever happened before
+        self._clear()  # start from an empty window whatever happened before
         position, resumed_from = states.resume(resume, epoch)
         runner = self.runner(mini_steps)
         if self._parallel is not None and resume not in (None, False):
@@ -356,7 +357,7 @@ class GradientAccumulation:
     def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
                 log_every: int, verbose: bool, on_step) -> None:
         # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
-        pairs = [out if isinstance(out, tuple) else (out, size) for out, size in zip(losses, samples)]
+        pairs = self.buffer.reduction.loss_weights(losses, samples)
         values, weights = (np.asarray([x.asnumpy() if isinstance(x, Tensor) else x for x in column], np.float64)
                            for column in zip(*pairs))
         finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan

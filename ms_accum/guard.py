@@ -1,23 +1,28 @@
 """Non-finite gradients and loss scaling, decided once per accumulation window.
 
-Every window's gradient is checked with `mindspore.amp.all_finite` before the optimizer sees it; a window that
-is not finite is skipped (the optimizer is not called, so parameters and optimizer state stay finite) and
-counted. Micro-batches are handled by one of two policies:
+Every window's gradient is checked before the optimizer sees it; a window that is not finite is skipped (the
+optimizer is not called, so parameters and optimizer state stay finite) and counted. Micro-batches are handled by
+one of two policies:
 
 - ``"skip_window"`` (default): every micro-batch is accumulated as it is; a non-finite loss or gradient
-  anywhere in the window skips the whole window. The only check is the one on the accumulated gradient,
+  anywhere in the window skips the whole window. The only checks are the one on the accumulated gradient,
   plus a scalar test of each loss.
 - ``"skip_microbatch"``: each micro-batch's loss and gradient are checked; a non-finite one is left out and the
   window's mean is taken over the samples that remain (MindSpore's boost accumulation drops such micro-batches
   silently; here they are counted). A window whose micro-batches were all left out is skipped.
 
 With a MindSpore loss scaler the backward pass is scaled by its ``scale_value`` and the window's gradient unscaled
-before the check (`amp.all_finite`, on every backend); a dynamic scaler is adjusted once per window. In data
-parallel the counts the decision rests on are all-reduced, so every rank decides alike.
+before the check; a dynamic scaler is adjusted once per window. Without one nothing is scaled, so the backward
+pass's sensitivity stays a compile-time constant. In data parallel the counts the decision rests on are
+all-reduced, so every rank decides alike.
+
+The window's check is `mindspore.amp.all_finite` on GPU and Ascend (where it reads the device's overflow status)
+and for half-precision buffers; on CPU a float32 buffer is checked through the sum of each tensor, one reduction per
+tensor instead of three (README, "Performance").
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, amp, ops
@@ -29,6 +34,8 @@ LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 
 _hyper_map = ops.HyperMap()
 _keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
+_sum_op = ops.MultitypeFuncGraph("ms_accum_guard_sum")
+_count_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_count_bad_loss")
 
 
 def check_policy_fits(network, policy: str, cls_name: str) -> None:
@@ -58,15 +65,86 @@ def _keep_dense(finite, grad):
     return ops.select(finite, grad, ops.zeros_like(grad))
 
 
+@_sum_op.register("Tensor")
+def _tensor_sum(grad):
+    return ops.reduce_sum(grad)
+
+
+@_count_bad_loss_op.register("None", "Tensor", "Tensor")
+@_count_bad_loss_op.register("None", "Number", "Tensor")
+def _no_loss(loss, weight, window_bad):
+    return weight  # the Accumulator has no loss to test: its window's gradient check finds what is not finite
+
+
+@_count_bad_loss_op.register("Tensor", "Tensor", "Tensor")
+@_count_bad_loss_op.register("Tensor", "Number", "Tensor")
+def _count_bad_loss(loss, weight, window_bad):
+    bad = ops.cast(ops.logical_not(ops.isfinite(loss)), ms.float32)
+    return ops.depend(weight, ops.assign_add(window_bad, bad))
+
+
+@ms.jit_class
+class _SumIsFinite:
+    """Whether a float32 window is finite, from one sum per tensor: a sum is finite exactly when its elements are,
+    unless finite elements sum past float32's range (about 3.4e38), which is then counted as an overflow."""
+
+    def __call__(self, grads):
+        return ops.isfinite(ops.addn(_hyper_map(_sum_op, grads)))
+
+
+@ms.jit_class
+class _AllFinite:
+    """MindSpore's check: the device's overflow status on Ascend, a test of every element elsewhere."""
+
+    def __call__(self, grads):
+        return amp.all_finite(grads)
+
+
+def _window_check(dtypes):
+    """The window's finiteness check for buffers of `dtypes`, chosen once (see the module's docstring)."""
+    cpu = ms.get_context("device_target") == "CPU"
+    return _SumIsFinite() if cpu and all(dtype in (ms.float32, ms.float64) for dtype in dtypes) else _AllFinite()
+
+
+@ms.jit_class
+class _Unscaled:
+    """No loss scaler: a micro-batch's sensitivity is its weight alone (a constant for sample counts)."""
+
+    def sens(self, weight):
+        return weight
+
+    def unscale(self, divisor):
+        return divisor
+
+    def adjust(self, clean):
+        return clean
+
+
+@ms.jit_class
+class _Scaled:
+    """A loss scaler: the backward pass is scaled by its value, and the window divided by it again."""
+
+    def __init__(self, scaler: LossScaler) -> None:
+        self.scaler = scaler
+        self.loss_scale = scaler.scale_value
+
+    def sens(self, weight):
+        return weight * self.loss_scale
+
+    def unscale(self, divisor):
+        return divisor * self.loss_scale
+
+    def adjust(self, clean):
+        """Lets a dynamic scaler grow after a clean window or shrink after an overflow."""
+        return self.scaler.adjust(clean)
+
+
 @ms.jit_class
 class _KeepAll:
     """skip_window: accumulate everything; a non-finite loss marks the window (its gradient shows by itself)."""
 
-    def __call__(self, loss, grads, weight):
-        return grads, weight, 1.0 - ops.cast(ops.isfinite(loss).all(), ms.float32)
-
-    def left_out(self, bad):  # micro-batches left out of the window: none
-        return ops.zeros((), ms.int32)
+    def __call__(self, loss, grads, weight, window_bad, skipped_micro_batches):
+        return grads, _count_bad_loss_op(loss, weight, window_bad)
 
     def spoiled(self, bad, seen):  # whether `bad` non-finite micro-batches of the `seen` rule the window out
         return ops.logical_or(bad > 0.0, bad >= seen)
@@ -76,13 +154,12 @@ class _KeepAll:
 class _DropNonFinite:
     """skip_microbatch: a micro-batch with a non-finite loss or gradient adds nothing, not even its samples."""
 
-    def __call__(self, loss, grads, weight):
+    def __call__(self, loss, grads, weight, window_bad, skipped_micro_batches):
         finite = ops.logical_and(amp.all_finite(grads), ops.isfinite(loss).all())
         keep = ops.cast(finite, ms.float32)
-        return _hyper_map(ops.partial(_keep_op, finite), grads), weight * keep, 1.0 - keep
-
-    def left_out(self, bad):
-        return ops.cast(bad, ms.int32)
+        counted = ops.depend(ops.assign_add(window_bad, 1.0 - keep),
+                             ops.assign_add(skipped_micro_batches, 1 - ops.cast(finite, ms.int32)))
+        return _hyper_map(ops.partial(_keep_op, finite), grads), ops.depend(weight * keep, counted)
 
     def spoiled(self, bad, seen):
         return bad >= seen  # only when no micro-batch is left
@@ -103,6 +180,8 @@ class WindowGuard:
             Parameters are renamed ``<prefix>.loss_scale`` and ``<prefix>.loss_scale_counter``. Default: ``None``,
             no scaling.
         prefix (str): Name prefix of the Parameters. Default: ``"guard"``.
+        dtypes (Sequence[mindspore.dtype], optional): The dtypes of the window's buffers, which choose its
+            finiteness check. Default: ``None``, float32.
 
     Attributes:
         loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
@@ -119,19 +198,22 @@ class WindowGuard:
     """
 
     def __init__(self, policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
-                 prefix: str = "guard") -> None:
+                 prefix: str = "guard", dtypes: Optional[Sequence] = None) -> None:
         self.policy = check_value_in(policy, "policy", POLICIES, "WindowGuard")
+        if loss_scaler is not None:
+            check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler),
+                             "WindowGuard")
+        # Chosen here, not by flags in the graph (README, "Known MindSpore behaviour": constant if/else).
+        self.scaling = _Unscaled() if loss_scaler is None else _Scaled(loss_scaler)
+        self.window_finite = _window_check(dtypes or (ms.float32,))
         if loss_scaler is None:
-            loss_scaler = amp.StaticLossScaler(1.0)  # adjust() does nothing; unscaling divides by 1, exactly
-        check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler), "WindowGuard")
-        self.scaler = loss_scaler
+            loss_scaler = amp.StaticLossScaler(1.0)  # unused, but its scale is saved: every state has one layout
         self.loss_scale = loss_scaler.scale_value
         self.loss_scale.name = f"{prefix}.loss_scale"
         self.state = [self.loss_scale]
         if isinstance(loss_scaler, amp.DynamicLossScaler):
             loss_scaler.counter.name = f"{prefix}.loss_scale_counter"
             self.state.append(loss_scaler.counter)
-        # Chosen here, not by a flag in the graph (README, "Known MindSpore behaviour": constant if/else).
         self.filter = _KeepAll() if policy == "skip_window" else _DropNonFinite()
         self.window_bad = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_bad", requires_grad=False)
         self.skipped_windows = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_windows", requires_grad=False)
@@ -145,10 +227,7 @@ class WindowGuard:
 
     def micro_batch(self, loss, grads, weight):
         """What one micro-batch adds to the window, `(grads, weight)`, after the policy; counts a bad one."""
-        grads, weight, bad = self.filter(loss, grads, weight)
-        ops.assign_add(self.window_bad, bad)
-        ops.assign_add(self.skipped_micro_batches, self.filter.left_out(bad))
-        return grads, weight
+        return self.filter(loss, grads, weight, self.window_bad, self.skipped_micro_batches)
 
     def close(self, grads, reducer, micro_batches):
         """Whether the window's unscaled, reduced `grads` may be applied; adjusts the scale and the counters.
@@ -159,7 +238,7 @@ class WindowGuard:
         # Parameter (a Ref) with a Tensor.
         counts = reducer.total(ops.stack([self.window_bad * 1.0, ops.cast(micro_batches, ms.float32)]))
         bad, seen = counts[0], counts[1]
-        apply = ops.logical_and(amp.all_finite(grads), ops.logical_not(self.filter.spoiled(bad, seen)))
-        self.scaler.adjust(ops.logical_and(apply, bad <= 0.0))
-        ops.assign_add(self.skipped_windows, 1 - ops.cast(apply, ms.int32))
+        apply = ops.logical_and(self.window_finite(grads), ops.logical_not(self.filter.spoiled(bad, seen)))
+        self.scaling.adjust(ops.logical_and(apply, bad <= 0.0))
+        ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
         return apply

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import mindspore as ms
+
+import ms_accum  # noqa: F401  (before mindspore, as the CLI and the tutorials: it caps oneDNN at AVX2 on AVX-512 CPUs)
+import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn
 
 from ms_accum.models import LeNet5, MLP

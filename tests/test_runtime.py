@@ -1,26 +1,111 @@
-"""runtime: the oneDNN ISA cap only on AVX-512 CPUs, never over the user's choice, always before MindSpore loads."""
+"""runtime: the oneDNN ISA cap only on AVX-512 CPUs, never over the user's choice, always before MindSpore loads; the
+suite runs with it; a process that loaded MindSpore first is warned once, and only where it matters."""
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 from ms_accum import runtime
 
+AVX512 = "avx512f" in runtime._cpu_flags()
+AVX2, AVX512_CORE_BF16 = 0x7, 0xe7  # oneDNN's dnnl_cpu_isa_t codes
+
 
 @pytest.mark.parametrize("flags,user,expected", [
-    ({"avx2", "avx512f"}, None, "AVX2"),      # Sapphire Rapids class: the 30-70x slower convolution is avoided
+    ({"avx2", "avx512f"}, None, "AVX2"),      # Sapphire Rapids or EPYC Genoa class: the slow convolutions are avoided
     ({"avx2"}, None, None),                   # AVX2-only: the cap would change nothing, so nothing is set
     ({"avx2", "avx512f"}, "AVX512_CORE", "AVX512_CORE"),  # the user's setting wins
 ])
 def test_isa_cap(monkeypatch, flags, user, expected):
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(runtime, "_state", dict(runtime._state))
     if user is None:
         monkeypatch.delenv(runtime.ISA_VARIABLE, raising=False)
     else:
         monkeypatch.setenv(runtime.ISA_VARIABLE, user)
     assert runtime.prefer_fast_cpu_kernels() == expected
     assert os.environ.get(runtime.ISA_VARIABLE) == expected
+
+
+def test_the_suite_runs_with_the_setting_the_cli_uses():
+    # conftest imports ms_accum before mindspore, as the CLI does; oneDNN itself says which kernels it runs.
+    isa = runtime.cpu_kernel_isa()
+    assert isa is not None, "MindSpore's oneDNN could not be asked"
+    if runtime.ISA_VARIABLE in os.environ and os.environ[runtime.ISA_VARIABLE] != "AVX2" and not AVX512:
+        pytest.skip(f"{runtime.ISA_VARIABLE} is set to {os.environ[runtime.ISA_VARIABLE]} by the caller")
+    assert isa.startswith("avx2"), isa  # capped on AVX-512 CPUs, the CPU's own best on AVX2-only ones
+    if AVX512:
+        assert os.environ[runtime.ISA_VARIABLE] == "AVX2"
+
+
+@pytest.mark.parametrize("device,code,flags,user_set,in_time,slow", [
+    ("CPU", AVX512_CORE_BF16, {"avx512f"}, False, False, True),    # mindspore imported first: the slow kernels
+    ("CPU", AVX2, {"avx512f"}, False, True, False),                # capped in time
+    ("CPU", AVX2, {"avx2"}, False, False, False),                  # an AVX2-only CPU
+    ("CPU", AVX512_CORE_BF16, {"avx512f"}, True, False, False),    # the user chose the ISA
+    ("GPU", AVX512_CORE_BF16, {"avx512f"}, False, False, False),   # kernels run on the GPU
+    ("Ascend", AVX512_CORE_BF16, {"avx512f"}, False, False, False),
+    ("CPU", None, {"avx512f"}, False, False, True),                # oneDNN not askable: what ms_accum knows
+    ("CPU", None, {"avx512f"}, False, True, False),
+    ("CPU", None, {"avx2"}, False, False, False),
+])
+def test_when_the_slow_kernels_are_reported(device, code, flags, user_set, in_time, slow):
+    assert runtime.slow_cpu_kernels(device, code, flags, user_set, in_time) is slow
+
+
+SCRIPT = """
+import warnings
+warnings.simplefilter("always")
+{first}
+from mindspore import nn
+from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell, runtime
+net = nn.Dense(3, 2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    TrainAccumulationCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params()), 2)
+    Accumulator(nn.SGD(net.trainable_params()), 2)
+    GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()))
+ours = [str(w.message) for w in caught if "oneDNN" in str(w.message)]
+print("WARNINGS", len(ours))
+print("ISA", runtime.cpu_kernel_isa())
+for message in ours:
+    print("MESSAGE", message)
+"""
+
+
+def run_script(tmp_path, first: str, **env) -> dict:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(SCRIPT.format(first=first)))
+    environ = {k: v for k, v in os.environ.items() if k != runtime.ISA_VARIABLE}
+    environ.update(env)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, env=environ)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0] in
+             ("WARNINGS", "ISA", "MESSAGE")]
+    return {"warnings": int(dict(lines)["WARNINGS"]), "isa": dict(lines)["ISA"],
+            "messages": [text for key, text in lines if key == "MESSAGE"]}
+
+
+def test_mindspore_imported_first_is_warned_once_on_avx512_cpus(tmp_path):
+    result = run_script(tmp_path, "import mindspore")
+    if not AVX512:  # nothing to say on an AVX2-only CPU
+        assert result == {"warnings": 0, "isa": result["isa"], "messages": []}
+        return
+    assert result["isa"].startswith("avx512") and result["warnings"] == 1  # three objects built, one warning
+    message = result["messages"][0]
+    assert "For 'TrainAccumulationCell'" in message and "several times slower" in message
+    assert "import ms_accum before mindspore" in message and "ONEDNN_MAX_CPU_ISA=AVX2" in message
+
+
+def test_no_warning_when_ms_accum_came_first_or_the_user_chose(tmp_path):
+    first = run_script(tmp_path, "import ms_accum\nimport mindspore")
+    assert first["warnings"] == 0 and first["isa"].startswith("avx2")
+    chosen = run_script(tmp_path, "import mindspore", ONEDNN_MAX_CPU_ISA="AVX512_CORE")
+    assert chosen["warnings"] == 0
+    if AVX512:
+        assert chosen["isa"] == "avx512_core"  # the user's choice is in effect, and respected
 
 
 def test_cli_and_runtime_import_without_loading_mindspore():
@@ -37,8 +122,11 @@ def test_unknown_device():
 
 
 def test_lazy_package_exports():
+    # Each public name loads, on first use, the object its module defines (the package imports no MindSpore itself:
+    # test_cli_and_runtime_import_without_loading_mindspore).
+    import importlib
     import ms_accum
-    assert ms_accum.Accumulator.__name__ == "Accumulator"
-    assert set(ms_accum.__all__) <= set(dir(ms_accum))
+    for name, module in ms_accum._EXPORTS.items():
+        assert getattr(ms_accum, name) is getattr(importlib.import_module(f"ms_accum.{module}"), name)
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         ms_accum.Nope  # noqa: B018

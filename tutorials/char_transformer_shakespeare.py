@@ -14,9 +14,7 @@ import hashlib
 import math
 import os
 
-from ms_accum import runtime
-
-runtime.prefer_fast_cpu_kernels()  # before MindSpore loads
+from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402

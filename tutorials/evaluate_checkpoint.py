@@ -7,9 +7,7 @@ another model, a truncated file or a missing parameter is an error, never a half
 """
 import argparse
 
-from ms_accum import runtime
-
-runtime.prefer_fast_cpu_kernels()  # before MindSpore loads
+from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 from ms_accum import evaluate_checkpoint  # noqa: E402
 

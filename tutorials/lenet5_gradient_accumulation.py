@@ -10,11 +10,9 @@ reproduce the tutorial's larger steps). The checkpoint goes into `ckpt/` and is 
 """
 import argparse
 
-from ms_accum import runtime
+from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
-runtime.prefer_fast_cpu_kernels()  # before MindSpore loads
-
-import mindspore as ms  # noqa: E402  (after the CPU setting, on purpose)
+import mindspore as ms  # noqa: E402  (after ms_accum, on purpose)
 from mindspore import nn  # noqa: E402
 
 from ms_accum import GradientAccumulation, LeNet5, evaluate_checkpoint  # noqa: E402
