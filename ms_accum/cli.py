@@ -232,7 +232,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     import mindspore as ms
     from mindspore import nn
     from .data import dataset_for
-    from .evaluate import evaluate_checkpoint, recorded_data_dir
+    from .evaluation import evaluate_checkpoint, recorded_data_dir
     from .executor import GradientAccumulation
     from .models import build_model
 
@@ -327,7 +327,7 @@ def _accuracy_line(evaluation, synthetic: bool) -> str:
 def run_eval(args: argparse.Namespace) -> dict:
     runtime.set_device(args.device)
     from .data import is_synthetic
-    from .evaluate import checkpoint_data_dir, evaluate_checkpoint
+    from .evaluation import checkpoint_data_dir, evaluate_checkpoint
     evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.batch_size, args.num_samples)
     synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:

@@ -16,7 +16,7 @@ import mindspore as ms  # noqa: E402  (after ms_accum, on purpose)
 from mindspore import nn  # noqa: E402
 
 from ms_accum import GradientAccumulation, LeNet5, evaluate_checkpoint  # noqa: E402
-from ms_accum.evaluate import recorded_data_dir  # noqa: E402
+from ms_accum.evaluation import recorded_data_dir  # noqa: E402
 from ms_accum.data import create_dataset, resolve_data_dir  # noqa: E402
 
 # Configuration: the tutorial's values.
