@@ -8,9 +8,9 @@ Momentum(0.01, 0.9), `--micro` samples per rank per micro-batch (so the global m
 in interleaved rounds after a compiling warm-up; the median of the rounds is reported:
 
   window K        `TrainAccumulationCell`: micro-batches accumulate locally, and each window all-reduces each
-                  buffer tensor and the sample count (ms_accum's `AllReduceWindow`); K=1 is plain data parallelism
+                  buffer tensor and the sample count (ms_accum's `AllReduceSums`); K=1 is plain data parallelism
   flat K          the same, but the window's buffer and sample count are concatenated into one tensor, all-reduced
-                  in one launch and split again (`FlatAllReduceWindow` below: a temporary copy of the buffer)
+                  in one launch and split again (`FlatAllReduceSums` below: a temporary copy of the buffer)
   per-micro K=4   the same window, but each micro-batch's gradients are all-reduced as it is computed (what
                   `nn.DistributedGradReducer` inside a train-one-step Cell would do): the baseline
 Both window contenders add one all-reduce of the guard's two counts per window.
@@ -43,11 +43,11 @@ from mindspore.communication import GlobalComm  # noqa: E402
 
 from ms_accum import AccumulationBuffer, LeNet5, TrainAccumulationCell  # noqa: E402
 from ms_accum import _ops  # noqa: E402
-from ms_accum.parallel import AllReduceWindow, LocalWindow, init_data_parallel  # noqa: E402
+from ms_accum.parallel import AllReduceSums, LocalSums, init_data_parallel  # noqa: E402
 
 
 @ms.jit_class
-class FlatAllReduceWindow(AllReduceWindow):
+class FlatAllReduceSums(AllReduceSums):
     """The window's buffer and sample count in one all-reduce: concatenated, reduced, split back."""
 
     def __call__(self, grad_sum, num_samples):
@@ -76,7 +76,7 @@ class PerMicroBatchReduce(nn.Cell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.reducer = nn.DistributedGradReducer(optimizer.parameters, mean=False, group=GlobalComm.WORLD_COMM_GROUP)
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
-        self.window = LocalWindow()  # the window of already-reduced sums: divided by its samples
+        self.sums = LocalSums()  # the already-reduced sums, as they are: divided by the samples
 
     def construct(self, x, y):
         loss = self.network(x, y)
@@ -86,9 +86,9 @@ class PerMicroBatchReduce(nn.Cell):
         samples = self.all_reduce(ops.fill(ms.float32, (), weight))
         step = _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, samples)
         if step >= self.accumulate_step:
-            grad_sum, divisor = self.window(self.grad_sum, self.num_samples)
+            grad_sum, divisor = self.sums(self.grad_sum, self.num_samples)
             self.optimizer(_ops.window_grads(grad_sum, divisor, None))
-            _ops.clear_window(self.grad_sum, self.mini_step, self.num_samples)
+            _ops.clear_window(self.grad_sum, self.mini_step, (self.num_samples,))
         return loss
 
 
@@ -99,7 +99,7 @@ def build(kind, k):
     if kind in ("window", "flat"):
         cell = TrainAccumulationCell(with_loss, optimizer, k)
         if kind == "flat":
-            cell.buffer.reducer = FlatAllReduceWindow()
+            cell.buffer.reducer = FlatAllReduceSums()
     else:
         cell = PerMicroBatchReduce(with_loss, optimizer, k)
     return cell.set_train(), len(optimizer.parameters)
@@ -136,7 +136,7 @@ def peak(kind, info):
     start = status("VmRSS")
     cell = TrainAccumulationCell(with_loss, nn.SGD(net.trainable_params(), 0.01), 2)
     if kind == "flat":
-        cell.buffer.reducer = FlatAllReduceWindow()
+        cell.buffer.reducer = FlatAllReduceSums()
     cell.set_train()
     for _ in range(4):
         cell(x, y).asnumpy()

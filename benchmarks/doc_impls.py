@@ -1,9 +1,9 @@
 """The benchmark's own copies of MindSpore's two documented accumulation implementations.
 
-Copied from the seeds, not imported from ms_accum, so the comparison is against the documentation as written:
-- seed 000 (the "梯度累积" page): the `@ms.jit_class` Accumulator with its second all-zeros copy, a
+Copied from the documentation, not imported from ms_accum, so the comparison is against it as written:
+- the gradient-accumulation page ("梯度累积"): the `@ms.jit_class` Accumulator with its second all-zeros copy, a
   `forward_fn` returning `loss / accumulate_step`, `value_and_grad`, and an `@ms.jit` train_step;
-- seed 002 (the Cell-graph tutorial): TrainForwardBackward / TrainOptim / TrainClear, driven by the
+- the Cell-graph tutorial: TrainForwardBackward / TrainOptim / TrainClear, driven by the
   tutorial's Python loop (`if (k + 1) % mini_steps == 0: optim(); clear()`).
 Only what a benchmark cannot take verbatim changed: the network and optimizer are arguments instead of globals.
 """
@@ -11,7 +11,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 
-# --------------------------------------------------------------------------------------- seed 000
+# --------------------------------------------------------------------------- the gradient-accumulation page
 @ms.jit_class
 class DocAccumulator():
     def __init__(self, optimizer, accumulate_step, clip_norm=1.0):
@@ -37,7 +37,7 @@ class DocAccumulator():
         return True
 
 
-def doc000_train_step(model, loss_fn, optimizer, accumulate_step):
+def accumulator_page_train_step(model, loss_fn, optimizer, accumulate_step):
     """The page's forward_fn / grad_fn / @ms.jit train_step around a DocAccumulator; returns (step, accumulator)."""
     accumulator = DocAccumulator(optimizer, accumulate_step)
 
@@ -58,7 +58,7 @@ def doc000_train_step(model, loss_fn, optimizer, accumulate_step):
     return train_step, accumulator
 
 
-# --------------------------------------------------------------------------------------- seed 002
+# --------------------------------------------------------------------------------- the Cell-graph tutorial
 _sum_op = ops.MultitypeFuncGraph("doc_grad_sum_op")
 _clear_op = ops.MultitypeFuncGraph("doc_clear_op")
 

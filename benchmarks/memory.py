@@ -50,9 +50,9 @@ def accumulator_memory():
 
     trainable = sum(p.nbytes for p in lenet()[0].trainable_params())
     rows = [
-        ("docs 000: @jit_class Accumulator (inner_grads + zeros)",
+        ("docs page: @jit_class Accumulator (inner_grads + zeros)",
          measure(lambda net, loss, opt: doc_impls.DocAccumulator(opt, K))),
-        ("docs 002: GradientAccumulation (grad_sum + zeros)",
+        ("docs tutorial: GradientAccumulation (grad_sum + zeros)",
          measure(lambda net, loss, opt: doc_impls.DocGradientAccumulation(net, loss, opt))),
         ("ms_accum Accumulator", measure(lambda net, loss, opt: Accumulator(opt, K))),
         ("ms_accum TrainAccumulationCell",

@@ -5,7 +5,8 @@
 Sections (LeNet5, Momentum(0.01, 0.9), micro-batch 32, K = 4; contenders interleaved in rounds, warm-up
 excluded, median ms and the ratio to a baseline):
   a  ms_accum's micro-step and executor loop vs nn.TrainOneStepCell (target <= 1.02)
-  b  ms_accum vs the documentation's two implementations (the benchmark's own copies)
+  b  ms_accum vs the documentation's two implementations (the benchmark's own copies; target <= 1.02 each);
+     b2 what each launch of the window's bookkeeping is worth (a tiny network, one choice changed per row)
   c  a window of 4 x b32 vs one b128 step (target <= 1.00), with TrainWindowCell (one call per window)
   d  vs the equivalent PyTorch CPU loop (target throughput >= 1.0x), and MindSpore thread settings
   e  the tutorial's epoch end to end (real MNIST pipeline) vs the step alone
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     from ms_accum.runtime import prefer_fast_cpu_kernels
     prefer_fast_cpu_kernels()  # oneDNN reads its ISA cap when MindSpore loads: before any import of it
 
-    from benchmarks import common, memory, pipeline, plot, profile, steps, threads
+    from benchmarks import common, launches, memory, pipeline, plot, profile, steps, threads
     # rounds, micro-batches per round, windows per round, pipeline images per round, profiled micro-batches
     rounds, calls, windows, images, traced = (3, 8, 2, 1024, 8) if args.quick else (21, 32, 8, 6400, 64)
     os.makedirs(args.out, exist_ok=True)
@@ -79,7 +80,9 @@ def main(argv=None) -> int:
 
     section("a", "micro-step and executor loop", lambda: [steps.micro_step(batches, rounds, calls),
                                                            steps.executor_loop(batches * 2, max(3, rounds // 2))])
-    section("b", "documentation implementations", lambda: steps.documentation(batches, rounds, calls))
+    # b: twice the rounds, for its 2 % targets; b2 times fixed costs on a tiny network, many windows per round
+    section("b", "documentation implementations", lambda: [steps.documentation(batches, 2 * rounds, calls),
+                                                           launches.launches(2 * rounds, 4 * windows)])
     section("c", "window vs b128", lambda: steps.window(batches, rounds, windows)[0])
     # d: longer blocks, because each worker process wakes from idle at the start of its block
     section("d", "torch and thread settings", lambda: threads.torch_vs_mindspore(max(3, rounds * 3 // 4), 2 * calls,

@@ -24,6 +24,9 @@ WORKERS = [
     ("user path: executor 'fused' over a MindSpore dataset", "ms_executor_fused", "default", {}),
     ("user path: executor 'window' over a MindSpore dataset", "ms_executor_window", "default", {}),
     ("user path: nn.TrainOneStepCell loop over a MindSpore dataset", "ms_loop_one_step", "default", {}),
+    # What a script that imports mindspore before ms_accum runs on an AVX-512 CPU (the same as the default elsewhere).
+    ("user path: executor default, oneDNN not capped (ONEDNN_MAX_CPU_ISA=ALL)", "ms_executor", "default",
+     {"ONEDNN_MAX_CPU_ISA": "ALL"}),
     ("TrainAccumulationCell, op threads_num(1)", "ms_cell", "threads_num=1", {}),
     ("TrainAccumulationCell, op threads_num(2)", "ms_cell", "threads_num=2", {}),
     ("TrainAccumulationCell, dispatch_threads_num(1)", "ms_cell", "dispatch_threads_num=1", {}),

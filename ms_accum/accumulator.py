@@ -116,7 +116,8 @@ class Accumulator:
         """Apply an open, partial window now (its mean is over what it holds); do nothing if it is empty.
 
         Outputs:
-            Tensor of bool, whether the optimizer was applied.
+            Tensor of bool, whether the optimizer was applied: False for an empty window, and for one skipped as not
+            finite (counted in ``buffer.guard.skipped_windows``).
         """
         applied = ops.zeros((), ms.bool_)
         if self.mini_step > 0:

@@ -10,7 +10,7 @@ from mindspore.common.initializer import initializer
 from . import _ops
 from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
-from .parallel import window_reducer
+from .parallel import sums_reducer
 
 HALF = (ms.float16, ms.bfloat16)
 
@@ -188,7 +188,7 @@ class AccumulationBuffer:
         guard (WindowGuard): The non-finite check and loss scale.
         reduction (Reduction): The rule `reduction` names (`SampleMean`, `Sum` or `WeightedMean`): what a
             micro-batch weighs and what the window is divided by.
-        reducer (Union[LocalWindow, AllReduceWindow]): The window's communication, chosen from MindSpore's parallel
+        reducer (Union[LocalSums, AllReduceSums]): The window's communication, chosen from MindSpore's parallel
             mode when the buffer is built.
 
     Raises:
@@ -218,7 +218,7 @@ class AccumulationBuffer:
         if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
             raise TypeError(f"For 'AccumulationBuffer', the argument 'dtype' must be a float mindspore.dtype or None, "
                             f"but got {dtype!r}.")
-        self.reducer = window_reducer("AccumulationBuffer")
+        self.reducer = sums_reducer("AccumulationBuffer")
         self.grad_sum = ParameterTuple([
             Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")
             for p in params])

@@ -52,7 +52,7 @@ def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], p
     return _check_buffer(buffer, optimizer, cls_name)
 
 
-class _WindowCell(nn.Cell):
+class _BufferCell(nn.Cell):
     """A graph on one `AccumulationBuffer`: registers its Parameters, so checkpoints of the Cell hold them."""
 
     def __init__(self, buffer: AccumulationBuffer) -> None:
@@ -62,7 +62,7 @@ class _WindowCell(nn.Cell):
         self.window_state = ParameterTuple(buffer.parameters())
 
 
-class _MicroBatchCell(_WindowCell):
+class _MicroBatchCell(_BufferCell):
     """A window graph that runs micro-batches of `network`: the one micro-batch step, for every such Cell."""
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer, cls_name: str) -> None:
@@ -90,7 +90,7 @@ class _MicroBatchCell(_WindowCell):
         return out, self.buffer.add(loss, grads, weight)
 
 
-class TrainingState(_WindowCell):
+class TrainingState(_BufferCell):
     r"""
     Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state
     (moments, step, learning rate) and the accumulation buffer with its counters.
@@ -130,17 +130,18 @@ class TrainForwardBackward(_MicroBatchCell):
     r"""
     Forward, backward and accumulation of one micro-batch; the parameters do not change.
 
-    Under the buffer's ``"mean"`` reduction the micro-batch's gradient is weighted by its sample count, the leading
-    dimension of the first input, for free: the count is the backward pass's sensitivity. With a loss that is a mean
-    over the batch, the buffer then holds the gradient of the window's summed loss, and `TrainOptim` divides by the
-    samples seen.
+    The buffer's reduction weighs the micro-batch's gradient, for free, through the backward pass's sensitivity:
+    ``"mean"`` by its sample count (the leading dimension of the first input), ``"weighted_mean"`` by the weight the
+    network returns with its loss (its real tokens, say), ``"sum"`` by 1. With a loss that is a mean over the batch,
+    the buffer then holds the gradient of the window's summed loss, and `TrainOptim` divides by the weights seen.
 
     Args:
         network (nn.Cell): The network with its loss (for example `nn.WithLossCell`), returning a scalar.
         optimizer (nn.Optimizer): The optimizer whose parameters are differentiated.
         buffer (AccumulationBuffer): The window's state, shared with `TrainOptim` and `TrainClear`.
         weight_by_samples (bool, optional): Whether micro-batches are weighted by their sample counts. The buffer's
-            reduction decides (``"mean"``: True, ``"sum"``: False); give it only to state that. Default: ``None``.
+            reduction decides (``"mean"``: True, ``"sum"``: False; leave it None under ``"weighted_mean"``); give it
+            only to state that. Default: ``None``.
 
     Inputs:
         - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the
@@ -200,7 +201,7 @@ class _Close(_Apply):
         return self.buffer.close(optimizer, clip_norm)
 
 
-class TrainOptim(_WindowCell):
+class TrainOptim(_BufferCell):
     r"""
     Applies the window's gradient: the sample-weighted mean (or the sum), unscaled, clipped, then `optimizer`,
     unless the buffer's `WindowGuard` finds it not finite (the window is then skipped and counted). The buffer's
@@ -246,7 +247,7 @@ class TrainOptim(_WindowCell):
         return self.step(self.optimizer, self.clip_norm)
 
 
-class TrainClear(_WindowCell):
+class TrainClear(_BufferCell):
     r"""
     Zeroes the window's buffer and counters, ready for the next window.
 
@@ -288,7 +289,8 @@ class TrainAccumulationCell(_MicroBatchCell):
         optimizer (nn.Optimizer): The optimizer.
         accumulate_step (int): Micro-batches per optimizer step, K.
         clip_norm (float, optional): Clip the window's gradient to this global norm. Default: ``None``.
-        reduction (str, optional): ``"mean"`` (sample-weighted) or ``"sum"``, for a new buffer (``None``: ``"mean"``);
+        reduction (str, optional): ``"mean"`` (sample-weighted), ``"sum"`` or ``"weighted_mean"`` (see
+            `AccumulationBuffer`), for a new buffer (``None``: ``"mean"``);
             a buffer given decides its own, and `reduction` may only repeat it. Default: ``None``.
         buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
         policy (str): What a non-finite micro-batch does to its window when the buffer is new: ``"skip_window"``

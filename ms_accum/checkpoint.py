@@ -14,7 +14,10 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import mindspore as ms
 from mindspore import Parameter, nn
 
-FORMAT_VERSION = 1
+# The layout of what ms_accum writes beside the parameters: 1, the first; 2, training states also record the position
+# in global samples with the per-rank batch size and the world size (resuming on another device count). A file of a
+# later format than this ms_accum knows is refused rather than misread; MindSpore's own files have none (0).
+FORMAT_VERSION = 2
 _META_PREFIX = "ms_accum."
 _TMP_PREFIX = "."
 _TMP_SUFFIX = ".tmp.ckpt"  # MindSpore appends ".ckpt" to any other name
@@ -91,7 +94,8 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
         (empty for a checkpoint MindSpore wrote itself).
 
     Raises:
-        CheckpointError: If the file is missing, is not a checkpoint, is truncated or fails its CRC.
+        CheckpointError: If the file is missing, is not a checkpoint, is truncated, fails its CRC, or was written in a
+            later format than `FORMAT_VERSION` (by a newer ms_accum).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -108,7 +112,10 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
             metadata[name[len(_META_PREFIX):]] = _python_value(value)
         else:
             params[name] = value
-    metadata.pop("format_version", None)
+    version = metadata.pop("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"Checkpoint '{path}' has ms_accum format {version!r}, newer than the format "
+                              f"{FORMAT_VERSION} this ms_accum reads: upgrade ms_accum to load it.")
     return params, metadata
 
 

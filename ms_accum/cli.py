@@ -233,7 +233,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     from mindspore import nn
     from .data import dataset_for
     from .evaluation import evaluate_checkpoint, recorded_data_dir
-    from .executor import GradientAccumulation
+    from .executor import GradientAccumulation, windows_per_epoch
     from .models import build_model
 
     settings = _optimizer_settings(args)
@@ -250,10 +250,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         num_samples = None if num_samples is None else -(-num_samples // parallel.group_size)
     dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
                           seed=args.seed, num_samples=num_samples, **shards)
-    batches = dataset.get_dataset_size()
-    windows = batches // args.accumulate_steps
-    if args.partial_window == "apply" and batches % args.accumulate_steps:
-        windows += 1
+    windows = windows_per_epoch(dataset.get_dataset_size(), args.accumulate_steps, args.partial_window)
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
                                     policy=args.policy, loss_scaler=_loss_scaler(args),
                                     stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute)
@@ -267,7 +264,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
                 "world_size": world}
     with _progress(windows * args.epochs, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):
-            bar.update(1)
+            bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
             bar.set_postfix(epoch=record.epoch, loss=f"{record.loss:.4f}", refresh=False)
         result = executor.train_process(args.epochs, dataset, args.accumulate_steps,
                                         partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,

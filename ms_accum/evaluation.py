@@ -70,6 +70,12 @@ def checkpoint_data_dir(metadata: Dict[str, MetaValue], data: Optional[str] = No
     return resolve_data_dir(data)
 
 
+def _holds(params: Dict[str, MetaValue], model: str) -> bool:
+    """Whether a checkpoint's parameters include every parameter of `model`, with its shape."""
+    own = {p.name: tuple(p.shape) for p in build_model(model).get_parameters()}
+    return all(name in params and tuple(params[name].shape) == shape for name, shape in own.items())
+
+
 def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
                         batch_size: int = 256, num_samples: Optional[int] = None,
                         callbacks: Optional[List[Callback]] = None) -> Tuple[EvalResult, Dict[str, MetaValue]]:
@@ -108,7 +114,14 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         model = recorded
     check_value_in(model, "model", MODELS, name)
     network = build_model(model)
-    load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents)
+    try:
+        load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents)
+    except CheckpointError as err:
+        fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
+        if not fits:
+            raise
+        raise CheckpointError(f"{err} Its parameters are those of model '{fits[0]}' (the file does not record its "
+                              f"model): evaluate it as '{fits[0]}'.") from None
     dataset = dataset_for(model, checkpoint_data_dir(metadata, data, ckpt), batch_size, usage="test",
                           num_samples=num_samples)
     return evaluate(network, dataset, callbacks=callbacks), metadata

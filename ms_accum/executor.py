@@ -32,8 +32,9 @@ AUTO_STRUCTURE = "three_graphs"
 
 @dataclass
 class StepRecord:
-    """One window: where it closed, its loss (the sample- or token-weighted mean over all ranks' micro-batches),
-    its samples (all ranks'), and whether it was skipped as not finite."""
+    """One window: where it closed (`step`: windows closed so far, see `Position`), its loss (the sample- or
+    token-weighted mean over all ranks' micro-batches), its samples (all ranks'), and whether it was skipped as not
+    finite."""
 
     epoch: int
     step: int
@@ -69,10 +70,10 @@ class TrainResult:
 # run as they come, so reading the next batch overlaps the graphs still running. A window the structure cannot take
 # whole (an epoch's partial window; unequal micro-batches for "window") goes through the three graphs on the buffer.
 
-Window = Iterable[Sequence[Tensor]]  # micro-batches, each the tuple of inputs the network takes
+MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each the tuple of inputs the network takes
 
 
-class ThreeGraphs:
+class ThreeGraphsRunner:
     """``"three_graphs"``: the tutorial's graphs, `TrainForwardBackward` per micro-batch, then `TrainOptim` with
     ``clear=True`` (its `TrainClear` in the same call) to close the window."""
 
@@ -82,7 +83,7 @@ class ThreeGraphs:
         self.skipped_windows = buffer.guard.skipped_windows
         self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
 
-    def train_window(self, window: Window, size: int) -> Tuple[List, List[int], bool]:
+    def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
 
         Returns `(their outputs, their sample counts, whether the optimizer was applied)`. Every Cell answers
@@ -93,32 +94,32 @@ class ThreeGraphs:
         skipped, self.skipped = self.skipped, int(self.skipped_windows.asnumpy())
         return outputs, samples, self.skipped == skipped
 
-    def run(self, window: Window, size: int) -> List:
+    def run(self, window: MicroBatches, size: int) -> List:
         outputs = [self.forward_backward(*inputs) for inputs in window]
         self.close()
         return outputs
 
 
-class Fused(ThreeGraphs):
+class FusedRunner(ThreeGraphsRunner):
     """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
 
     def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, close: nn.Cell, cell: nn.Cell) -> None:
         super().__init__(buffer, forward_backward, close)
         self.cell = cell
 
-    def run(self, window: Window, size: int) -> List:
+    def run(self, window: MicroBatches, size: int) -> List:
         if size < self.cell.accumulate_step:
             return super().run(window, size)
         return [self.cell(*inputs) for inputs in window]
 
 
-class Stacked(Fused):
+class WindowRunner(FusedRunner):
     """``"window"``: the K micro-batches stacked into one `TrainWindowCell` call."""
 
-    def run(self, window: Window, size: int) -> List:
+    def run(self, window: MicroBatches, size: int) -> List:
         window = list(window)
         if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
-            return ThreeGraphs.run(self, window, size)
+            return ThreeGraphsRunner.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
         return self.reduction.unstack(self.cell(*stacked))
 
@@ -130,6 +131,8 @@ class GradientAccumulation:
     The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on the
     concatenated window (the tutorial's steps are K times too large). The structure is chosen once; every structure
     trains on one `AccumulationBuffer`, so a window it cannot take whole runs through the three graphs on that state.
+    Its optimizer steps are counted in windows closed, applied or skipped as not finite (`StepRecord.step`,
+    `save_every`, the training-state files).
 
     Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.parallel.init_data_parallel`
     under `msrun`) is detected when the executor is built: each window is all-reduced once, so an update equals one
@@ -144,8 +147,8 @@ class GradientAccumulation:
         reduction (str): ``"mean"`` (sample-weighted, the default), ``"sum"``, or ``"weighted_mean"``: `loss_fn`
             returns ``(loss, weight)``, e.g. `TokenCrossEntropy`'s mean over real tokens and their count, and the
             window is the mean over all its tokens (see `AccumulationBuffer`).
-        structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` /
-            `TrainOptim` / `TrainClear`, least memory; ``"fused"``: one call per micro-batch
+        structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` per
+            micro-batch, then `TrainOptim` with its `TrainClear` in the same call (``clear=True``), least memory; ``"fused"``: one call per micro-batch
             (`TrainAccumulationCell`), faster, more memory; ``"window"``: a whole window in one graph call
             (`TrainWindowCell`), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
             ``"three_graphs"``.
@@ -213,26 +216,29 @@ class GradientAccumulation:
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
 
-    def structure_for(self, mini_steps: int) -> str:
-        """The structure that trains windows of `mini_steps`: what ``structure="auto"`` resolves to."""
+    @property
+    def structure(self) -> str:
+        """The structure that trains every window (``"auto"`` resolved), chosen once when the executor is built."""
         return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
-    def runner(self, mini_steps: int) -> ThreeGraphs:
-        """A runner (`ThreeGraphs`, `Fused` or `Stacked`) that trains windows of `mini_steps` with the structure.
+    def runner(self, mini_steps: int) -> ThreeGraphsRunner:
+        """The runner of the executor's structure (`ThreeGraphsRunner`, `FusedRunner` or `WindowRunner`) for windows
+        of `mini_steps` micro-batches.
 
-        Its Cells (``forward_backward``, ``optim``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``, built
-        once per K) all share `buffer`; `train_window` trains one window and says whether it was applied.
+        Its Cells (``forward_backward``, ``close``, and ``cell`` for ``"fused"`` and ``"window"``, whose K is a graph
+        constant, built once per K and kept) all share `buffer`; `train_window` trains one window and says whether it
+        was applied.
         """
-        structure = self.structure_for(mini_steps)
-        if structure == "three_graphs":
-            return ThreeGraphs(self.buffer, *self._graphs)
-        cls, runner = (TrainWindowCell, Stacked) if structure == "window" else (TrainAccumulationCell, Fused)
+        if self.structure == "three_graphs":
+            return ThreeGraphsRunner(self.buffer, *self._graphs)
+        cls, runner = (TrainWindowCell, WindowRunner) if self.structure == "window" else (TrainAccumulationCell,
+                                                                                          FusedRunner)
         if mini_steps not in self._cells:
             self._cells[mini_steps] = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm,
                                           buffer=self.buffer).set_train()
         return runner(self.buffer, *self._graphs, self._cells[mini_steps])
 
-    def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int = None, *,
+    def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
                       ckpt_name: str = "gradient_accumulation", log_every: int = 1, verbose: bool = True,
                       on_step: Optional[Callable[[StepRecord], None]] = None,
@@ -262,8 +268,8 @@ class GradientAccumulation:
                 prefix of the training-state files. Default: ``"gradient_accumulation"``. In data parallel only
                 rank 0 saves.
             log_every (int): Print every this many optimizer steps when `verbose`. Default: ``1``.
-            verbose (bool): Print ``epoch: E step: S loss is L`` lines (rank 0 only in data parallel; the loss
-                is then rank 0's share of the window). Default: ``True``.
+            verbose (bool): Print ``epoch: E step: S loss is L`` lines, L the window's loss over all ranks (printed
+                by rank 0 alone in data parallel). Default: ``True``.
             on_step (Callable, optional): Called with each `StepRecord` (progress bars, custom logging).
             metadata (dict, optional): Extra values stored in the checkpoints (ints, floats, strings).
             save_every (int, optional): Save the training state every this many optimizer steps. Default:
@@ -284,8 +290,10 @@ class GradientAccumulation:
                 unknown, `ckpt_dir` is not a writable directory, or `save_every` / `resume` is given without
                 `ckpt_dir`; in data parallel, if the ranks' datasets have different numbers of batches (the ranks
                 would wait for each other forever).
-            CheckpointError: If the file to resume from cannot be read, does not fit the training state, or was
-                saved with other `mini_steps`, `partial_window`, dataset size or dataset seed.
+            CheckpointError: If the file to resume from cannot be read, does not fit the training state, was written
+                by a newer ms_accum, or would not continue the same training: another `partial_window` or dataset
+                seed, or another global batch per update or samples per epoch (`mini_steps`, the micro-batch size and
+                the number of ranks may change if both stay).
         """
         name = "GradientAccumulation.train_process"
         num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
@@ -349,9 +357,9 @@ class GradientAccumulation:
         if num_batches <= 0:
             raise ValueError(f"For '{name}', the argument 'train_dataset' must not be empty, but it has no batches.")
         if mini_steps > num_batches:
+            done = {"apply": "applied", "drop": "dropped"}[partial_window]
             warnings.warn(f"For '{name}', 'mini_steps' ({mini_steps}) is larger than an epoch's {num_batches} "
-                          f"batches: every window is partial and is {partial_window}ed at the end of the epoch.",
-                          stacklevel=3)
+                          f"batches: every window is partial and is {done} at the end of the epoch.", stacklevel=3)
         return num_batches
 
     def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
@@ -390,6 +398,13 @@ class GradientAccumulation:
             on_step(record)
 
 
+def windows_per_epoch(num_batches: int, mini_steps: int, partial_window: str = "apply") -> int:
+    """The optimizer steps of an epoch of `num_batches` batches in windows of `mini_steps`: a partial last window
+    counts when it is applied (``partial_window="apply"``), not when it is dropped."""
+    full, partial = divmod(num_batches, mini_steps)
+    return full + int(partial > 0 and partial_window == "apply")
+
+
 def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: int,
              position: Position) -> Iterator[Tuple[int, Iterator]]:
     """`(size, micro-batches)` of each window, epoch by epoch (an epoch's last may be partial), from `position` on.
@@ -413,7 +428,7 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: i
             pass
 
 
-def _noting_sizes(window: Window, samples: List[int]) -> Window:
+def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:
     for inputs in window:
         samples.append(inputs[0].shape[0])
         yield inputs

@@ -239,6 +239,7 @@ class WindowGuard:
         counts = reducer.total(ops.stack([self.window_bad * 1.0, ops.cast(micro_batches, ms.float32)]))
         bad, seen = counts[0], counts[1]
         apply = ops.logical_and(self.window_finite(grads), ops.logical_not(self.filter.spoiled(bad, seen)))
-        self.scaling.adjust(ops.logical_and(apply, bad <= 0.0))
-        ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
-        return apply
+        # Every result is used (README, "Known MindSpore behaviour": discarded results of functions with side effects).
+        adjusted = self.scaling.adjust(ops.logical_and(apply, bad <= 0.0))
+        counted = ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
+        return ops.depend(ops.depend(apply, adjusted), counted)

@@ -129,7 +129,7 @@ def data_parallel_info(cls_name: str = "data_parallel_info") -> Optional[DataPar
 
 
 @ms.jit_class
-class LocalWindow:
+class LocalSums:
     r"""
     The window's sums on one process: the buffer and its sample count as they are.
 
@@ -158,7 +158,7 @@ class LocalWindow:
 
 
 @ms.jit_class
-class AllReduceWindow:
+class AllReduceSums:
     r"""
     The window's sums over all ranks: one all-reduce (sum) per buffer tensor and one of the sample count, in place.
 
@@ -236,19 +236,19 @@ def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
     return value
 
 
-def window_reducer(cls_name: str = "window_reducer") -> Union[LocalWindow, AllReduceWindow]:
+def sums_reducer(cls_name: str = "sums_reducer") -> Union[LocalSums, AllReduceSums]:
     """
-    The window's communication for the current parallel mode: `AllReduceWindow` in data parallel, else `LocalWindow`.
+    The window's communication for the current parallel mode: `AllReduceSums` in data parallel, else `LocalSums`.
 
     Called when an `AccumulationBuffer` is built, so the choice is made once, outside the graph.
 
     Args:
-        cls_name (str): The caller's name, for error messages. Default: ``"window_reducer"``.
+        cls_name (str): The caller's name, for error messages. Default: ``"sums_reducer"``.
 
     Returns:
-        A `LocalWindow` or an `AllReduceWindow`.
+        A `LocalSums` or an `AllReduceSums`.
 
     Raises:
         ValueError: As :func:`data_parallel_info` raises.
     """
-    return LocalWindow() if data_parallel_info(cls_name) is None else AllReduceWindow()
+    return LocalSums() if data_parallel_info(cls_name) is None else AllReduceSums()

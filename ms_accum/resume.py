@@ -22,11 +22,15 @@ _SAME = ("partial_window", "data_seed")
 
 @dataclass
 class Position:
-    """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states)."""
+    """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states).
+
+    A step is a window closed, whether the optimizer applied it or the guard skipped it as not finite: what
+    `StepRecord.step`, `save_every` and the files' ``{step:09d}`` count. A dropped partial window is no step.
+    """
 
     epoch: int = 1
     batch: int = 0  # batches of `epoch` already read
-    step: int = 0  # optimizer steps (windows applied)
+    step: int = 0  # windows closed
     dropped_windows: int = 0
 
 
@@ -80,8 +84,7 @@ class StateCheckpoints:
             if meta.get(key) != self.run[key]:
                 raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
                                       f"{key}={self.run[key]!r}: resuming would not continue the same training.")
-        # Files older than ms_accum 0.3 lack the per-rank batch size and world size: theirs were this run's, or it is
-        # refused.
+        # Files of format 1 lack the per-rank batch size and world size: theirs were this run's, or it is refused.
         saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size")
                                 if key in meta}}
         _check_layout(path, saved, self.run)

@@ -92,8 +92,20 @@ def test_the_buffer_decides_the_reduction_for_every_cell():
     net, optimizer = parts()
     summed = AccumulationBuffer(optimizer.parameters, reduction="sum")
     assert summed.reduction.name == "sum"
-    TrainForwardBackward(net, optimizer, summed, weight_by_samples=False)  # may repeat the buffer's rule
-    TrainOptim(optimizer, summed, reduction="sum")
+    # An argument may repeat the buffer's rule, which then decides: micro-batches of 2 and 3 samples weigh 1 each.
+    forward_backward = TrainForwardBackward(net, optimizer, summed, weight_by_samples=False)
+    rng = np.random.default_rng(0)
+    grads = []
+    for n in (2, 3):
+        x, y = (Tensor(rng.standard_normal((n, k)).astype(np.float32)) for k in (3, 2))
+        before = [g.asnumpy().copy() for g in summed.grad_sum]
+        forward_backward(x, y)
+        grads.append([g.asnumpy() - b for g, b in zip(summed.grad_sum, before)])
+    assert float(summed.num_samples.asnumpy()) == 2.0
+    weights = [p.asnumpy().copy() for p in optimizer.parameters]
+    assert TrainOptim(optimizer, summed, reduction="sum")()  # SGD(0.1) on the plain sum of the two gradients
+    for p, w, g1, g2 in zip(optimizer.parameters, weights, *grads):
+        np.testing.assert_allclose(p.asnumpy(), w - 0.1 * (g1 + g2), rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="For 'TrainOptim', the argument 'reduction' must agree with the buffer's "
                                          "reduction "
                                          "\\('sum'\\) or be None, but got 'mean'"):

@@ -121,3 +121,17 @@ def test_find_latest_skips_corrupt_and_prune_keeps_newest(tmp_path):
     assert ckpt.find_latest(d, "other") is None and ckpt.find_latest(str(tmp_path / "none"), "run") is None
     removed = ckpt.prune(d, "run", keep_last=2)
     assert [os.path.basename(p) for p in removed] == ["run-000000001.ckpt", "run-000000002.ckpt"]
+
+
+def test_a_file_of_a_later_format_is_refused_not_misread(tmp_path, monkeypatch):
+    from ms_accum import checkpoint
+    net = nn.Dense(3, 2)
+    path = str(tmp_path / "new.ckpt")
+    monkeypatch.setattr(checkpoint, "FORMAT_VERSION", checkpoint.FORMAT_VERSION + 1)  # as a newer ms_accum writes
+    save_checkpoint(net, path, {"step": 1})
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match=f"has ms_accum format {checkpoint.FORMAT_VERSION + 1}, newer than the "
+                                              f"format {checkpoint.FORMAT_VERSION} this ms_accum reads"):
+        load_checkpoint(path)
+    save_checkpoint(net, path, {"step": 1})  # today's format reads back
+    assert load_checkpoint(path)[1] == {"step": 1}

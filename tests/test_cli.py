@@ -1,4 +1,5 @@
 """`ms-accum` end to end: train and eval on real MNIST and on generated data; every bad input is one line."""
+import io
 import json
 import os
 import subprocess
@@ -177,6 +178,8 @@ def test_bad_data_and_checkpoints_exit_1_naming_the_file(tmp_path, synthetic, ca
         (["eval", "--ckpt", bare, "--data", synthetic], "does not record its model: pass model="),
         (["eval", "--ckpt", bare, "--model", "lenet5", "--data", synthetic],
          "bare.ckpt' does not fit the network: missing parameter(s) 'conv1.weight'"),
+        (["eval", "--ckpt", bare, "--model", "lenet5", "--data", synthetic],  # and says which model it is
+         "Its parameters are those of model 'mlp' (the file does not record its model): evaluate it as 'mlp'."),
     ]
     for argv, message in cases:
         assert cli.main(argv + ["--quiet"]) == 1, argv
@@ -191,7 +194,7 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "train" in out.stdout and "eval" in out.stdout
 
 
-def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, capsys):
+def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, capsys, monkeypatch):
     argv = ["train", "--model", "mlp", "--accumulate-steps", "3", "--batch-size", "16", "--epochs", "2",
             "--num-samples", "320", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
             "--json", "--save-every", "4", "--keep-last", "2"]
@@ -204,9 +207,17 @@ def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, caps
     os.remove(tmp_path / states[-1])  # as if the run had died before step 12 was saved
     os.remove(tmp_path / "mlp.ckpt")
 
+    bars = []
+
+    def visible_progress(total, desc, quiet):  # the bar a terminal would show, kept to be read
+        from tqdm import tqdm
+        bars.append(tqdm(total=total, desc=desc, file=io.StringIO()))
+        return bars[-1]
+    monkeypatch.setattr(cli, "_progress", visible_progress)
     assert cli.main(argv + ["--resume"]) == 0
     resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert resumed["resumed_from"] == str(tmp_path / states[0]) and resumed["optimizer_steps"] == 6
+    assert (bars[0].n, bars[0].total) == (14, 14)  # the bar counts the whole run: 8 steps resumed, 6 trained
     got, _ = load_checkpoint(str(tmp_path / "mlp.ckpt"))
     for name, value in expected.items():
         assert np.array_equal(got[name].asnumpy(), value.asnumpy()), name

@@ -55,7 +55,8 @@ FAULTS = {
 def test_killed_and_resumed_run_is_bit_identical(reference, fault, tmp_path):
     structure, expected = reference
     if structure != "window" and not fault.startswith("micro:"):
-        pytest.skip("saves happen in the executor's loop, the same for every structure: run with the default only")
+        pytest.skip("saves happen in the executor's loop, the same for every structure: this fault runs with "
+                    "structure='window' only")
     killed = run_worker(tmp_path, structure, fault)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not os.path.exists(tmp_path / "run.ckpt")  # it really died before the end
