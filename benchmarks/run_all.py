@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     common.setup_mindspore()
     data_dir = common.mnist_dir(args.data)
     batches = common.micro_batches(16, data_dir)
-    emit(f"data    : {data_dir or 'random tensors (no MNIST found)'}; mode {'quick' if args.quick else 'full'}")
+    shown = os.path.relpath(data_dir, REPO) if data_dir else 'random tensors (no MNIST found)'  # no machine's path
+    emit(f"data    : {shown}; mode {'quick' if args.quick else 'full'}")
 
     def section(key, title, fn):
         if key not in args.only:

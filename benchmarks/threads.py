@@ -72,7 +72,7 @@ def torch_vs_mindspore(rounds: int, calls: int, quick: bool = False) -> Table:
     if not have_torch:
         log("   torch is not installed: section d measures MindSpore's settings only "
             "(pip install torch==2.13.0 to compare)")
-        rows = rows[1:]
+        rows = [row for row in rows if not row[1].startswith("torch")]
     workers = {name: Worker(contender, setting, env) for name, contender, setting, env in rows}
     try:
         for worker in workers.values():
