@@ -174,3 +174,16 @@ def test_policy_and_scaler_belong_to_a_given_buffer():
     with pytest.raises(ValueError, match="'policy' and 'loss_scaler' belong to the buffer"):
         TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), optimizer, K,
                               buffer=AccumulationBuffer(optimizer.parameters), policy="skip_microbatch")
+
+
+def test_a_half_precision_window_whose_sum_would_overflow_is_still_applied():
+    # The window's check sums each tensor on CPU, but only for float32 buffers: a float16 buffer of finite values
+    # near float16's limit (65504) sums past it, so it gets MindSpore's element-wise test instead.
+    net = nn.Dense(8, 4)
+    optimizer = nn.SGD(net.trainable_params(), 0.0)  # lr 0: only whether the step ran matters
+    buffer = AccumulationBuffer(optimizer.parameters, reduction="sum", dtype=ms.float16)
+    for g in buffer.grad_sum:
+        g.set_data(ms.Tensor(np.full(g.shape, 60000.0, np.float16)))
+    ms.ops.assign(buffer.mini_step, ms.Tensor(1, ms.int32))
+    assert bool(TrainOptim(optimizer, buffer)().asnumpy())
+    assert int(buffer.guard.skipped_windows.asnumpy()) == 0
