@@ -148,9 +148,9 @@ class GradientAccumulation:
             returns ``(loss, weight)``, e.g. `TokenCrossEntropy`'s mean over real tokens and their count, and the
             window is the mean over all its tokens (see `AccumulationBuffer`).
         structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` per
-            micro-batch, then `TrainOptim` with its `TrainClear` in the same call (``clear=True``), least memory; ``"fused"``: one call per micro-batch
-            (`TrainAccumulationCell`), faster, more memory; ``"window"``: a whole window in one graph call
-            (`TrainWindowCell`), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
+            micro-batch, then `TrainOptim` with its `TrainClear` in the same call (``clear=True``), least memory;
+            ``"fused"``: one call per micro-batch (`TrainAccumulationCell`), faster, more memory; ``"window"``: a
+            whole window in one graph call (`TrainWindowCell`), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
             ``"three_graphs"``.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
             (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
