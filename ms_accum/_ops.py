@@ -158,6 +158,12 @@ def window_grads(grad_sum, divisor, clip_norm):
     return grads
 
 
+def sums_finite(tensors):
+    """Whether every element of `tensors` is finite, from one sum per tensor: a sum is finite exactly when its elements
+    are, unless finite elements sum past float32's range (about 3.4e38)."""
+    return ops.isfinite(ops.addn(_hyper_map(_sum_op, tensors)))
+
+
 def zero_finite(grad_sum):
     """Zero a buffer known to be finite: subtracting it from itself needs no temporary (inf or nan would stay nan)."""
     return _hyper_map(_zero_in_place_op, grad_sum)
@@ -184,6 +190,6 @@ def clear_window(grad_sum, mini_step, counters):
     more per call), so a window closed by the optimizer step, which knows whether it was finite, avoids it.
     """
     done = zero_finite(grad_sum)
-    if not ops.isfinite(ops.addn(_hyper_map(_sum_op, done))):
+    if not sums_finite(done):
         done = zero_any(grad_sum)
     return ops.assign(mini_step, zero_counters(done, counters))

@@ -107,9 +107,6 @@ class WeightedMean(Reduction):
 
     name = "weighted_mean"
 
-    def weight(self, samples):
-        return samples
-
     def split(self, out, batch):
         return out[0], ops.cast(out[1], ms.float32)
 

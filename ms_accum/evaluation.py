@@ -5,7 +5,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
-from mindspore import nn
+from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
 
@@ -70,7 +70,7 @@ def checkpoint_data_dir(metadata: Dict[str, MetaValue], data: Optional[str] = No
     return resolve_data_dir(data)
 
 
-def _holds(params: Dict[str, MetaValue], model: str) -> bool:
+def _holds(params: Dict[str, Parameter], model: str) -> bool:
     """Whether a checkpoint's parameters include every parameter of `model`, with its shape."""
     own = {p.name: tuple(p.shape) for p in build_model(model).get_parameters()}
     return all(name in params and tuple(params[name].shape) == shape for name, shape in own.items())

@@ -27,6 +27,7 @@ from typing import Optional, Sequence, Union
 import mindspore as ms
 from mindspore import Parameter, Tensor, amp, ops
 
+from . import _ops
 from ._validation import check_isinstance, check_value_in
 
 POLICIES = ("skip_window", "skip_microbatch")
@@ -34,7 +35,6 @@ LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 
 _hyper_map = ops.HyperMap()
 _keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
-_sum_op = ops.MultitypeFuncGraph("ms_accum_guard_sum")
 _count_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_count_bad_loss")
 
 
@@ -65,11 +65,6 @@ def _keep_dense(finite, grad):
     return ops.select(finite, grad, ops.zeros_like(grad))
 
 
-@_sum_op.register("Tensor")
-def _tensor_sum(grad):
-    return ops.reduce_sum(grad)
-
-
 @_count_bad_loss_op.register("None", "Tensor", "Tensor")
 @_count_bad_loss_op.register("None", "Number", "Tensor")
 def _no_loss(loss, weight, window_bad):
@@ -85,11 +80,11 @@ def _count_bad_loss(loss, weight, window_bad):
 
 @ms.jit_class
 class _SumIsFinite:
-    """Whether a float32 window is finite, from one sum per tensor: a sum is finite exactly when its elements are,
-    unless finite elements sum past float32's range (about 3.4e38), which is then counted as an overflow."""
+    """Whether a float32 window is finite, from one sum per tensor (`_ops.sums_finite`): finite elements summing past
+    float32's range are counted as an overflow."""
 
     def __call__(self, grads):
-        return ops.isfinite(ops.addn(_hyper_map(_sum_op, grads)))
+        return _ops.sums_finite(grads)
 
 
 @ms.jit_class

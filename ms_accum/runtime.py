@@ -8,6 +8,7 @@ executor then warn once (`check_cpu_kernels`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import warnings
@@ -26,15 +27,16 @@ _DNNL_LIBRARY = "libdnnl.so.3"  # the oneDNN that MindSpore 2.10 ships in mindsp
 _state = {"set_here": False, "capped_before_load": False, "warned": False}
 
 
-def _cpu_flags() -> set:
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def prefer_fast_cpu_kernels() -> Optional[str]:
@@ -105,6 +107,8 @@ def check_cpu_kernels(cls_name: str) -> bool:
     Returns:
         bool, whether the slow kernels are in use.
     """
+    if _state["warned"]:  # said once; the kernels of a process do not change once MindSpore has loaded them
+        return True
     import mindspore as ms
     user_set = ISA_VARIABLE in os.environ and not _state["set_here"]
     slow = slow_cpu_kernels(ms.get_context("device_target"), _isa_code(), _cpu_flags(), user_set,
