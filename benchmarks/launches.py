@@ -3,8 +3,9 @@
 A tiny network (Dense 16 -> 4, micro-batch 8, K=4) makes the fixed cost of graph calls, control flow and small
 kernels visible, which LeNet5's compute hides in noise. Each ms_accum contender differs from the default in one choice
 that the library made to save launches, so its ratio to the default is what that choice is worth per window:
-- closing the window in one `TrainOptim(clear=True)` call, against `TrainOptim` then `TrainClear` (two graph calls, two
-  tensor `if`s: the clear tests the buffer for inf/nan itself);
+- closing the window on the host (the executor's: the last micro-batch's graph also checks the window, then a
+  straight-line step graph), against one `TrainOptim(clear=True)` call (one graph with a tensor `if`) and against
+  `TrainOptim` then `TrainClear` (two graph calls, two tensor `if`s: the clear tests the buffer for inf/nan itself);
 - the sum-based finiteness check on CPU, against `mindspore.amp.all_finite` (three kernels per tensor);
 - a constant backward sensitivity without a loss scaler, against a `StaticLossScaler(1)` (the scaled path multiplies);
 - the unweighted Accumulator (`num_samples` omitted), against `num_samples=8` (a multiplication per gradient);
@@ -34,29 +35,36 @@ def _inputs():
              Tensor(rng.standard_normal((B, OUT)).astype(np.float32))) for _ in range(K)]
 
 
-def _cells(inputs, close_in_one=True, all_finite=False, scaler=None):
-    """ms_accum's three graphs as the executor runs them, with one choice changed; fn(n) runs n windows."""
-    from mindspore import amp, nn
-    from ms_accum import AccumulationBuffer, TrainClear, TrainForwardBackward, TrainOptim
+def _cells(inputs, close="host", all_finite=False, scaler=None):
+    """ms_accum's three graphs as the executor runs them (its runner), with one choice changed; fn(n) runs n windows.
+
+    `close`: ``"host"`` (the executor's), ``"one_graph"`` (`TrainOptim(clear=True)`) or ``"two_graphs"``
+    (`TrainOptim`, `TrainClear`)."""
+    from mindspore import amp
+    from ms_accum import GradientAccumulation, TrainClear, TrainOptim
     from ms_accum import guard
     net, loss, opt = _tiny()
     chooser = guard._window_check
     if all_finite:
         guard._window_check = lambda dtypes: guard._AllFinite()
     try:
-        buffer = AccumulationBuffer(opt.parameters, loss_scaler=None if scaler is None else amp.StaticLossScaler(1.0))
+        executor = GradientAccumulation(net, loss, opt, structure="three_graphs",
+                                        loss_scaler=None if scaler is None else amp.StaticLossScaler(1.0))
     finally:
         guard._window_check = chooser
-    forward_backward = TrainForwardBackward(nn.WithLossCell(net, loss), opt, buffer).set_train()
-    if close_in_one:
-        calls = [TrainOptim(opt, buffer, clear=True).set_train()]
-    else:
-        calls = [TrainOptim(opt, buffer).set_train(), TrainClear(buffer).set_train()]
+    runner = executor.runner(K)
+    if close == "host":
+        def run(n):
+            for _ in range(n):
+                runner.run(inputs, K)  # reads the verdict: synchronized
+        return run
+    calls = {"one_graph": [TrainOptim(opt, executor.buffer, clear=True).set_train()],
+             "two_graphs": [TrainOptim(opt, executor.buffer).set_train(), TrainClear(executor.buffer).set_train()]}[close]
 
     def run(n):
         for _ in range(n):
             for x, y in inputs:
-                out = forward_backward(x, y)
+                out = runner.forward_backward(x, y)
             for call in calls:
                 call()
         out.asnumpy()
@@ -98,7 +106,8 @@ def launches(rounds: int, windows: int) -> Table:
     default = "ms_accum three graphs, as the executor runs them (default)"
     contenders = {
         default: _cells(inputs),
-        "  ... with TrainOptim then TrainClear (two calls, two tensor ifs)": _cells(inputs, close_in_one=False),
+        "  ... closed in one TrainOptim(clear=True) call (one tensor if)": _cells(inputs, close="one_graph"),
+        "  ... closed by TrainOptim then TrainClear (two tensor ifs)": _cells(inputs, close="two_graphs"),
         "  ... with amp.all_finite as the window's check": _cells(inputs, all_finite=True),
         "  ... with a StaticLossScaler(1) (scaled sensitivity)": _cells(inputs, scaler=True),
         "ms_accum Accumulator, num_samples omitted (no weighting)": _accumulator(inputs),

@@ -17,6 +17,9 @@ _scale_in_place_op = ops.MultitypeFuncGraph("ms_accum_scale_in_place")
 _clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
 _zero_in_place_op = ops.MultitypeFuncGraph("ms_accum_zero_in_place")
 _sum_op = ops.MultitypeFuncGraph("ms_accum_sum")
+_square_sum_op = ops.MultitypeFuncGraph("ms_accum_square_sum")
+_clip_in_place_op = ops.MultitypeFuncGraph("ms_accum_clip_in_place")
+_assign_op = ops.MultitypeFuncGraph("ms_accum_assign")
 _dense_shape_op = ops.MultitypeFuncGraph("ms_accum_dense_shape")
 _count_op = ops.MultitypeFuncGraph("ms_accum_count")
 
@@ -150,12 +153,61 @@ def weigh(grads, weight):
     return _hyper_map(ops.partial(_weigh_op, weight), grads)
 
 
+@_square_sum_op.register("Tensor")
+def _square_sum(grad):
+    return ops.cast(ops.reduce_sum(ops.square(grad)), ms.float32)
+
+
+@_clip_in_place_op.register("Tensor", "Tensor", "Tensor")
+def _clip_in_place(clip_norm, global_norm, grad):
+    # MindSpore's clip_by_global_norm computes `x * clip_norm / global_norm`: the same two roundings, in place.
+    return grad.mul_(ops.cast(clip_norm, grad.dtype)).div_(ops.cast(global_norm, grad.dtype))
+
+
+def clip_in_place(grads, clip_norm: float):
+    """`grads` clipped to the global norm `clip_norm` in place, with the arithmetic of `ops.clip_by_global_norm`."""
+    clip = ops.scalar_to_tensor(clip_norm, ms.float32)
+    global_norm = ops.sqrt(ops.addn(_hyper_map(_square_sum_op, grads)))
+    global_norm = ops.select(global_norm >= clip, global_norm, clip)
+    return _hyper_map(ops.partial(_clip_in_place_op, clip, global_norm), grads)
+
+
 def window_grads(grad_sum, divisor, clip_norm):
-    """The gradient a window applies: `grad_sum` divided by `divisor` in place, clipped to `clip_norm` if given."""
+    """The gradient a window applies: `grad_sum` divided by `divisor` and clipped to `clip_norm` if given, both in
+    place, so the buffer holds it afterwards (a graph launched next can apply it)."""
     grads = _hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum)
     if clip_norm is not None:
-        grads = ops.clip_by_global_norm(grads, clip_norm)
+        grads = clip_in_place(grads, clip_norm)
     return grads
+
+
+@_assign_op.register("Tensor", "Tensor")
+def _assign(param, value):
+    return ops.assign(param, value)
+
+
+@ms.jit_class
+class InPlace:
+    """Graph mode: `Tensor.mul_` and `div_` on the buffer's Parameters write them, so its window arithmetic needs no
+    copy."""
+
+    def __call__(self, params, values):
+        return values
+
+
+@ms.jit_class
+class WrittenBack:
+    """PyNative mode: `Tensor.mul_` on a Parameter returns a new tensor and leaves the Parameter as it was (measured
+    with MindSpore 2.10), so the results are assigned back."""
+
+    def __call__(self, params, values):
+        return _hyper_map(_assign_op, params, values)
+
+
+def in_place_arithmetic():
+    """How the current mode's in-place arithmetic reaches the buffer's Parameters, chosen once (`InPlace` in graph
+    mode, else `WrittenBack`)."""
+    return InPlace() if ms.get_context("mode") == ms.GRAPH_MODE else WrittenBack()
 
 
 def sums_finite(tensors):

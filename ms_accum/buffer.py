@@ -157,8 +157,9 @@ class AccumulationBuffer:
     and the reduction. Every Cell and the `Accumulator` go through its three rules, written once here:
 
     - `add` — one micro-batch: the guard's policy, then its gradient and weight into the window;
-    - `apply` — the window: reduce (all ranks in data parallel), divide, unscale, check, clip, step;
-    - `clear` — zero the buffer and the counters; `close` is `apply` then `clear`.
+    - `check` — the window, in place: reduce (all ranks in data parallel), divide, unscale, clip, and the guard's
+      verdict; then `step` (the optimizer, and zero the window) or `clear` (zero it, whatever it holds);
+    - `close` is `check` then `step` or `clear` in one graph; `apply` is `check` then the optimizer alone.
 
     Cells built on one buffer share its Parameters, so they can be mixed freely, and its reduction decides for all
     of them. Its memory is that of the trainable parameters plus a few scalars (no all-zeros copy).
@@ -224,6 +225,7 @@ class AccumulationBuffer:
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
         self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum])
+        self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
 
     def parameters(self) -> list:
         """All Parameters the buffer owns: the gradient buffers, the two counters, then the guard's."""
@@ -242,20 +244,43 @@ class AccumulationBuffer:
         return _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
 
     def _window(self, clip_norm):
-        """The window's gradient and whether the guard lets it be applied: reduced, divided (in place), unscaled,
-        clipped."""
+        """The window's gradient, made ready in the buffer, and whether the guard lets it be applied."""
         grad_sum, samples = self.reducer(self.grad_sum, self.num_samples)
         divisor = self.reduction.divisor(samples, self.reducer.sum_divisor)
         # A tensor divisor: an in-place multiplication by a Python constant leaves MindSpore 2.10 unable to infer the
         # buffer's type (the "sum" rule's divisor is one).
         grads = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32), clip_norm)
+        grads = self.in_place(self.grad_sum, grads)
         return grads, self.guard.close(grads, self.reducer, self.mini_step)
 
-    def apply(self, optimizer, clip_norm):
-        """Reduces, divides, unscales and clips the window's gradient, and steps `optimizer` if the guard allows.
+    def check(self, clip_norm):
+        """Makes the window's gradient ready in the buffer and judges it; returns whether it may be applied.
 
-        The division is in place, so the buffer holds the applied gradient until `clear`. Returns whether the
-        optimizer ran.
+        In place: the buffer is reduced over the ranks, divided, unscaled and clipped, and the guard adjusts the loss
+        scale and counts a skip. Then exactly one of `step` (if True) or `clear` must follow, before the next
+        micro-batch: the executor's three graphs choose between them on the host, so no graph holds a tensor `if`
+        (README, "Performance").
+        """
+        return self._window(clip_norm)[1]
+
+    def step(self, optimizer):
+        """Steps `optimizer` on the gradient `check` left in the buffer and closes the window; returns the micro-step
+        count (0)."""
+        return self._closed(self._step(optimizer, self.grad_sum))
+
+    def _step(self, optimizer, grads):
+        # An applied window is finite, so subtracting the buffer from itself zeroes it with no temporary.
+        optimizer(self.to_params(grads))
+        return _ops.zero_finite(self.grad_sum)
+
+    def _closed(self, done):
+        """The counters zeroed after `done` (the buffer's zeroing): the window is closed."""
+        return ops.assign(self.mini_step, _ops.zero_counters(done, (self.num_samples, self.guard.window_bad)))
+
+    def apply(self, optimizer, clip_norm):
+        """`check`, and `optimizer` on the window if it may be applied; the window stays open until `clear`.
+
+        Returns whether the optimizer ran.
         """
         grads, applied = self._window(clip_norm)
         if applied:
@@ -268,16 +293,15 @@ class AccumulationBuffer:
         return _ops.clear_window(self.grad_sum, self.mini_step, (self.num_samples, self.guard.window_bad))
 
     def close(self, optimizer, clip_norm):
-        """`apply`, then `clear`, in one branch: returns whether the optimizer ran.
+        """`check`, then `step` or `clear`, in one graph: returns whether the optimizer ran.
 
-        The guard's verdict also says how to zero the buffer (an applied window is finite), so closing needs no
-        second test, and a graph that closes windows has one tensor `if`, not two.
+        The guard's verdict also says how to zero the buffer (an applied window is finite), so closing in a graph
+        needs one tensor `if`, not two.
         """
         grads, applied = self._window(clip_norm)
         if applied:
-            optimizer(self.to_params(grads))
-            done = _ops.zero_finite(self.grad_sum)
+            done = self._step(optimizer, grads)
         else:
             done = _ops.zero_any(self.grad_sum)
-        ops.assign(self.mini_step, _ops.zero_counters(done, (self.num_samples, self.guard.window_bad)))
+        self._closed(done)
         return applied

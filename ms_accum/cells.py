@@ -247,6 +247,32 @@ class TrainOptim(_BufferCell):
         return self.step(self.optimizer, self.clip_norm)
 
 
+class _LastMicroBatch(_MicroBatchCell):
+    """`TrainForwardBackward` on a window's last micro-batch, then the buffer's `check` in the same graph: outputs
+    `(network output, verdict)`, and the host launches the buffer's `step` or `TrainClear` (README, "Performance")."""
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
+                 clip_norm: Optional[float]) -> None:
+        super().__init__(network, optimizer, buffer, "TrainForwardBackward")
+        self.clip_norm = clip_norm
+
+    def construct(self, *inputs):
+        out, step = self.micro_batch(inputs)
+        # In program order: the check reads the buffer after this micro-batch's accumulation (auto-monad).
+        return ops.depend(out, step), self.buffer.check(self.clip_norm)
+
+
+class _StepWindow(_BufferCell):
+    """The buffer's `step`: the optimizer on the window `_CheckWindow` accepted, then the window closed."""
+
+    def __init__(self, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
+        super().__init__(buffer)
+        self.optimizer = optimizer
+
+    def construct(self):
+        return self.buffer.step(self.optimizer)
+
+
 class TrainClear(_BufferCell):
     r"""
     Zeroes the window's buffer and counters, ready for the next window.

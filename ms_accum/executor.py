@@ -14,7 +14,7 @@ from mindspore.dataset import Dataset, config as ds_config
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
 from .buffer import REDUCTIONS, AccumulationBuffer
-from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim, TrainingState
+from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _LastMicroBatch, _StepWindow
 from .checkpoint import save_checkpoint
 from .guard import LossScaler
 from .parallel import check_same_on_all_ranks, data_parallel_info
@@ -74,11 +74,15 @@ MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each th
 
 
 class ThreeGraphsRunner:
-    """``"three_graphs"``: the tutorial's graphs, `TrainForwardBackward` per micro-batch, then `TrainOptim` with
-    ``clear=True`` (its `TrainClear` in the same call) to close the window."""
+    """``"three_graphs"``: the tutorial's graphs with the window's choice made on the host. `TrainForwardBackward` runs
+    each micro-batch but the last, which runs with the buffer's `check` in one graph (reduce, divide, clip, the
+    guard's verdict); the verdict read back, the host launches the buffer's `step` or, for a window that is not
+    finite, `TrainClear`. One launch per window fewer than the tutorial's `TrainOptim` and `TrainClear`, and no graph
+    with a tensor `if` (README, "Performance")."""
 
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, close: nn.Cell) -> None:
-        self.forward_backward, self.close = forward_backward, close
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, last: nn.Cell, step: nn.Cell,
+                 clear: nn.Cell) -> None:
+        self.forward_backward, self.last, self.step, self.clear = forward_backward, last, step, clear
         self.reduction = buffer.reduction
         self.skipped_windows = buffer.guard.skipped_windows
         self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
@@ -86,42 +90,57 @@ class ThreeGraphsRunner:
     def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
 
-        Returns `(their outputs, their sample counts, whether the optimizer was applied)`. Every Cell answers
-        "applied" the same way, through the guard's count of skipped windows (one read).
+        Returns `(their outputs, their sample counts, whether the optimizer was applied)`.
         """
         samples = []
-        outputs = self.run(_noting_sizes(window, samples), size)
-        skipped, self.skipped = self.skipped, int(self.skipped_windows.asnumpy())
-        return outputs, samples, self.skipped == skipped
+        outputs, applied = self.run(_noting_sizes(window, samples), size)
+        self.skipped += int(not applied)
+        return outputs, samples, applied
 
-    def run(self, window: MicroBatches, size: int) -> List:
-        outputs = [self.forward_backward(*inputs) for inputs in window]
-        self.close()
-        return outputs
+    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
+        """The outputs of the `size` micro-batches of `window`, and whether the window was applied."""
+        outputs = []
+        for inputs in window:
+            if len(outputs) < size - 1:
+                outputs.append(self.forward_backward(*inputs))
+            else:
+                out, verdict = self.last(*inputs)
+                outputs.append(out)
+        return outputs, self.close(verdict)
 
+    def close(self, verdict: Tensor) -> bool:
+        """Steps the optimizer on the checked window or clears it, as `verdict` says; returns whether it stepped."""
+        applied = bool(verdict.asnumpy())  # the executor waits for each window's results anyway
+        (self.step if applied else self.clear)()
+        return applied
+
+    def _closed_in_graph(self, outputs: List) -> Tuple[List, bool]:
+        # A Cell that closed the window in its graph says whether it applied it through the guard's count of skips.
+        return outputs, int(self.skipped_windows.asnumpy()) == self.skipped
 
 class FusedRunner(ThreeGraphsRunner):
     """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
 
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, close: nn.Cell, cell: nn.Cell) -> None:
-        super().__init__(buffer, forward_backward, close)
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, last: nn.Cell, step: nn.Cell,
+                 clear: nn.Cell, cell: nn.Cell) -> None:
+        super().__init__(buffer, forward_backward, last, step, clear)
         self.cell = cell
 
-    def run(self, window: MicroBatches, size: int) -> List:
+    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         if size < self.cell.accumulate_step:
             return super().run(window, size)
-        return [self.cell(*inputs) for inputs in window]
+        return self._closed_in_graph([self.cell(*inputs) for inputs in window])
 
 
 class WindowRunner(FusedRunner):
     """``"window"``: the K micro-batches stacked into one `TrainWindowCell` call."""
 
-    def run(self, window: MicroBatches, size: int) -> List:
+    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         window = list(window)
         if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphsRunner.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
-        return self.reduction.unstack(self.cell(*stacked))
+        return self._closed_in_graph(self.reduction.unstack(self.cell(*stacked)))
 
 
 class GradientAccumulation:
@@ -148,7 +167,7 @@ class GradientAccumulation:
             returns ``(loss, weight)``, e.g. `TokenCrossEntropy`'s mean over real tokens and their count, and the
             window is the mean over all its tokens (see `AccumulationBuffer`).
         structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` per
-            micro-batch, then `TrainOptim` with its `TrainClear` in the same call (``clear=True``), least memory;
+            micro-batch, then the window's check and its step (or clear) chosen on the host, least memory;
             ``"fused"``: one call per micro-batch (`TrainAccumulationCell`), faster, more memory; ``"window"``: a
             whole window in one graph call (`TrainWindowCell`), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
             ``"three_graphs"``.
@@ -210,9 +229,10 @@ class GradientAccumulation:
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                          reduction=reduction, dtype=buffer_dtype)
-        self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
-                        TrainOptim(optimizer, self.buffer, clip_norm, clear=True).set_train())
         self._clear = TrainClear(self.buffer).set_train()
+        self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
+                        _LastMicroBatch(self._net_with_loss, optimizer, self.buffer, clip_norm).set_train(),
+                        _StepWindow(optimizer, self.buffer).set_train(), self._clear)
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
 
@@ -225,7 +245,8 @@ class GradientAccumulation:
         """The runner of the executor's structure (`ThreeGraphsRunner`, `FusedRunner` or `WindowRunner`) for windows
         of `mini_steps` micro-batches.
 
-        Its Cells (``forward_backward``, ``close``, and ``cell`` for ``"fused"`` and ``"window"``, whose K is a graph
+        Its Cells (``forward_backward``, ``last``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
+        whose K is a graph
         constant, built once per K and kept) all share `buffer`; `train_window` trains one window and says whether it
         was applied.
         """

@@ -112,8 +112,8 @@ class _Unscaled:
     def unscale(self, divisor):
         return divisor
 
-    def adjust(self, clean):
-        return clean
+    def adjust(self, apply, bad):
+        return apply  # no scale to adjust: nothing runs
 
 
 @ms.jit_class
@@ -130,9 +130,10 @@ class _Scaled:
     def unscale(self, divisor):
         return divisor * self.loss_scale
 
-    def adjust(self, clean):
-        """Lets a dynamic scaler grow after a clean window or shrink after an overflow."""
-        return self.scaler.adjust(clean)
+    def adjust(self, apply, bad):
+        """Lets a dynamic scaler grow after a clean window (applied, no bad micro-batch) or shrink after an
+        overflow."""
+        return self.scaler.adjust(ops.logical_and(apply, bad <= 0.0))
 
 
 @ms.jit_class
@@ -230,12 +231,9 @@ class WindowGuard:
 
         `micro_batches` is this rank's micro-step count; `reducer` sums the counts over the ranks.
         """
-        # One all-reduce for both counts. `* 1.0` reads the Parameter's value: PyNative refuses to stack a
-        # Parameter (a Ref) with a Tensor.
-        counts = reducer.total(ops.stack([self.window_bad * 1.0, ops.cast(micro_batches, ms.float32)]))
-        bad, seen = counts[0], counts[1]
+        bad, seen = reducer.totals(self.window_bad, ops.cast(micro_batches, ms.float32))
         apply = ops.logical_and(self.window_finite(grads), ops.logical_not(self.filter.spoiled(bad, seen)))
         # Every result is used (README, "Known MindSpore behaviour": discarded results of functions with side effects).
-        adjusted = self.scaling.adjust(ops.logical_and(apply, bad <= 0.0))
+        adjusted = self.scaling.adjust(apply, bad)
         counted = ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
         return ops.depend(ops.depend(apply, adjusted), counted)

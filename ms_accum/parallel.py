@@ -30,8 +30,8 @@ _all_reduce_op = ops.MultitypeFuncGraph("ms_accum_all_reduce")
 
 
 @_all_reduce_op.register("Function", "Tensor")
-def _all_reduce(all_reduce, grad_sum):
-    return all_reduce(grad_sum)
+def _all_reduce_in_place(all_reduce, grad_sum):
+    return ops.assign(grad_sum, all_reduce(grad_sum))
 
 
 @dataclass(frozen=True)
@@ -156,11 +156,16 @@ class LocalSums:
         """`value` summed over the ranks: here, one rank, `value` itself."""
         return value
 
+    def totals(self, first, second):
+        """Two float32 scalars summed over the ranks: here, as they are (no kernel runs)."""
+        return first, second
+
 
 @ms.jit_class
 class AllReduceSums:
     r"""
-    The window's sums over all ranks: one all-reduce (sum) per buffer tensor and one of the sample count, in place.
+    The window's sums over all ranks: one all-reduce (sum) per buffer tensor, written back into the buffer, and one
+    of the sample count.
 
     Each rank's buffer holds its sample-weighted gradient sum, so the global sum divided by the global sample
     count is the gradient of the concatenated global batch, however the samples were spread over the ranks. A
@@ -175,7 +180,9 @@ class AllReduceSums:
         - **num_samples** (Tensor) - float32 scalar, this rank's samples (or micro-batches) in the window.
 
     Outputs:
-        Tuple of (tuple[Tensor], Tensor): the buffer and the sample count summed over the ranks.
+        Tuple of (tuple[Tensor], Tensor): the buffer and the sample count summed over the ranks. The buffer's
+        Parameters hold the sums too, so a graph launched afterwards (the executor's step, README "Performance") reads
+        the global window.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -195,6 +202,12 @@ class AllReduceSums:
     def total(self, value):
         """float32 `value` summed over the ranks (window counters every rank must agree on)."""
         return self.all_reduce(value)
+
+    def totals(self, first, second):
+        """Two float32 scalars summed over the ranks, in one all-reduce."""
+        # `* 1.0` reads a Parameter's value: PyNative refuses to stack a Parameter (a Ref) with a Tensor.
+        both = self.all_reduce(ops.stack([first * 1.0, second * 1.0]))
+        return both[0], both[1]
 
 
 class _AllReduceSum(nn.Cell):

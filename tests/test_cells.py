@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 import mindspore.dataset as ds
-from mindspore import Tensor, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.train import CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
 
 from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
+from ms_accum import _ops
 from ms_accum.checkpoint import load_into
 from conftest import batch_for, make_net, params_of
 
@@ -118,3 +119,26 @@ def test_the_buffer_decides_the_reduction_for_every_cell():
         TrainAccumulationCell(net, optimizer, 2, reduction="mean", buffer=summed)
     with pytest.raises(ValueError, match="For 'AccumulationBuffer', the argument 'reduction' must be one of"):
         AccumulationBuffer(optimizer.parameters, reduction="avg")
+
+
+class _ClipInPlace(nn.Cell):
+    def __init__(self, params, clip_norm):
+        super().__init__()
+        self.params, self.clip_norm = params, clip_norm
+        self.in_place = _ops.in_place_arithmetic()
+
+    def construct(self):
+        return self.in_place(self.params, _ops.clip_in_place(self.params, self.clip_norm))
+
+
+@pytest.mark.parametrize("clip_norm", [0.5, 1e3])  # clipped, and left as it is
+def test_clipping_in_the_buffer_is_mindspores_clip_by_global_norm_bit_for_bit(clip_norm, mode):
+    # The executor clips the window in its buffer, so the graph that steps the optimizer can read it.
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal(shape).astype(np.float32) for shape in ((7, 5), (5,), (3, 2, 2))]
+    expected = [x.asnumpy() for x in ops.clip_by_global_norm(tuple(Tensor(v) for v in values), clip_norm)]
+    params = ParameterTuple([Parameter(Tensor(v), name=f"p{i}") for i, v in enumerate(values)])
+    _ClipInPlace(params, clip_norm)()
+    for param, want in zip(params, expected):
+        assert np.array_equal(param.asnumpy(), want)
+    assert clip_norm > 1.0 or not np.array_equal(params[0].asnumpy(), values[0])  # it did clip
