@@ -7,12 +7,13 @@ Metadata travels inside the file (`append_dict`) under ``ms_accum.``-prefixed ke
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import mindspore as ms
-from mindspore import Parameter, nn
+from mindspore import Parameter, log as ms_log, nn
 
 # The layout of what ms_accum writes beside the parameters: 1, the first; 2, training states also record the position
 # in global samples with the per-rank batch size and the world size (resuming on another device count). A file of a
@@ -45,6 +46,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
 
     Raises:
         TypeError: If a metadata value is not an int, float, bool or str.
+        CheckpointError: If the file cannot be written (no space left, no permission: any `OSError`); the message
+            names the file, its directory and the cause. The temporary files are removed and no other file changes.
     """
     metadata = dict(metadata or {})
     for key, value in metadata.items():
@@ -57,15 +60,39 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
     directory, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}{_TMP_SUFFIX}")
     try:
-        ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
+        with _quiet_mindspore_log():  # its CRITICAL line would name our temporary file; the error below says more
+            ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        raise CheckpointError(f"For 'save_checkpoint', '{name}' could not be written in '{directory}': "
+                              f"{err.strerror or err}. No earlier file was changed.") from err
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        for leftover in (tmp, _mindspore_temporary(tmp)):
+            if os.path.exists(leftover):
+                os.remove(leftover)
     _fsync_dir(directory)
     return path
+
+
+def _mindspore_temporary(path: str) -> str:
+    # mindspore.save_checkpoint writes `path` with its ".ckpt" replaced by ".tmp" first, and leaves that file behind
+    # when the write fails.
+    return os.path.splitext(path)[0] + ".tmp"
+
+
+@contextlib.contextmanager
+def _quiet_mindspore_log():
+    logger = getattr(ms_log, "_get_logger", lambda: None)()
+    disabled = getattr(logger, "disabled", None)
+    if logger is not None:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        if logger is not None:
+            logger.disabled = disabled
 
 
 def _fsync_dir(directory: str) -> None:

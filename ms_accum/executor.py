@@ -15,7 +15,6 @@ from ._validation import (check_callable, check_isinstance, check_positive_float
                           check_value_in, check_writable_dir)
 from .buffer import REDUCTIONS, AccumulationBuffer
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _LastMicroBatch, _StepWindow
-from .checkpoint import save_checkpoint
 from .guard import LossScaler
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
@@ -314,7 +313,9 @@ class GradientAccumulation:
             CheckpointError: If the file to resume from cannot be read, does not fit the training state, was written
                 by a newer ms_accum, or would not continue the same training: another `partial_window` or dataset
                 seed, or another global batch per update or samples per epoch (`mini_steps`, the micro-batch size and
-                the number of ranks may change if both stay).
+                the number of ranks may change if both stay); or if a checkpoint cannot be written (no space left, any
+                `OSError`): the message names the file, its directory, the cause and the newest complete training
+                state to resume from, and no earlier file is changed.
         """
         name = "GradientAccumulation.train_process"
         num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
@@ -344,7 +345,7 @@ class GradientAccumulation:
             states.window_closed(position)
         if ckpt_dir is not None and self._writes:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
-            result.checkpoint = save_checkpoint(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
+            result.checkpoint = states.save(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
 
     def _check_run(self, epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step, save_every,

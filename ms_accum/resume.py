@@ -102,10 +102,23 @@ class StateCheckpoints:
         """Saves the state when `position.step` is due (and prunes old files)."""
         if self.save_every is None or position.step % self.save_every:
             return
-        save_checkpoint(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
-                        {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run)})
+        self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
+                  {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run)})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
+
+
+    def save(self, save_obj: nn.Cell, path: str, metadata: Dict[str, MetaValue]) -> str:
+        """`save_checkpoint` into the run's directory; a failed save also names the newest complete training state,
+        which a resumed run continues from."""
+        try:
+            return save_checkpoint(save_obj, path, metadata)
+        except CheckpointError as err:
+            newest = find_latest(self.ckpt_dir, self.ckpt_name)
+            where = (f"the newest complete training state is '{os.path.basename(newest)}': resume=True (the CLI's "
+                     f"--resume) continues from it" if newest else
+                     f"'{self.ckpt_dir}' holds no complete training state of '{self.ckpt_name}' yet")
+            raise CheckpointError(f"{err} {where[0].upper()}{where[1:]}.") from err.__cause__
 
 
 def _per_batch(run: Dict[str, MetaValue]) -> int:

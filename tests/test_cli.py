@@ -235,3 +235,42 @@ def test_loss_scale_policy_and_recompute_flags(tmp_path, synthetic, capsys):
     assert cli.main(["train", "--recompute", "conv9", "--data", synthetic, "--ckpt-dir", str(tmp_path),
                      "--quiet"]) == 1
     assert "'names' must hold sub-cells of the network, but got 'conv9'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def small_file_system(tmp_path):
+    """A 1.7 MB tmpfs (two LeNet5 training states fit, a third does not), where this platform lets the tests mount
+    one; tests/test_resume.py makes writes fail without mounting."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1700k", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip() or done.returncode})")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_ends_with_one_line_naming_the_file_and_the_state_to_resume(small_file_system, synthetic,
+                                                                               tmp_path):
+    argv = ["train", "--model", "lenet5", "--accumulate-steps", "4", "--batch-size", "32", "--num-samples", "1024",
+            "--data", synthetic, "--save-every", "2", "--quiet", "--no-eval", "--json"]
+    full = run_cli(*argv, "--ckpt-dir", str(small_file_system))
+    assert full.returncode == 1
+    assert full.stderr.strip().splitlines()[-1] == (
+        f"ms-accum train: error: For 'save_checkpoint', 'lenet5-000000006.ckpt' could not be written in "
+        f"'{small_file_system}': No space left on device. No earlier file was changed. The newest complete training "
+        f"state is 'lenet5-000000004.ckpt': resume=True (the CLI's --resume) continues from it.")
+    kept = sorted(os.listdir(small_file_system))
+    assert kept == ["lenet5-000000002.ckpt", "lenet5-000000004.ckpt"]  # intact, and no temporary file left
+    # The states it kept continue the run: copied where there is room, --resume goes on from step 4.
+    room = tmp_path / "room"
+    room.mkdir()
+    for name in kept:
+        (room / name).write_bytes((small_file_system / name).read_bytes())
+    resumed = run_cli(*argv, "--ckpt-dir", str(room), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["resumed_from"] == str(room / "lenet5-000000004.ckpt") and summary["optimizer_steps"] == 4

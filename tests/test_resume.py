@@ -4,9 +4,12 @@ Each case runs `fault_scripts/resume_worker.py` (2 epochs of 13 batches, windows
 epoch, the state saved every 2 optimizer steps, the last 2 kept) in a subprocess that kills itself at the
 chosen point, then runs the same command again, which resumes from the newest readable state.
 """
+import contextlib
 import glob
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 
@@ -141,3 +144,46 @@ def test_resume_and_save_every_need_a_directory(tmp_path):
             1, ds.NumpySlicesDataset({"x": np.zeros((4, 2), np.float32)}).batch(2), 1, ckpt_dir=None, save_every=1)
     with pytest.raises(ValueError, match="'keep_last' must be a positive int, but got 0"):
         _train(tmp_path, keep_last=0)
+
+
+@contextlib.contextmanager
+def files_limited_to(size: int):
+    """Writes past `size` bytes fail with EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored): a real OSError from the kernel, as a
+    full disk gives, in this process only, undone afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_failed_save_names_the_newest_state_and_loses_nothing(tmp_path):
+    _train(tmp_path / "whole", epochs=2, save_every=1)
+    _train(tmp_path, epochs=1, save_every=1)  # states of steps 1-3
+    saved = {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()}
+    with files_limited_to(4096):  # smaller than a state
+        with pytest.raises(CheckpointError) as caught:
+            _train(tmp_path, epochs=2, save_every=1, resume=True)
+    message = str(caught.value)
+    assert message == (f"For 'save_checkpoint', 'run-000000004.ckpt' could not be written in '{tmp_path}': File too "
+                       f"large. No earlier file was changed. The newest complete training state is "
+                       f"'run-000000003.ckpt': resume=True (the CLI's --resume) continues from it.")
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == saved  # no temporary
+    resumed = _train(tmp_path, epochs=2, save_every=1, resume=True)
+    assert [r.step for r in resumed.steps] == [4, 5, 6]
+    whole, _ = load_checkpoint(str(tmp_path / "whole" / "run.ckpt"))
+    got, _ = load_checkpoint(str(tmp_path / "run.ckpt"))
+    for name, value in whole.items():
+        assert np.array_equal(got[name].asnumpy(), value.asnumpy()), name
+
+
+def test_a_failed_first_save_says_there_is_no_state_yet(tmp_path):
+    with files_limited_to(4096):
+        with pytest.raises(CheckpointError, match=r"'run-000000001.ckpt' could not be written in '.*': File too "
+                                                  r"large\. No earlier file was changed\. '.*' holds no complete "
+                                                  r"training state of 'run' yet\.$"):
+            _train(tmp_path, save_every=1)
+    assert os.listdir(tmp_path) == []
