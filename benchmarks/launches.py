@@ -3,8 +3,8 @@
 A tiny network (Dense 16 -> 4, micro-batch 8, K=4) makes the fixed cost of graph calls, control flow and small
 kernels visible, which LeNet5's compute hides in noise. Each ms_accum contender differs from the default in one choice
 that the library made to save launches, so its ratio to the default is what that choice is worth per window:
-- closing the window on the host (the executor's: the last micro-batch's graph also checks the window, then a
-  straight-line step graph), against one `TrainOptim(clear=True)` call (one graph with a tensor `if`) and against
+- closing the window on the host (the executor's: a check graph, its verdict read back, then a straight-line step
+  graph), against one `TrainOptim(clear=True)` call (one graph with a tensor `if`) and against
   `TrainOptim` then `TrainClear` (two graph calls, two tensor `if`s: the clear tests the buffer for inf/nan itself);
 - the sum-based finiteness check on CPU, against `mindspore.amp.all_finite` (three kernels per tensor);
 - a constant backward sensitivity without a loss scaler, against a `StaticLossScaler(1)` (the scaled path multiplies);

@@ -54,8 +54,8 @@ def micro_step(batches, rounds: int, calls: int) -> Table:
             per_micro_batch(cycle_calls(_window_cell(), window_tensors(batches))),
     }
     table.rows = interleave(contenders, rounds, calls)
-    table.notes.append("the three graphs run as the executor runs them: TrainForwardBackward per micro-batch, the "
-                       "last with the window's check, then the step graph chosen on the host; TrainAccumulationCell is structure='fused', one call per micro-batch; TrainWindowCell "
+    table.notes.append("the three graphs run as the executor runs them: TrainForwardBackward per micro-batch, then "
+                       "per window a check graph and the step graph chosen on the host; TrainAccumulationCell is structure='fused', one call per micro-batch; TrainWindowCell "
                        "takes the 4 micro-batches stacked, (4, 32, 1, 32, 32), in one call.")
     return table
 
@@ -137,7 +137,7 @@ def jit_accumulator_step(net, loss_fn, opt, k: int = K, num_samples=None):
 
 def _three_graphs(net, loss_fn, opt, inputs):
     """ms_accum's three graphs as the executor runs them (its runner), in the tutorial's loop: TrainForwardBackward per
-    micro-batch, the window's last with its check in the same graph, then the step graph chosen on the host."""
+    micro-batch; per window, the check graph, then the step graph chosen on the host."""
     from ms_accum import GradientAccumulation
     runner = GradientAccumulation(net, loss_fn, opt, structure="three_graphs").runner(K)
     calls = [0]
@@ -145,13 +145,10 @@ def _three_graphs(net, loss_fn, opt, inputs):
     def run(n):
         loss = None
         for _ in range(n):
-            micro_batch = inputs[calls[0] % len(inputs)]
+            loss = runner.forward_backward(*inputs[calls[0] % len(inputs)])
             calls[0] += 1
-            if calls[0] % K:
-                loss = runner.forward_backward(*micro_batch)
-            else:
-                loss, verdict = runner.last(*micro_batch)
-                runner.close(verdict)
+            if calls[0] % K == 0:
+                runner.close()
         sync(loss)
     return run
 

@@ -51,8 +51,9 @@ class Accumulator:
           optimizer's order (what `value_and_grad(fn, None, optimizer.parameters)` returns).
         - **num_samples** (Union[int, Tensor], optional) - The micro-batch's sample count. Give it when
           micro-batches differ in size: the mean then weights each by its count, so the window's gradient
-          equals the gradient of the concatenated batch (``"sum"`` ignores it). Default: ``None``, every
-          micro-batch weighs 1 and its gradient is accumulated as it is (no multiplication).
+          equals the gradient of the concatenated batch (``"sum"`` ignores it; ``"weighted_mean"`` needs it: the
+          micro-batch's token count). Default: ``None``, every micro-batch weighs 1 and its gradient is
+          accumulated as it is (no multiplication).
 
     Outputs:
         Tensor of bool, whether this call closed a window. The optimizer then ran, unless the window's gradient
@@ -63,8 +64,9 @@ class Accumulator:
         TypeError: If `optimizer` is not an `nn.Optimizer`, or `accumulate_step` is not an int, or
             `clip_norm` is not a number, or `reduction` is not a str.
         ValueError: If `accumulate_step` or `clip_norm` is not positive, or `reduction` is unknown, or
-            `grads` do not match the optimizer's parameters in number or shape, or MindSpore's parallel mode is
-            neither stand-alone nor data parallel (or data parallel before `mindspore.communication.init()`).
+            `grads` do not match the optimizer's parameters in number or shape, or `num_samples` is missing under
+            ``"weighted_mean"`` (when the step compiles), or MindSpore's parallel mode is neither stand-alone nor
+            data parallel (or data parallel before `mindspore.communication.init()`).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -105,6 +107,7 @@ class Accumulator:
         # without a sample count (None) is left unweighted by type dispatch, not by a branch. The Accumulator sees
         # no loss (None): the window's gradient check finds what is not finite.
         self._check_grads(grads)
+        self._check_weight(num_samples)
         weight = self.buffer.reduction.given_weight(num_samples)
         step = self.buffer.add(None, _ops.weigh(grads, weight), _ops.count(weight))
         applied = step >= self.accumulate_step
@@ -123,6 +126,13 @@ class Accumulator:
         if self.mini_step > 0:
             applied = self.buffer.close(self.optimizer, self.clip_norm)
         return applied
+
+    def _check_weight(self, num_samples):
+        # The Accumulator sees no loss: under "weighted_mean" the caller's token count is the only weight there is.
+        if num_samples is None and self.buffer.reduction.name == "weighted_mean":
+            raise ValueError("For 'Accumulator', the argument 'num_samples' must be given under reduction="
+                             "'weighted_mean' (the micro-batch's weight, e.g. its real tokens, the weight "
+                             "TokenCrossEntropy returns), but got None.")
 
     def _check_grads(self, grads):
         # Shapes are compile-time constants, so a mismatch fails while the step compiles, before any update.

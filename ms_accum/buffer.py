@@ -146,6 +146,13 @@ class _ToParamDtype:
         return _ops.cast_like(grads, self.params)
 
 
+def check_buffer_dtype(dtype, arg_name: str, cls_name: str) -> None:
+    """Refuses a buffer dtype that is not a float `mindspore.dtype` (or None)."""
+    if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
+        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a float mindspore.dtype (mindspore."
+                        f"float32, float16, bfloat16 or float64) or None, but got {dtype!r}.")
+
+
 def _buffer_dtype(param_dtype, dtype):
     return (ms.float32 if param_dtype in HALF else param_dtype) if dtype is None else dtype
 
@@ -213,9 +220,7 @@ class AccumulationBuffer:
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
         self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")]()
-        if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
-            raise TypeError(f"For 'AccumulationBuffer', the argument 'dtype' must be a float mindspore.dtype or None, "
-                            f"but got {dtype!r}.")
+        check_buffer_dtype(dtype, "dtype", "AccumulationBuffer")
         self.reducer = sums_reducer("AccumulationBuffer")
         self.grad_sum = ParameterTuple([
             Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")

@@ -15,6 +15,7 @@ from mindspore import ParameterTuple, nn, ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 from .buffer import AccumulationBuffer
 from .guard import LossScaler, check_policy_fits
+from .losses import check_loss_output
 from .parallel import data_parallel_info
 from .runtime import check_cpu_kernels
 
@@ -71,10 +72,21 @@ class _MicroBatchCell(_BufferCell):
         if not network.trainable_params():
             raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
         check_policy_fits(network, buffer.guard.policy, cls_name)
+        self.caller = cls_name  # (nn.Cell has a read-only cls_name)
         self.network.set_grad()
         self.optimizer = optimizer
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def __call__(self, *inputs):
+        # Before the first call compiles: does the network's output fit the buffer's reduction (`(loss, weight)`
+        # for "weighted_mean")? One eager forward pass, once per network.
+        check_loss_output(self.network, self.one_micro_batch(inputs), self.buffer.reduction.name, self.caller)
+        return super().__call__(*inputs)
+
+    def one_micro_batch(self, inputs):
+        """One micro-batch of this Cell's inputs (all of them: a call is one micro-batch)."""
+        return inputs
 
     def micro_batch(self, inputs):
         """Forward, backward and accumulation of one micro-batch: `(network output, micro-steps now)`.
@@ -247,19 +259,15 @@ class TrainOptim(_BufferCell):
         return self.step(self.optimizer, self.clip_norm)
 
 
-class _LastMicroBatch(_MicroBatchCell):
-    """`TrainForwardBackward` on a window's last micro-batch, then the buffer's `check` in the same graph: outputs
-    `(network output, verdict)`, and the host launches the buffer's `step` or `TrainClear` (README, "Performance")."""
+class _CheckWindow(_BufferCell):
+    """The buffer's `check`: the window made ready in place and judged; outputs the verdict for the host."""
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
-                 clip_norm: Optional[float]) -> None:
-        super().__init__(network, optimizer, buffer, "TrainForwardBackward")
+    def __init__(self, buffer: AccumulationBuffer, clip_norm: Optional[float]) -> None:
+        super().__init__(buffer)
         self.clip_norm = clip_norm
 
-    def construct(self, *inputs):
-        out, step = self.micro_batch(inputs)
-        # In program order: the check reads the buffer after this micro-batch's accumulation (auto-monad).
-        return ops.depend(out, step), self.buffer.check(self.clip_norm)
+    def construct(self):
+        return self.buffer.check(self.clip_norm)
 
 
 class _StepWindow(_BufferCell):

@@ -13,9 +13,10 @@ from mindspore.dataset import Dataset, config as ds_config
 
 from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
-from .buffer import REDUCTIONS, AccumulationBuffer
-from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _LastMicroBatch, _StepWindow
+from .buffer import REDUCTIONS, AccumulationBuffer, check_buffer_dtype
+from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow, _StepWindow
 from .guard import LossScaler
+from .losses import check_loss_output
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
@@ -74,14 +75,14 @@ MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each th
 
 class ThreeGraphsRunner:
     """``"three_graphs"``: the tutorial's graphs with the window's choice made on the host. `TrainForwardBackward` runs
-    each micro-batch but the last, which runs with the buffer's `check` in one graph (reduce, divide, clip, the
-    guard's verdict); the verdict read back, the host launches the buffer's `step` or, for a window that is not
-    finite, `TrainClear`. One launch per window fewer than the tutorial's `TrainOptim` and `TrainClear`, and no graph
+    each micro-batch; the buffer's `check` graph then makes the window ready in place (reduce, divide, clip) and
+    returns the guard's verdict, which the host reads to launch the buffer's `step` or, for a window that is not
+    finite, `TrainClear`. As many launches per window as the tutorial's `TrainOptim` and `TrainClear`, and no graph
     with a tensor `if` (README, "Performance")."""
 
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, last: nn.Cell, step: nn.Cell,
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
                  clear: nn.Cell) -> None:
-        self.forward_backward, self.last, self.step, self.clear = forward_backward, last, step, clear
+        self.forward_backward, self.check, self.step, self.clear = forward_backward, check, step, clear
         self.reduction = buffer.reduction
         self.skipped_windows = buffer.guard.skipped_windows
         self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
@@ -98,18 +99,13 @@ class ThreeGraphsRunner:
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         """The outputs of the `size` micro-batches of `window`, and whether the window was applied."""
-        outputs = []
-        for inputs in window:
-            if len(outputs) < size - 1:
-                outputs.append(self.forward_backward(*inputs))
-            else:
-                out, verdict = self.last(*inputs)
-                outputs.append(out)
-        return outputs, self.close(verdict)
+        outputs = [self.forward_backward(*inputs) for inputs in window]
+        return outputs, self.close()
 
-    def close(self, verdict: Tensor) -> bool:
-        """Steps the optimizer on the checked window or clears it, as `verdict` says; returns whether it stepped."""
-        applied = bool(verdict.asnumpy())  # the executor waits for each window's results anyway
+    def close(self) -> bool:
+        """Closes the window the buffer holds: `check`, then `step` or `clear` as the verdict says; returns whether the
+        optimizer stepped."""
+        applied = bool(self.check().asnumpy())  # the executor waits for each window's results anyway
         (self.step if applied else self.clear)()
         return applied
 
@@ -120,9 +116,9 @@ class ThreeGraphsRunner:
 class FusedRunner(ThreeGraphsRunner):
     """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
 
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, last: nn.Cell, step: nn.Cell,
+    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
                  clear: nn.Cell, cell: nn.Cell) -> None:
-        super().__init__(buffer, forward_backward, last, step, clear)
+        super().__init__(buffer, forward_backward, check, step, clear)
         self.cell = cell
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
@@ -218,6 +214,7 @@ class GradientAccumulation:
         _check_scalar_loss(loss_fn, name)
         self._clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
         check_value_in(reduction, "reduction", REDUCTIONS, name)
+        check_buffer_dtype(buffer_dtype, "buffer_dtype", name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone
@@ -230,7 +227,7 @@ class GradientAccumulation:
                                          reduction=reduction, dtype=buffer_dtype)
         self._clear = TrainClear(self.buffer).set_train()
         self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
-                        _LastMicroBatch(self._net_with_loss, optimizer, self.buffer, clip_norm).set_train(),
+                        _CheckWindow(self.buffer, clip_norm).set_train(),
                         _StepWindow(optimizer, self.buffer).set_train(), self._clear)
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
@@ -244,7 +241,7 @@ class GradientAccumulation:
         """The runner of the executor's structure (`ThreeGraphsRunner`, `FusedRunner` or `WindowRunner`) for windows
         of `mini_steps` micro-batches.
 
-        Its Cells (``forward_backward``, ``last``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
+        Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
         whose K is a graph
         constant, built once per K and kept) all share `buffer`; `train_window` trains one window and says whether it
         was applied.
@@ -332,7 +329,9 @@ class GradientAccumulation:
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
                              skipped_windows=runner.skipped)  # earlier runs' skips, as the runner read them
-        for size, window in _windows(train_dataset, epoch, num_batches, mini_steps, position):
+        for n, (size, window) in enumerate(_windows(train_dataset, epoch, num_batches, mini_steps, position)):
+            if n == 0:  # its first micro-batch checks the loss's output, before any graph compiles
+                window = _checking_first(window, self._check_output)
             if size < mini_steps and partial_window == "drop":
                 for _ in window:  # read, not trained: the data order stays the same
                     pass
@@ -347,6 +346,9 @@ class GradientAccumulation:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
             result.checkpoint = states.save(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
+
+    def _check_output(self, inputs: Sequence[Tensor]) -> None:
+        check_loss_output(self._net_with_loss, inputs, self.buffer.reduction.name, "GradientAccumulation", "loss_fn")
 
     def _check_run(self, epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step, save_every,
                    keep_last, resume, name: str) -> int:
@@ -448,6 +450,13 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: i
             yield size, itertools.islice(batches, size)
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
+
+
+def _checking_first(window: MicroBatches, check: Callable[[Sequence[Tensor]], None]) -> MicroBatches:
+    for i, inputs in enumerate(window):
+        if i == 0:
+            check(inputs)
+        yield inputs
 
 
 def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:

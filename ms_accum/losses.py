@@ -2,8 +2,14 @@
 mean of such a loss, for the large-batch step it is compared with."""
 from __future__ import annotations
 
+import contextlib
+import weakref
+from typing import Sequence
+
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
+
+from ._validation import check_isinstance
 
 
 class TokenCrossEntropy(nn.Cell):
@@ -16,6 +22,9 @@ class TokenCrossEntropy(nn.Cell):
 
     Args:
         ignore_index (int): The target of padding positions. Default: ``-100``.
+
+    Raises:
+        TypeError: If `ignore_index` is not an int.
 
     Inputs:
         - **logits** (Tensor) - :math:`(..., C)`.
@@ -37,6 +46,9 @@ class TokenCrossEntropy(nn.Cell):
 
     def __init__(self, ignore_index: int = -100) -> None:
         super().__init__()
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"For 'TokenCrossEntropy', the argument 'ignore_index' must be an int, the target of "
+                            f"padding positions, but got {ignore_index!r} of type {type(ignore_index).__name__}.")
         self.ignore_index = ignore_index
 
     def construct(self, logits, targets):
@@ -58,6 +70,9 @@ class LossOnly(nn.Cell):
     Args:
         cell (nn.Cell): A loss, or a network with its loss, returning ``(loss, weight)`` (e.g. `TokenCrossEntropy`).
 
+    Raises:
+        TypeError: If `cell` is not a Cell.
+
     Inputs:
         - **\*inputs** - `cell`'s inputs.
 
@@ -75,7 +90,68 @@ class LossOnly(nn.Cell):
 
     def __init__(self, cell: nn.Cell) -> None:
         super().__init__()
-        self.cell = cell
+        self.cell = check_isinstance(cell, "cell", nn.Cell, "LossOnly")
 
     def construct(self, *inputs):
         return self.cell(*inputs)[0]
+
+
+WEIGHTED = "weighted_mean"
+_checked = weakref.WeakKeyDictionary()  # network -> the reductions its output was checked for
+
+
+def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str, cls_name: str,
+                      arg_name: str = "network") -> None:
+    """
+    Refuses a network (with its loss) whose output does not fit `reduction`, before any training graph compiles.
+
+    ``"weighted_mean"`` needs `(loss, weight)`; ``"mean"`` and ``"sum"`` need a loss alone. Which one the network
+    returns is found by running it once on `inputs`, eagerly (PyNative, nothing compiles) and in inference mode (so no
+    BatchNorm statistic moves), then restoring the mode and every Cell's training flag. Each network is checked once
+    per reduction.
+
+    Args:
+        network (nn.Cell): The network with its loss.
+        inputs (Sequence[Tensor]): One micro-batch, as `network` takes it.
+        reduction (str): The reduction it is trained with.
+        cls_name (str): The caller's name, for the message.
+        arg_name (str): The argument that gave the loss, for the message. Default: ``"network"``.
+
+    Raises:
+        ValueError: If `network` returns `(loss, weight)` and `reduction` is not ``"weighted_mean"``, or returns
+            something else and `reduction` is ``"weighted_mean"``.
+    """
+    if reduction in _checked.get(network, ()):
+        return
+    with _eager_inference(network):
+        out = network(*inputs)
+    pair = isinstance(out, (tuple, list))
+    if pair and reduction != WEIGHTED:
+        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be '{WEIGHTED}' for a loss that returns "
+                         f"(loss, weight), as the '{arg_name}' given does, but got '{reduction}'.")
+    if not pair and reduction == WEIGHTED:
+        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must return (loss, weight) under reduction="
+                         f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their count), "
+                         f"but it returns {_describe(out)}; a loss alone needs reduction='mean' or 'sum'.")
+    _checked.setdefault(network, set()).add(reduction)
+
+
+@contextlib.contextmanager
+def _eager_inference(network: nn.Cell):
+    cells = [cell for _, cell in network.cells_and_names()]
+    training, mode = [cell.training for cell in cells], ms.get_context("mode")
+    for cell in cells:
+        cell.add_flags(training=False)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=mode)
+        for cell, flag in zip(cells, training):
+            cell.add_flags(training=flag)
+
+
+def _describe(out) -> str:
+    if isinstance(out, Tensor):
+        return f"a Tensor of shape {tuple(out.shape)}"
+    return f"{type(out).__name__}"

@@ -10,7 +10,7 @@ from mindspore import Tensor, nn
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .buffer import REDUCTIONS
 from .cells import TrainAccumulationCell
-from .losses import LossOnly
+from .losses import LossOnly, check_loss_output
 
 
 @dataclass
@@ -85,7 +85,8 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If `accumulate_step` is not positive or exceeds the batch size, the inputs disagree in
-            batch size, or `reduction` is unknown.
+            batch size, or `reduction` is unknown or does not fit what `loss_fn` returns (``"weighted_mean"`` needs
+            ``(loss, weight)``, the others a loss alone; found by one eager forward pass, `check_loss_output`).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -118,6 +119,8 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
                          f"{arrays[0].shape[0]}, but got {accumulate_step}.")
 
     with_loss = nn.WithLossCell(network, loss_fn)
+    micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
+    check_loss_output(with_loss, [Tensor(a) for a in micro_batches[0]], reduction, name, "loss_fn")
     state = list({id(p): p for _, p in optimizer.parameters_and_names()}.values())
     start = {id(p): p.asnumpy().copy() for p in state}
     names = [p.name for p in optimizer.parameters]
@@ -130,7 +133,6 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
 
         accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step, reduction=reduction).set_train()
         moved = set()
-        micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
         for i, micro in enumerate(micro_batches):
             accumulating(*[Tensor(a) for a in micro])
             if i < accumulate_step - 1:

@@ -57,6 +57,10 @@ class TrainWindowCell(TrainAccumulationCell):
                              f"{open_window} micro-batch(es): close it first (TrainOptim and TrainClear).")
         return super().__call__(*inputs)
 
+    def one_micro_batch(self, inputs):
+        """The first micro-batch of a stacked window."""
+        return tuple(x[0] for x in inputs)
+
     def construct(self, *inputs):
         losses = ops.zeros((self.accumulate_step,), ms.float32)
         weights = ops.zeros((self.accumulate_step,), ms.float32)

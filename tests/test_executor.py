@@ -201,7 +201,7 @@ def test_executor_owns_one_buffer_per_parameter_plus_scalars():
     # every graph the executor builds shares that one buffer: no Parameter outside network, optimizer, buffer
     runner = ex.runner(4)
     known = {id(p) for _, p in ex._optimizer.parameters_and_names()} | {id(p) for p in owned}
-    for cell in (runner.forward_backward, runner.last, runner.step, runner.clear, runner.cell):
+    for cell in (runner.forward_backward, runner.check, runner.step, runner.clear, runner.cell):
         assert {id(p) for _, p in cell.parameters_and_names()} <= known
 
 

@@ -1,6 +1,7 @@
 """Sequence models: token-weighted windows equal the large batch's mean over its real tokens, and half-precision
 networks accumulate in float32."""
 import os
+import re
 import subprocess
 import sys
 
@@ -8,10 +9,10 @@ import numpy as np
 import pytest
 import mindspore as ms
 import mindspore.dataset as ds
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, LossOnly, TokenCrossEntropy,
-                      TrainForwardBackward)
+                      TrainAccumulationCell, TrainForwardBackward, TrainWindowCell, losses, verify_equivalence)
 
 T, F, V, B, K, PAD = 6, 5, 7, 2, 4, -100
 
@@ -202,3 +203,128 @@ def test_every_structure_compiles_without_eliminating_side_effects():
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("trained") == 6
     assert "eliminated by mistake" not in run.stderr, run.stderr[-3000:]
+
+
+# Bad inputs of the sequence features: each a clear error, raised before any graph compiles.
+
+@pytest.mark.parametrize("value", ["x", 2.5, None, True])
+def test_token_cross_entropy_needs_an_int_ignore_index(value):
+    with pytest.raises(TypeError, match=f"For 'TokenCrossEntropy', the argument 'ignore_index' must be an int, the "
+                                        f"target of padding positions, but got {re.escape(repr(value))} of type "):
+        TokenCrossEntropy(ignore_index=value)
+
+
+@pytest.mark.parametrize("value", [None, "TokenCrossEntropy"])
+def test_loss_only_needs_a_cell(value):
+    with pytest.raises(TypeError, match="For 'LossOnly', the argument 'cell' must be Cell, but got "):
+        LossOnly(value)
+
+
+def token_dataset(count=B * K):
+    x, y = token_batches(count)
+    return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B)
+
+
+def mse_dataset(count=B * K):
+    rng = np.random.default_rng(0)
+    return ds.NumpySlicesDataset({"x": rng.standard_normal((count, F)).astype(np.float32),
+                                  "y": rng.standard_normal((count, V)).astype(np.float32)}, shuffle=False).batch(B)
+
+
+PAIR_NEEDS_WEIGHTED = "the argument 'reduction' must be 'weighted_mean' for a loss that returns \\(loss, weight\\)"
+WEIGHTED_NEEDS_PAIR = "must return \\(loss, weight\\) under reduction='weighted_mean'"
+
+
+def probes(monkeypatch):
+    """Counts the eager forward passes that check a loss's output."""
+    calls = []
+    real = losses._eager_inference
+    monkeypatch.setattr(losses, "_eager_inference", lambda network: calls.append(network) or real(network))
+    return calls
+
+
+@pytest.mark.parametrize("loss,reduction,dataset,message", [
+    (TokenCrossEntropy(PAD), "mean", token_dataset, PAIR_NEEDS_WEIGHTED),
+    (TokenCrossEntropy(PAD), "sum", token_dataset, PAIR_NEEDS_WEIGHTED),
+    (nn.MSELoss(), "weighted_mean", mse_dataset,
+     "the argument 'loss_fn' " + WEIGHTED_NEEDS_PAIR + ".*a Tensor of shape \\(\\)")],
+    ids=["tokens-mean", "tokens-sum", "mse-weighted"])
+def test_executor_refuses_a_loss_that_does_not_fit_the_reduction(loss, reduction, dataset, message, monkeypatch):
+    network = net()
+    before = [p.asnumpy().copy() for p in network.trainable_params()]
+    executor = GradientAccumulation(network, loss, nn.SGD(network.trainable_params(), 0.1), reduction=reduction)
+    calls, training = probes(monkeypatch), network.training  # the executor's Cells set it to train
+    with pytest.raises(ValueError, match="For 'GradientAccumulation', " + message):
+        executor.train_process(1, dataset(), K, ckpt_dir=None, verbose=False)
+    assert len(calls) == 1  # one eager forward pass, no training graph
+    assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(before, network.trainable_params()))
+    assert ms.get_context("mode") == ms.GRAPH_MODE and network.training is training is True  # as they were
+
+
+def test_a_fitting_loss_is_checked_once_and_trains(monkeypatch):
+    network = net()
+    executor = GradientAccumulation(network, TokenCrossEntropy(PAD), nn.SGD(network.trainable_params(), 0.1),
+                                    reduction="weighted_mean")
+    calls = probes(monkeypatch)
+    result = executor.train_process(2, token_dataset(), K, ckpt_dir=None, verbose=False)
+    assert len(calls) == 1 and len(result.steps) == 2 and np.isfinite(result.losses).all()
+
+
+@pytest.mark.parametrize("cls", [TrainForwardBackward, TrainAccumulationCell, TrainWindowCell])
+def test_cells_refuse_a_loss_that_does_not_fit_their_buffer(cls):
+    x, y = token_batches(B)
+    network = nn.WithLossCell(net(), TokenCrossEntropy(PAD))
+    optimizer = nn.SGD(network.trainable_params(), 0.1)
+    buffer = AccumulationBuffer(optimizer.parameters)  # "mean"
+    if cls is TrainForwardBackward:
+        cell, inputs = cls(network, optimizer, buffer), (Tensor(x), Tensor(y))
+    elif cls is TrainAccumulationCell:
+        cell, inputs = cls(network, optimizer, K, buffer=buffer), (Tensor(x), Tensor(y))
+    else:
+        xs, ys = token_batches(B * K)
+        cell = cls(network, optimizer, K, buffer=buffer)
+        inputs = (Tensor(xs.reshape(K, B, T, F)), Tensor(ys.reshape(K, B, T)))
+    with pytest.raises(ValueError, match=f"For '{cls.__name__}', {PAIR_NEEDS_WEIGHTED}, as the 'network' given "
+                                         f"does, but got 'mean'"):
+        cell(*inputs)
+
+
+def test_verify_equivalence_refuses_a_loss_that_does_not_fit_the_reduction():
+    x, y = token_batches(B * K)
+    network = net()
+    with pytest.raises(ValueError, match=f"For 'verify_equivalence', {PAIR_NEEDS_WEIGHTED}, as the 'loss_fn' given "
+                                         f"does, but got 'mean'"):
+        verify_equivalence(network, TokenCrossEntropy(PAD), nn.SGD(network.trainable_params()), (x, y), K)
+    with pytest.raises(ValueError, match=f"For 'verify_equivalence', the argument 'loss_fn' {WEIGHTED_NEEDS_PAIR}"):
+        verify_equivalence(nn.Dense(F, V), nn.MSELoss(), nn.SGD(network.trainable_params()),
+                           (np.ones((8, F), np.float32), np.ones((8, V), np.float32)), K, reduction="weighted_mean")
+
+
+def test_accumulator_under_weighted_mean_needs_the_token_count():
+    network = net()
+    optimizer = nn.SGD(network.trainable_params(), 0.1)
+    accumulator = Accumulator(optimizer, K, reduction="weighted_mean")
+    loss_fn = TokenCrossEntropy(PAD)
+
+    def forward(x, y):
+        return loss_fn(network(x), y)[0]
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def step(x, y):
+        loss, grads = grad_fn(x, y)
+        return ops.depend(loss, accumulator(grads))
+
+    x, y = token_batches(B)
+    with pytest.raises(ValueError, match="For 'Accumulator', the argument 'num_samples' must be given under "
+                                         "reduction='weighted_mean'"):
+        step(Tensor(x), Tensor(y))
+
+
+@pytest.mark.parametrize("value", [ms.int32, "float32"])
+def test_executor_names_its_own_buffer_dtype_argument(value):
+    network = net()
+    with pytest.raises(TypeError, match="For 'GradientAccumulation', the argument 'buffer_dtype' must be a float "
+                                        "mindspore.dtype"):
+        GradientAccumulation(network, nn.MSELoss(), nn.SGD(network.trainable_params()), buffer_dtype=value)

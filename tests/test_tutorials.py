@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ms_accum.data import make_synthetic_mnist
@@ -85,8 +86,37 @@ def test_char_transformer_accumulated_equals_the_large_batch_and_reloads(tmp_pat
     assert out.split("sample:\n", 1)[1].startswith("ROMEO:")
 
 
-def test_char_transformer_says_where_to_get_the_text(tmp_path):
-    out = subprocess.run([sys.executable, str(TUTORIALS / "char_transformer_shakespeare.py"), "--data",
-                          str(tmp_path / "missing.txt")], capture_output=True, text=True, cwd=str(tmp_path),
-                         timeout=300)
-    assert out.returncode != 0 and "karpathy/char-rnn" in out.stderr and "MS_ACCUM_SHAKESPEARE" in out.stderr
+def run_char_transformer(*args, cwd):
+    return subprocess.run([sys.executable, str(TUTORIALS / "char_transformer_shakespeare.py"), *args],
+                          capture_output=True, text=True, cwd=str(cwd), timeout=600)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "0"], "argument --steps: must be a positive int, but got 0"),
+    (["--steps", "-3"], "argument --steps: must be a positive int, but got -3"),
+    (["--data", "missing.txt"], "argument --data: 'missing.txt' does not exist. Tiny Shakespeare's input.txt is "
+                                "karpathy/char-rnn's data/tinyshakespeare/input.txt (https://raw.githubusercontent.com/"
+                                "karpathy/char-rnn/master/data/tinyshakespeare/input.txt, MD5 "
+                                "6fb458f1232090904fb40fe944165e91): pass it with --data or set MS_ACCUM_SHAKESPEARE."),
+    (["--data", "small.txt"], "argument --data: 'small.txt' holds 3 speeches (blank-line separated passages of 2 "
+                              "characters or more), the tutorial needs at least 320: a tenth held out for one "
+                              "validation batch of 32, the rest for one window of 4 micro-batches of 8."),
+    (["--data", "binary.txt"], "argument --data: 'binary.txt' is not UTF-8 text (invalid start byte at byte 0)."),
+], ids=["steps-0", "steps-negative", "missing", "too-small", "not-text"])
+def test_char_transformer_refuses_bad_command_lines_with_one_line(argv, message, tmp_path):
+    (tmp_path / "small.txt").write_text("To be or not.\n\nThat is it.\n\nWhat now?\n")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00" * 100)
+    out = run_char_transformer(*argv, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1] == f"char_transformer_shakespeare.py: error: {message}"
+
+
+def test_char_transformer_trains_on_any_text_large_enough(tmp_path):
+    rng = np.random.default_rng(0)
+    words = "the king queen sword night day love war heart crown blood rain river stone".split()
+    speeches = [" ".join(rng.choice(words, rng.integers(2, 30))) for _ in range(320)]
+    (tmp_path / "other.txt").write_text("\n\n".join(speeches))
+    out = run_char_transformer("--data", "other.txt", "--steps", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("note: 'other.txt' is not the MD5-checked Tiny Shakespeare; training on it anyway.")
+    assert "checkpoint evaluated again:" in out.stdout and (tmp_path / "ckpt" / "char_transformer.ckpt").is_file()

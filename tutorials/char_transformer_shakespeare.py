@@ -11,6 +11,7 @@ The accumulated run's checkpoint is evaluated again and writes a sample.
 """
 import argparse
 import hashlib
+import itertools
 import math
 import os
 
@@ -23,6 +24,7 @@ from mindspore import Tensor, nn  # noqa: E402
 
 from ms_accum import CharTransformer, GradientAccumulation, TokenCrossEntropy  # noqa: E402
 from ms_accum.checkpoint import load_into  # noqa: E402
+from ms_accum.cli import positive_int  # noqa: E402
 
 # Configuration: small enough to train in a few minutes on 2 CPU cores.
 MICRO_BATCH = 8          # speeches per micro-batch
@@ -35,22 +37,39 @@ LEARNING_RATE = 3e-3
 SEED = 0
 DEVICE = "CPU"  # or "GPU", "Ascend"
 IGNORE = -100  # target of padding positions
+VAL_BATCH = 32  # held-out speeches per validation batch
+PROMPT = "ROMEO:\n"  # the sample's opening
+# The fewest speeches that hold a validation batch (a tenth of them) and one training window (the rest).
+MIN_SPEECHES = next(n for n in itertools.count(1) if n // 10 >= VAL_BATCH
+                    and (n - n // 10) // MICRO_BATCH >= ACCUMULATE_STEPS)
 MD5 = "6fb458f1232090904fb40fe944165e91"  # of input.txt, from its README
 WHERE = ("Tiny Shakespeare's input.txt is karpathy/char-rnn's data/tinyshakespeare/input.txt "
          "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt, MD5 " + MD5 +
          "): pass it with --data or set MS_ACCUM_SHAKESPEARE.")
 
 
-def find_text(path):
+def read_speeches(path):
+    """The corpus's speeches (blank-line separated passages of 2 characters or more); ValueError, one line, when the
+    file is missing, not text, or too small for the tutorial."""
     path = path or os.environ.get("MS_ACCUM_SHAKESPEARE") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare", "input.txt")
     if not os.path.isfile(path):
-        raise SystemExit(f"'{path}' does not exist. {WHERE}")
+        raise ValueError(f"'{path}' does not exist. {WHERE}")
     with open(path, "rb") as f:
         raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"'{path}' is not UTF-8 text ({err.reason} at byte {err.start}).") from None
+    speeches = [s for s in text.split("\n\n") if len(s) >= 2]
+    if len(speeches) < MIN_SPEECHES:
+        raise ValueError(f"'{path}' holds {len(speeches)} speeches (blank-line separated passages of 2 characters or "
+                         f"more), the tutorial needs at least {MIN_SPEECHES}: a tenth held out for one validation "
+                         f"batch of {VAL_BATCH}, the rest for one window of {ACCUMULATE_STEPS} micro-batches of "
+                         f"{MICRO_BATCH}.")
     if hashlib.md5(raw).hexdigest() != MD5:
         print(f"note: '{path}' is not the MD5-checked Tiny Shakespeare; training on it anyway.")
-    return raw.decode("utf-8")
+    return speeches
 
 
 def encode(speeches, index):
@@ -135,16 +154,15 @@ def sample(network, index, prompt, length, rng):
     return "".join(chars.get(t, "") for t in tokens)
 
 
-def main(data, steps, ckpt_dir):
+def main(speeches, steps, ckpt_dir):
     runtime.set_device(DEVICE)
     rng = np.random.default_rng(SEED)
-    speeches = [s for s in find_text(data).split("\n\n") if len(s) >= 2]
     vocab_chars = sorted(set("".join(speeches)))
     index = {c: i + 1 for i, c in enumerate(vocab_chars)}  # 0 pads the inputs
     encoded = encode(speeches, index)
     order = rng.permutation(len(encoded))
     held_out = len(encoded) // 10
-    val = batches([encoded[i] for i in order[:held_out]], rng, 32)
+    val = batches([encoded[i] for i in order[:held_out]], rng, VAL_BATCH)
     train_micro = batches([encoded[i] for i in order[held_out:]], rng, MICRO_BATCH)[:steps * ACCUMULATE_STEPS]
     counts = [int((y != IGNORE).sum()) for _, y in train_micro]
     print(f"{len(speeches)} speeches, {len(vocab_chars)} characters; {len(train_micro)} micro-batches of "
@@ -176,7 +194,8 @@ def main(data, steps, ckpt_dir):
     restored = CharTransformer(len(index) + 1, WIDTH, HEADS, LAYERS, MAX_LEN)
     load_into(restored, acc_result.checkpoint)
     print(f"checkpoint evaluated again: {bits_per_char(restored, val):.4f} bits per character")
-    print("sample:\n" + sample(restored, index, "ROMEO:\n", 200, np.random.default_rng(SEED)))
+    prompt = PROMPT if set(PROMPT) <= set(index) else speeches[0][:len(PROMPT)]  # another text: its own opening
+    print("sample:\n" + sample(restored, index, prompt, 200, np.random.default_rng(SEED)))
     return acc_bpc, plain_bpc
 
 
@@ -184,7 +203,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="Tiny Shakespeare's input.txt (default: $MS_ACCUM_SHAKESPEARE, else "
                                        "../shared/data/tinyshakespeare/input.txt beside the checkout)")
-    parser.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per run")
+    parser.add_argument("--steps", type=positive_int, default=STEPS, help="optimizer steps per run")
     parser.add_argument("--ckpt-dir", default="ckpt")
     args = parser.parse_args()
-    main(args.data, args.steps, args.ckpt_dir)
+    try:
+        text = read_speeches(args.data)
+    except ValueError as err:
+        parser.error(f"argument --data: {err}")  # one line, exit status 2
+    main(text, args.steps, args.ckpt_dir)
