@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import asdict
 from typing import List, Optional
 
 from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
@@ -358,7 +359,8 @@ def run_verify(args: argparse.Namespace) -> dict:
                "max_abs_diff": report.max_abs_diff, "max_rel_diff": report.max_rel_diff,
                "rtol": args.rtol, "atol": args.atol, "moved_between_updates": report.moved_between_updates,
                "per_parameter": {name: {"max_abs_diff": a, "max_rel_diff": r}
-                                 for name, (a, r) in report.per_parameter.items()}}
+                                 for name, (a, r) in report.per_parameter.items()},
+               "causes": [asdict(cause) for cause in report.causes], "inference_mode": report.inference_mode}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
         print(f"{args.model}, {settings['optimizer']}, K={args.accumulate_steps} x B={args.batch_size} against one "

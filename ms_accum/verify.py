@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from .buffer import REDUCTIONS
+from .causes import Cause, batchnorm_cells, explain, in_inference, stochastic_cells
 from .cells import TrainAccumulationCell
 from .losses import LossOnly, check_loss_output
 
@@ -24,6 +25,9 @@ class EquivalenceReport:
         per_parameter (dict): name -> (max abs diff, max rel diff).
         moved_between_updates (list): Parameters that changed before the window was full (must be empty).
         passed (bool): Every parameter is allclose(rtol, atol) and none moved between updates.
+        causes (list[Cause]): When it failed, why, each with its evidence and fix (`ms_accum.causes`).
+        inference_mode (list): Stochastic layers (dropout, drop-path) that ran as in inference for both updates,
+            which can only be compared without their random masks.
     """
 
     accumulate_step: int
@@ -34,6 +38,8 @@ class EquivalenceReport:
     per_parameter: Dict[str, tuple] = field(default_factory=dict)
     moved_between_updates: list = field(default_factory=list)
     passed: bool = False
+    causes: List[Cause] = field(default_factory=list)
+    inference_mode: list = field(default_factory=list)
 
     def __str__(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
@@ -42,12 +48,45 @@ class EquivalenceReport:
                  f"(rtol {self.rtol:g}, atol {self.atol:g})"]
         if self.moved_between_updates:
             lines.append(f"parameters moved before the window was full: {self.moved_between_updates}")
+        if self.inference_mode:
+            lines.append(f"compared with {', '.join(self.inference_mode)} in inference mode: a random mask drawn for "
+                         f"the big batch never equals the micro-batches' masks")
+        lines += [str(cause) for cause in self.causes]
         return "\n".join(lines)
 
 
 def _restore(params, snapshot: Dict[int, np.ndarray]) -> None:
     for p in params:
         p.set_data(Tensor(snapshot[id(p)]))
+
+
+class _Gradient(nn.Cell):
+    """The gradient of `network`'s loss with respect to `params`."""
+
+    def __init__(self, network: nn.Cell, params) -> None:
+        super().__init__(auto_prefix=False)
+        self.network, self.params = network, params
+        self.grad = ops.GradOperation(get_by_list=True)
+
+    def construct(self, *inputs):
+        return self.grad(self.network, self.params)(*inputs)
+
+
+def _gradients(with_loss: nn.Cell, loss_only: nn.Cell, params, micro_batches, arrays, reduction: str, hold):
+    """The window's gradient as `reduction` combines its micro-batches' (float64, on the host) and the big batch's."""
+    gradient = _Gradient(loss_only, params).set_train()
+    hold()
+    big = [g.asnumpy().astype(np.float64) for g in gradient(*[Tensor(a) for a in arrays])]
+    total, weights = [np.zeros_like(b) for b in big], 0.0
+    for micro in micro_batches:
+        inputs = [Tensor(a) for a in micro]
+        weight = {"mean": float(len(micro[0])), "sum": 1.0}.get(reduction)
+        if weight is None:  # weighted_mean: the weight the loss returns
+            weight = float(with_loss(*inputs)[1].asnumpy())
+        total = [t + weight * g.asnumpy().astype(np.float64) for t, g in zip(total, gradient(*inputs))]
+        weights += weight
+    divisor = 1.0 if reduction == "sum" else weights
+    return [t / divisor for t in total], big
 
 
 def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
@@ -121,33 +160,48 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     with_loss = nn.WithLossCell(network, loss_fn)
     micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
     check_loss_output(with_loss, [Tensor(a) for a in micro_batches[0]], reduction, name, "loss_fn")
-    state = list({id(p): p for _, p in optimizer.parameters_and_names()}.values())
+    # Everything the two updates change, BatchNorm's statistics included, is put back afterwards.
+    state = list({id(p): p for p in [*network.get_parameters(), *(p for _, p in optimizer.parameters_and_names())]}
+                 .values())
     start = {id(p): p.asnumpy().copy() for p in state}
     names = [p.name for p in optimizer.parameters]
-    try:
-        reference = nn.TrainOneStepCell(LossOnly(with_loss) if reduction == "weighted_mean" else with_loss,
-                                        optimizer).set_train()
-        reference(*[Tensor(a) for a in arrays])
-        expected = [p.asnumpy().copy() for p in optimizer.parameters]
-        _restore(state, start)
+    loss_only = LossOnly(with_loss) if reduction == "weighted_mean" else with_loss
+    stochastic = stochastic_cells(network)
+    with in_inference(network, stochastic) as hold:
+        try:
+            reference = nn.TrainOneStepCell(loss_only, optimizer).set_train()
+            hold()
+            reference(*[Tensor(a) for a in arrays])
+            expected = [p.asnumpy().copy() for p in optimizer.parameters]
+            _restore(state, start)
 
-        accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step, reduction=reduction).set_train()
-        moved = set()
-        for i, micro in enumerate(micro_batches):
-            accumulating(*[Tensor(a) for a in micro])
-            if i < accumulate_step - 1:
-                moved.update(n for n, p in zip(names, optimizer.parameters) if not np.array_equal(
-                    p.asnumpy(), start[id(p)]))
-        actual = [p.asnumpy().copy() for p in optimizer.parameters]
-    finally:
-        _restore(state, start)
+            accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step, reduction=reduction).set_train()
+            hold()
+            moved = set()
+            for i, micro in enumerate(micro_batches):
+                accumulating(*[Tensor(a) for a in micro])
+                if i < accumulate_step - 1:
+                    moved.update(n for n, p in zip(names, optimizer.parameters) if not np.array_equal(
+                        p.asnumpy(), start[id(p)]))
+            actual = [p.asnumpy().copy() for p in optimizer.parameters]
+        finally:
+            _restore(state, start)
 
-    per_parameter = {}
-    for n, ref, acc in zip(names, expected, actual):
-        abs_diff = np.abs(acc.astype(np.float64) - ref.astype(np.float64))
-        per_parameter[n] = (float(abs_diff.max(initial=0.0)),
-                            float((abs_diff / (np.abs(ref.astype(np.float64)) + atol)).max(initial=0.0)))
-    passed = not moved and all(np.allclose(acc, ref, rtol=rtol, atol=atol) for ref, acc in zip(expected, actual))
+        per_parameter = {}
+        for n, ref, acc in zip(names, expected, actual):
+            abs_diff = np.abs(acc.astype(np.float64) - ref.astype(np.float64))
+            per_parameter[n] = (float(abs_diff.max(initial=0.0)),
+                                float((abs_diff / (np.abs(ref.astype(np.float64)) + atol)).max(initial=0.0)))
+        passed = not moved and all(np.allclose(acc, ref, rtol=rtol, atol=atol) for ref, acc in zip(expected, actual))
+        causes = []
+        if not passed and not moved:
+            try:
+                window, big = _gradients(with_loss, loss_only, optimizer.parameters, micro_batches, arrays, reduction,
+                                         hold)
+            finally:
+                _restore(state, start)
+            causes = explain(batchnorm_cells(network), window, big, accumulate_step,
+                             max(v[0] for v in per_parameter.values()), rtol, atol)
     return EquivalenceReport(accumulate_step, max(v[0] for v in per_parameter.values()),
                              max(v[1] for v in per_parameter.values()), rtol, atol, per_parameter,
-                             sorted(moved), passed)
+                             sorted(moved), passed, causes, stochastic)

@@ -94,6 +94,16 @@ def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, 
     assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
 
 
+@requires_mnist
+def test_verify_names_adam_magnifying_rounding_on_real_mnist(capsys):
+    # The documented case: Adam's first step on MNIST's always-black pixels, whose gradients are rounding noise.
+    code = cli.main(["verify", "--model", "mlp", "--optimizer", "adam", "--data", mnist_dir(), "--json"])
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert code == 1 and report["passed"] is False
+    assert [cause["name"] for cause in report["causes"]] == ["the optimizer magnifies rounding"]
+    assert "verify with nn.SGD or nn.Momentum" in report["causes"][0]["fix"]
+
+
 def test_verify_needs_k_times_b_images(synthetic, capsys):
     assert cli.main(["verify", "--accumulate-steps", "64", "--batch-size", "32", "--data", synthetic]) == 1
     assert ("ms-accum verify: error: For 'create_dataset', the dataset yields no batch: fewer samples than "

@@ -36,6 +36,46 @@ def test_detects_batchnorm_which_accumulation_cannot_reproduce():
     assert str(report).startswith("FAILED: ")
     worst = max(report.per_parameter, key=lambda name: report.per_parameter[name][0])
     assert report.per_parameter[worst][0] == report.max_abs_diff
+    # It says why, and what to do, and leaves BatchNorm's running statistics as they were.
+    assert [cause.name for cause in report.causes] == ["BatchNorm layers in training mode"]
+    assert "2 normalize each micro-batch by its own mean and variance" in report.causes[0].evidence  # cell "2"
+    assert "replace_batchnorm" in str(report)
+    assert not net[2].moving_mean.asnumpy().any()
+
+
+class _BatchCentred(nn.Cell):
+    """A loss that couples the samples of a batch: logits centred on the batch's mean logit."""
+
+    def __init__(self):
+        super().__init__()
+        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, logits, labels):
+        return self.loss(logits * 3.0 - logits.mean(0, keep_dims=True) * 2.0, labels)
+
+
+def test_names_a_loss_that_sums_an_optimizer_that_magnifies_rounding_and_a_coupled_loss():
+    batch = batch_for("mlp", 16, seed=1)
+    net = make_net("mlp")
+    summing = verify_equivalence(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
+                                 nn.SGD(net.trainable_params(), 0.1), batch, 4)
+    assert not summing.passed and [c.name for c in summing.causes] == [
+        "a loss that sums over the batch instead of averaging"]
+    assert "the big batch's gradient is 4.00x the window's (K = 4)" in summing.causes[0].evidence
+
+    net = make_net("mlp")
+    coupled = verify_equivalence(net, _BatchCentred(), nn.SGD(net.trainable_params(), 0.1), batch, 4)
+    assert not coupled.passed and [c.name for c in coupled.causes] == ["a loss that couples the samples of a batch"]
+
+
+def test_dropout_is_compared_in_inference_mode_and_named():
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Flatten(), nn.Dense(784, 32), nn.Dropout(p=0.5), nn.ReLU(), nn.Dense(32, 10)])
+    training = [cell.training for _, cell in net.cells_and_names()]
+    report = verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=1), 4)
+    assert report.passed and report.inference_mode == ["2"] and not report.causes
+    assert "compared with 2 in inference mode" in str(report)
+    assert [cell.training for _, cell in net.cells_and_names()] == training
 
 
 def test_bad_arguments():

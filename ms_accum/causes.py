@@ -1,0 +1,106 @@
+"""Why an accumulated window can differ from one big batch: the causes `verify_equivalence` names, with evidence.
+
+Some layers and losses make a window of K micro-batches differ from one step on their concatenation however exact
+the accumulation is: BatchNorm normalizes each micro-batch by its own statistics; a loss that sums makes the window
+K times smaller than the big batch (the window divides by the samples seen); a loss that couples the samples of a
+batch (in-batch negatives, a normalization over the batch) sees K small batches instead of one. An adaptive
+optimizer can also turn rounding into a visible parameter difference. Stochastic layers (dropout, drop-path) cannot
+be compared at all: a mask drawn for K·B samples never equals K masks drawn for B, so the check runs them in
+inference mode, as identities.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterable, List
+
+import numpy as np
+from mindspore import nn
+from mindspore.nn.layer.normalization import _BatchNorm
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One reason the window differs from the big batch: what, the evidence, and what to do."""
+
+    name: str
+    evidence: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"cause: {self.name}: {self.evidence}. Fix: {self.fix}."
+
+
+def batchnorm_cells(network: nn.Cell) -> List[str]:
+    """Paths of BatchNorm layers (MindSpore's BatchNorm1d/2d/3d and their subclasses) that normalize by the batch's
+    own statistics when training."""
+    return [name or type(cell).__name__ for name, cell in network.cells_and_names()
+            if isinstance(cell, _BatchNorm) and cell.use_batch_statistics is not False]
+
+
+def stochastic_cells(network: nn.Cell) -> List[str]:
+    """Paths of layers that draw a random mask when training: dropout with a positive rate, drop-path."""
+    found = []
+    for name, cell in network.cells_and_names():
+        dropout = isinstance(cell, nn.Dropout) and getattr(cell, "p", 1.0 - getattr(cell, "keep_prob", 1.0)) > 0
+        if dropout or "droppath" in type(cell).__name__.lower():
+            found.append(name or type(cell).__name__)
+    return found
+
+
+@contextlib.contextmanager
+def in_inference(network: nn.Cell, paths: Iterable[str]):
+    """Yields `hold`, which sets the cells at `paths` to run as in inference (call it after every `set_train`, which
+    sets them all to train); every cell of `network` gets its training flag back afterwards."""
+    cells = list(network.cells_and_names())
+    flags = [cell.training for _, cell in cells]
+    held = [cell for name, cell in cells if (name or type(cell).__name__) in set(paths)]
+
+    def hold():
+        for cell in held:
+            cell.add_flags(training=False)
+
+    try:
+        yield hold
+    finally:
+        for (_, cell), flag in zip(cells, flags):
+            cell.add_flags(training=flag)
+
+
+def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: List[np.ndarray],
+            accumulate_step: int, parameter_diff: float, rtol: float, atol: float) -> List[Cause]:
+    """The causes of a failed comparison, from the network's layers and the two gradients (the window's, the big
+    batch's), which do not depend on the optimizer."""
+    grad_diff = max(float(np.abs(w - b).max(initial=0.0)) for w, b in zip(window_grads, big_grads))
+    grads_equal = all(np.allclose(w, b, rtol=rtol, atol=atol) for w, b in zip(window_grads, big_grads))
+    window_norm = float(np.sqrt(sum(float((w.astype(np.float64) ** 2).sum()) for w in window_grads)))
+    big_norm = float(np.sqrt(sum(float((b.astype(np.float64) ** 2).sum()) for b in big_grads)))
+    ratio = big_norm / window_norm if window_norm > 0 else float("inf")
+    causes = []
+    if batchnorm:
+        causes.append(Cause(
+            "BatchNorm layers in training mode",
+            f"{', '.join(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch by the "
+            f"batch's; the gradients differ by up to {grad_diff:.3e}",
+            "ms_accum.norm.replace_batchnorm(network) (GroupNorm, before the optimizer is built), or accept the "
+            "difference"))
+    if accumulate_step > 1 and abs(ratio - accumulate_step) <= 0.1 * accumulate_step:
+        causes.append(Cause(
+            "a loss that sums over the batch instead of averaging",
+            f"the big batch's gradient is {ratio:.2f}x the window's (K = {accumulate_step}): the window divides by "
+            f"the samples it holds, so its update is K times smaller",
+            "average the loss over the batch (e.g. reduction='mean'), or accumulate with reduction='sum'"))
+    elif grads_equal:
+        causes.append(Cause(
+            "the optimizer magnifies rounding",
+            f"the window's gradient equals the big batch's (max abs diff {grad_diff:.3e}, within rtol {rtol:g}, "
+            f"atol {atol:g}) but the parameters differ by up to {parameter_diff:.3e}: an adaptive step such as "
+            f"Adam's first, lr * g / (|g| + eps), turns gradients that are rounding noise into full steps",
+            "verify with nn.SGD or nn.Momentum, which pass a gradient's difference through unchanged"))
+    elif not batchnorm:
+        causes.append(Cause(
+            "a loss that couples the samples of a batch",
+            f"the gradients differ by up to {grad_diff:.3e} and no BatchNorm or summing loss explains it: in-batch "
+            f"negatives or a normalization over the batch inside the loss see K small batches instead of one",
+            "make the loss a mean of per-sample terms, or accept the difference"))
+    return causes
