@@ -67,6 +67,11 @@ def in_inference(network: nn.Cell, paths: Iterable[str]):
             cell.add_flags(training=flag)
 
 
+def _listed(names: List[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} layer(s), " * (len(names) > shown) + ", ".join(names[:shown]) + more
+
+
 def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: List[np.ndarray],
             accumulate_step: int, parameter_diff: float, rtol: float, atol: float) -> List[Cause]:
     """The causes of a failed comparison, from the network's layers and the two gradients (the window's, the big
@@ -80,7 +85,7 @@ def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: Lis
     if batchnorm:
         causes.append(Cause(
             "BatchNorm layers in training mode",
-            f"{', '.join(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch by the "
+            f"{_listed(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch by the "
             f"batch's; the gradients differ by up to {grad_diff:.3e}",
             "ms_accum.norm.replace_batchnorm(network) (GroupNorm, before the optimizer is built), or accept the "
             "difference"))

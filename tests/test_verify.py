@@ -93,3 +93,19 @@ def test_bad_arguments():
         verify_equivalence(*args[:3], (x, y[:3]), 2)
     with pytest.raises(ValueError, match="'rtol' must be a positive float"):
         verify_equivalence(*args, 2, rtol=-1.0)
+
+
+@pytest.mark.parametrize("model,passes", [("resnet18", False), ("convnext_tiny", True)])
+def test_real_models_of_mindspores_zoo(model, passes):
+    # mindcv's resnet18 has BatchNorm layers: named, with the fix; convnext_tiny (LayerNorm) passes.
+    import mindcv  # a test dependency (pyproject), so a missing install fails rather than skips
+    ms.set_seed(0)
+    net = mindcv.create_model(model, num_classes=10)
+    rng = np.random.default_rng(0)
+    batch = (rng.standard_normal((16, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, 16).astype(np.int32))
+    report = verify_equivalence(net, loss_fn(), nn.Momentum(net.trainable_params(), 0.01, 0.9), batch, 4)
+    assert report.passed is passes
+    if not passes:
+        assert [cause.name for cause in report.causes] == ["BatchNorm layers in training mode"]
+        assert report.causes[0].evidence.startswith("20 layer(s), bn1, layer1.0.bn1, layer1.0.bn2, layer1.1.bn1, "
+                                                    "layer1.1.bn2 and 15 more normalize each micro-batch")
