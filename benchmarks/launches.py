@@ -58,8 +58,9 @@ def _cells(inputs, close="host", all_finite=False, scaler=None):
             for _ in range(n):
                 runner.run(inputs, K)  # reads the verdict: synchronized
         return run
-    calls = {"one_graph": [TrainOptim(opt, executor.buffer, clear=True).set_train()],
-             "two_graphs": [TrainOptim(opt, executor.buffer).set_train(), TrainClear(executor.buffer).set_train()]}[close]
+    buffer = executor.buffer
+    calls = {"one_graph": [TrainOptim(opt, buffer, clear=True).set_train()],
+             "two_graphs": [TrainOptim(opt, buffer).set_train(), TrainClear(buffer).set_train()]}[close]
 
     def run(n):
         for _ in range(n):

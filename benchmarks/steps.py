@@ -55,8 +55,9 @@ def micro_step(batches, rounds: int, calls: int) -> Table:
     }
     table.rows = interleave(contenders, rounds, calls)
     table.notes.append("the three graphs run as the executor runs them: TrainForwardBackward per micro-batch, then "
-                       "per window a check graph and the step graph chosen on the host; TrainAccumulationCell is structure='fused', one call per micro-batch; TrainWindowCell "
-                       "takes the 4 micro-batches stacked, (4, 32, 1, 32, 32), in one call.")
+                       "per window a check graph and the step graph chosen on the host; TrainAccumulationCell is "
+                       "structure='fused', one call per micro-batch; TrainWindowCell takes the 4 micro-batches "
+                       "stacked, (4, 32, 1, 32, 32), in one call.")
     return table
 
 

@@ -4,6 +4,7 @@ accumulation equals the large batch.
     ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
     ms-accum eval --ckpt ckpt/lenet5.ckpt [--json]
     ms-accum verify --model lenet5 --accumulate-steps 4 --batch-size 32 [--json]
+    ms-accum verify --model mypackage.models:build --accumulate-steps 4 --batch-size 8   (your own model)
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
 
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
@@ -58,6 +59,14 @@ positive_float = _number(float, True, "a positive float")
 non_negative_float = _number(float, False, "a non-negative float")
 
 
+def model_or_factory(text: str) -> str:
+    """A built-in model's name, or a factory's ``package.module:function`` (`ms_accum.factory`)."""
+    if text in MODEL_NAMES or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or package.module:function (a "
+                                     f"factory returning network, loss, optimizer and sample), but got '{text}'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="check that K accumulated micro-batches give the update of one K*B "
                                            "batch, parameter by parameter (exit 1 if not)")
-    _add_training_arguments(verify, "micro-batch size; the large batch is the first K*B training images (default 32)")
+    _add_training_arguments(verify, "micro-batch size; the large batch is the first K*B training images, or K*B "
+                                    "samples from a factory's sample() (default 32)", factories=True)
     verify.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance (default 1e-5)")
     verify.add_argument("--atol", type=positive_float, default=1e-6, help="absolute tolerance (default 1e-6)")
     _add_data_arguments(verify)
@@ -120,9 +130,15 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str) -> None:
-    """What `train` and `verify` share: the model, K, B, the optimizer and the seed."""
-    parser.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
+def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, factories: bool = False) -> None:
+    """What `train` and `verify` share: the model (with `factories`, also your own), K, B, the optimizer and the
+    seed."""
+    if factories:
+        parser.add_argument("--model", type=model_or_factory, default="lenet5", metavar="{lenet5,mlp,MODULE:FUNCTION}",
+                            help="a built-in model, or your factory returning (network, loss, optimizer, sample), "
+                                 "whose optimizer is used as it is (default lenet5)")
+    else:
+        parser.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
     parser.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
                         help="micro-batches per optimizer step (default 4)")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help=batch_help)
@@ -339,32 +355,40 @@ def run_eval(args: argparse.Namespace) -> dict:
 def run_verify(args: argparse.Namespace) -> dict:
     """One update from K accumulated micro-batches against one on their K*B concatenation, from the same start."""
     runtime.set_device(args.device)
-    data_dir, synthetic = find_data(args)
     import mindspore as ms
     from mindspore import nn
-    from .data import dataset_for
-    from .models import build_model
+    from .factory import is_factory, load_model
     from .verify import verify_equivalence
-    settings = _optimizer_settings(args)
     ms.set_seed(args.seed)
-    network = build_model(args.model)
     large = args.accumulate_steps * args.batch_size
-    dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
-    batch = next(dataset.create_tuple_iterator(output_numpy=True))  # the pipeline refuses fewer than K*B images
-    report = verify_equivalence(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                                _optimizer(settings, network.trainable_params()), tuple(batch),
-                                args.accumulate_steps, rtol=args.rtol, atol=args.atol)
+    if is_factory(args.model):
+        user = load_model(args.model, "ms-accum verify")
+        network, loss_fn, optimizer = user.network, user.loss_fn, user.optimizer
+        batch = tuple(user.sample(large))
+        optimizer_name, synthetic, source = type(optimizer).__name__, False, f"{large} samples of its sample()"
+    else:
+        data_dir, synthetic = find_data(args)
+        from .data import dataset_for
+        from .models import build_model
+        settings = _optimizer_settings(args)
+        network = build_model(args.model)
+        dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
+        batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))  # refuses fewer than K*B images
+        loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        optimizer, optimizer_name = _optimizer(settings, network.trainable_params()), settings["optimizer"]
+        source = f"the first images of {os.path.abspath(data_dir)}" + (f" [{SYNTHETIC_NOTE}]" if synthetic else "")
+    report = verify_equivalence(network, loss_fn, optimizer, batch, args.accumulate_steps, rtol=args.rtol,
+                                atol=args.atol)
     summary = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
-               "optimizer": settings["optimizer"], "synthetic": synthetic, "passed": report.passed,
+               "optimizer": optimizer_name, "synthetic": synthetic, "passed": report.passed,
                "max_abs_diff": report.max_abs_diff, "max_rel_diff": report.max_rel_diff,
                "rtol": args.rtol, "atol": args.atol, "moved_between_updates": report.moved_between_updates,
                "per_parameter": {name: {"max_abs_diff": a, "max_rel_diff": r}
                                  for name, (a, r) in report.per_parameter.items()},
                "causes": [asdict(cause) for cause in report.causes], "inference_mode": report.inference_mode}
     if not args.json:
-        tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
-        print(f"{args.model}, {settings['optimizer']}, K={args.accumulate_steps} x B={args.batch_size} against one "
-              f"batch of {large}, the first images of {os.path.abspath(data_dir)}{tag}")
+        print(f"{args.model}, {optimizer_name}, K={args.accumulate_steps} x B={args.batch_size} against one batch of "
+              f"{large}, {source}")
         width = max(len(name) for name in report.per_parameter)
         print(f"  {'parameter':<{width}}  {'max abs diff':>12}  {'max rel diff':>12}")
         for name, (abs_diff, rel_diff) in report.per_parameter.items():

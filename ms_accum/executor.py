@@ -164,8 +164,8 @@ class GradientAccumulation:
         structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` per
             micro-batch, then the window's check and its step (or clear) chosen on the host, least memory;
             ``"fused"``: one call per micro-batch (`TrainAccumulationCell`), faster, more memory; ``"window"``: a
-            whole window in one graph call (`TrainWindowCell`), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
-            ``"three_graphs"``.
+            whole window in one graph call (`TrainWindowCell`), fastest, most memory of the three. ``"auto"``
+            (default) chooses by memory first: ``"three_graphs"``.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
             (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
             mean over the rest (see `ms_accum.guard`). Skips are counted, and warned about without a loss scaler.

@@ -94,6 +94,59 @@ def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, 
     assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
 
 
+FACTORY = """
+import numpy as np
+from mindspore import nn
+
+
+def build():
+    net = nn.SequentialCell([nn.Dense(6, 16), nn.ReLU(), nn.Dense(16, 3)])
+
+    def sample(n):
+        rng = np.random.default_rng(n)
+        return rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
+    return net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params()), sample
+
+
+def two_things():
+    return nn.Dense(2, 2), None
+
+
+def no_optimizer():
+    net, loss, _, sample = build()
+    return net, loss, "sgd", sample
+
+
+def broken():
+    raise RuntimeError("no weights here")
+"""
+
+
+def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "users_model.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)  # found beside the caller, as python -m finds modules
+    argv = ["verify", "--accumulate-steps", "4", "--batch-size", "4", "--json"]
+    assert cli.main(argv + ["--model", "users_model:build"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["passed"] is True and report["optimizer"] == "SGD" and len(report["per_parameter"]) == 4
+    for spec, message in [
+            ("users_model:two_things", "the factory 'users_model:two_things' must return (network, loss_fn, "
+                                       "optimizer, sample), but returned a tuple of 2."),
+            ("users_model:no_optimizer", "the factory 'users_model:no_optimizer' must return an nn.Optimizer as its "
+                                         "optimizer, but returned a str."),
+            ("users_model:broken", "the factory 'users_model:broken' failed: RuntimeError: no weights here."),
+            ("users_model:missing", "the module 'users_model' has no function 'missing' (the factory "
+                                    "'users_model:missing')."),
+            ("not_a_module_anywhere:build", "the module 'not_a_module_anywhere' of the factory "
+                                            "'not_a_module_anywhere:build' cannot be imported: ModuleNotFoundError")]:
+        assert cli.main(argv + ["--model", spec]) == 1
+        assert capsys.readouterr().err.startswith(f"ms-accum verify: error: For 'ms-accum verify', {message}")
+    with pytest.raises(SystemExit) as bad:
+        cli.main(argv + ["--model", "users_model"])
+    assert bad.value.code == 2 and "argument --model: must be one of lenet5, mlp or package.module:function" in \
+        capsys.readouterr().err
+
+
 @requires_mnist
 def test_verify_names_adam_magnifying_rounding_on_real_mnist(capsys):
     # The documented case: Adam's first step on MNIST's always-black pixels, whose gradients are rounding noise.
