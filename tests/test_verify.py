@@ -1,4 +1,8 @@
 """verify_equivalence: passes where accumulation is exact, fails where it is not, leaves the model alone."""
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import mindspore as ms
@@ -95,17 +99,39 @@ def test_bad_arguments():
         verify_equivalence(*args, 2, rtol=-1.0)
 
 
-@pytest.mark.parametrize("model,passes", [("resnet18", False), ("convnext_tiny", True)])
-def test_real_models_of_mindspores_zoo(model, passes):
-    # mindcv's resnet18 has BatchNorm layers: named, with the fix; convnext_tiny (LayerNorm) passes.
-    import mindcv  # a test dependency (pyproject), so a missing install fails rather than skips
+ZOO_SCRIPT = """
+import json, sys
+import ms_accum
+import numpy as np
+import mindspore as ms
+from mindspore import nn
+import mindcv  # a test dependency (pyproject), so a missing install fails rather than skips
+
+ms.set_context(mode=ms.GRAPH_MODE)
+reports = {}
+for model in ("resnet18", "convnext_tiny"):
     ms.set_seed(0)
     net = mindcv.create_model(model, num_classes=10)
     rng = np.random.default_rng(0)
     batch = (rng.standard_normal((16, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, 16).astype(np.int32))
-    report = verify_equivalence(net, loss_fn(), nn.Momentum(net.trainable_params(), 0.01, 0.9), batch, 4)
-    assert report.passed is passes
-    if not passes:
-        assert [cause.name for cause in report.causes] == ["BatchNorm layers in training mode"]
-        assert report.causes[0].evidence.startswith("20 layer(s), bn1, layer1.0.bn1, layer1.0.bn2, layer1.1.bn1, "
-                                                    "layer1.1.bn2 and 15 more normalize each micro-batch")
+    report = ms_accum.verify_equivalence(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                         nn.Momentum(net.trainable_params(), 0.01, 0.9), batch, 4)
+    reports[model] = {"passed": report.passed, "causes": [[c.name, c.evidence] for c in report.causes]}
+print(json.dumps(reports))
+"""
+
+
+def test_real_models_of_mindspores_zoo(tmp_path):
+    # mindcv's resnet18 has BatchNorm layers: named, with the fix; convnext_tiny (LayerNorm) passes. In a process of
+    # its own: MindSpore keeps these large networks until exit, and tears them down noisily then.
+    script = tmp_path / "zoo.py"
+    script.write_text(ZOO_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reports["convnext_tiny"] == {"passed": True, "causes": []}
+    assert reports["resnet18"]["passed"] is False
+    [(name, evidence)] = reports["resnet18"]["causes"]
+    assert name == "BatchNorm layers in training mode"
+    assert evidence.startswith("20 layer(s), bn1, layer1.0.bn1, layer1.0.bn2, layer1.1.bn1, layer1.1.bn2 and 15 more "
+                               "normalize each micro-batch")
