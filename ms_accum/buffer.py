@@ -1,4 +1,4 @@
-"""The window: its named state, its reduction, and the three rules every graph applies to it (add, apply, clear)."""
+"""The window: its named state, its reduction, and the rules every graph applies to it (add, check, step, clear)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -161,7 +161,7 @@ def _buffer_dtype(param_dtype, dtype):
 class AccumulationBuffer:
     r"""
     One accumulation window: a zero-initialised gradient buffer per parameter, two counters, the `WindowGuard`,
-    and the reduction. Every Cell and the `Accumulator` go through its three rules, written once here:
+    and the reduction. Every Cell and the `Accumulator` go through its rules, written once here:
 
     - `add` — one micro-batch: the guard's policy, then its gradient and weight into the window;
     - `check` — the window, in place: reduce (all ranks in data parallel), divide, unscale, clip, and the guard's

@@ -2,8 +2,8 @@
 
 `TrainForwardBackward`, `TrainOptim` and `TrainClear` are the tutorial's three graphs; `TrainAccumulationCell` is
 a whole micro-step, with the optimizer step every K calls, in one graph (what `mindspore.train.Model` trains).
-Every Cell applies the rules of its `AccumulationBuffer` (add, apply, clear), and those that run a network share one
-micro-batch step (`_MicroBatchCell.micro_batch`).
+Every Cell applies the rules of its `AccumulationBuffer` (add, check, step, clear), and those that run a network
+share one micro-batch step (`_MicroBatchCell.micro_batch`).
 """
 from __future__ import annotations
 
@@ -221,9 +221,9 @@ class TrainOptim(_BufferCell):
 
     In data parallel the buffer and the sample count are first all-reduced over the ranks. The division happens in
     place (in graph mode the buffer then holds the applied gradient), so `TrainClear` must follow before the next
-    window, as in the tutorial's loop; or give ``clear=True`` and the window is also cleared in the same graph call,
-    as `GradientAccumulation` does: one launch and one tensor `if` per window instead of two of each (README,
-    "Performance").
+    window, as in the tutorial's loop; or give ``clear=True`` and the window is also cleared in the same graph call:
+    one launch and one tensor `if` per window instead of two of each. (`GradientAccumulation` goes further: it makes
+    the choice on the host, with no tensor `if` at all; README, "Performance".)
 
     Args:
         optimizer (nn.Optimizer): The optimizer.
