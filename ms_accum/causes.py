@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import numpy as np
 from mindspore import nn
@@ -49,12 +49,13 @@ def stochastic_cells(network: nn.Cell) -> List[str]:
 
 
 @contextlib.contextmanager
-def in_inference(network: nn.Cell, paths: Iterable[str]):
-    """Yields `hold`, which sets the cells at `paths` to run as in inference (call it after every `set_train`, which
-    sets them all to train); every cell of `network` gets its training flag back afterwards."""
+def in_inference(network: nn.Cell, paths: Optional[Iterable[str]] = None):
+    """Yields `hold`, which sets the cells at `paths` (every cell when None) to run as in inference (call it again
+    after every `set_train`, which sets them all to train); every cell of `network` gets its training flag back
+    afterwards."""
     cells = list(network.cells_and_names())
     flags = [cell.training for _, cell in cells]
-    held = [cell for name, cell in cells if (name or type(cell).__name__) in set(paths)]
+    held = [cell for name, cell in cells if paths is None or (name or type(cell).__name__) in set(paths)]
 
     def hold():
         for cell in held:

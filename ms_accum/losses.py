@@ -10,6 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ._validation import check_isinstance
+from .causes import in_inference
 
 
 class TokenCrossEntropy(nn.Cell):
@@ -138,17 +139,14 @@ def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
 
 @contextlib.contextmanager
 def _eager_inference(network: nn.Cell):
-    cells = [cell for _, cell in network.cells_and_names()]
-    training, mode = [cell.training for cell in cells], ms.get_context("mode")
-    for cell in cells:
-        cell.add_flags(training=False)
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        yield
-    finally:
-        ms.set_context(mode=mode)
-        for cell, flag in zip(cells, training):
-            cell.add_flags(training=flag)
+    mode = ms.get_context("mode")
+    with in_inference(network) as hold:
+        hold()
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        try:
+            yield
+        finally:
+            ms.set_context(mode=mode)
 
 
 def _describe(out) -> str:
