@@ -8,7 +8,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
-from .buffer import REDUCTIONS
+from .buffer import REDUCTIONS, RULES
 from .causes import Cause, batchnorm_cells, explain, in_inference, stochastic_cells
 from .cells import TrainAccumulationCell
 from .losses import LossOnly, check_loss_output
@@ -73,20 +73,19 @@ class _Gradient(nn.Cell):
 
 
 def _gradients(with_loss: nn.Cell, loss_only: nn.Cell, params, micro_batches, arrays, reduction: str, hold):
-    """The window's gradient as `reduction` combines its micro-batches' (float64, on the host) and the big batch's."""
+    """The window's gradient as `reduction`'s rule combines its micro-batches' (float64, on the host: what a micro-batch
+    weighs, what the window is divided by, stand-alone) and the big batch's."""
+    rule = RULES[reduction]()
     gradient = _Gradient(loss_only, params).set_train()
     hold()
     big = [g.asnumpy().astype(np.float64) for g in gradient(*[Tensor(a) for a in arrays])]
     total, weights = [np.zeros_like(b) for b in big], 0.0
     for micro in micro_batches:
         inputs = [Tensor(a) for a in micro]
-        weight = {"mean": float(len(micro[0])), "sum": 1.0}.get(reduction)
-        if weight is None:  # weighted_mean: the weight the loss returns
-            weight = float(with_loss(*inputs)[1].asnumpy())
+        weight = float(rule.split(with_loss(*inputs), inputs[0])[1])
         total = [t + weight * g.asnumpy().astype(np.float64) for t, g in zip(total, gradient(*inputs))]
         weights += weight
-    divisor = 1.0 if reduction == "sum" else weights
-    return [t / divisor for t in total], big
+    return [t / rule.divisor(weights, 1.0) for t in total], big
 
 
 def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
