@@ -73,6 +73,7 @@ class _MicroBatchCell(_BufferCell):
             raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
         check_policy_fits(network, buffer.guard.policy, cls_name)
         self.caller = cls_name  # (nn.Cell has a read-only cls_name)
+        self.output_checked = False
         self.network.set_grad()
         self.optimizer = optimizer
         self.weights = optimizer.parameters
@@ -80,8 +81,11 @@ class _MicroBatchCell(_BufferCell):
 
     def __call__(self, *inputs):
         # Before the first call compiles: does the network's output fit the buffer's reduction (`(loss, weight)`
-        # for "weighted_mean")? One eager forward pass, once per network.
-        check_loss_output(self.network, self.one_micro_batch(inputs), self.buffer.reduction.name, self.caller)
+        # for "weighted_mean")? One eager forward pass, once per network; later calls pay nothing for it (slicing a
+        # stacked window's first micro-batch, in particular).
+        if not self.output_checked:
+            check_loss_output(self.network, self.one_micro_batch(inputs), self.buffer.reduction.name, self.caller)
+            self.output_checked = True
         return super().__call__(*inputs)
 
     def one_micro_batch(self, inputs):
