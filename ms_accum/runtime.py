@@ -113,7 +113,7 @@ def check_cpu_kernels(cls_name: str) -> bool:
     user_set = ISA_VARIABLE in os.environ and not _state["set_here"]
     slow = slow_cpu_kernels(ms.get_context("device_target"), _isa_code(), _cpu_flags(), user_set,
                             _state["capped_before_load"])
-    if slow and not _state["warned"]:
+    if slow:
         _state["warned"] = True
         warnings.warn(f"For '{cls_name}', MindSpore's oneDNN runs AVX-512 kernels on this CPU ({cpu_kernel_isa()}), "
                       f"whose convolutions in MindSpore 2.10 are several times slower than its AVX2 ones (README, "
