@@ -69,6 +69,28 @@ def build(net_name: str):
     return CharTransformer(VOCAB, WIDTH, 4, 2, SEQ), TokenCrossEntropy(), "weighted_mean", x, y
 
 
+def factory(net_name: str):
+    """`net_name`'s network, loss and SGD optimizer with ``sample(n)``, as `ms_accum.plan` takes a model."""
+    from mindspore import nn
+    net, loss, _, x, y = build(net_name)
+
+    def sample(n: int):
+        reps = -(-n // len(x))
+        return np.concatenate([x] * reps)[:n], np.concatenate([y] * reps)[:n]
+
+    return net, loss, nn.SGD(net.trainable_params(), 0.01), sample
+
+
+def conv_model():
+    """The conv net as a factory (``benchmarks.activation_memory:conv_model``)."""
+    return factory("conv")
+
+
+def transformer_model():
+    """The CharTransformer as a factory (``benchmarks.activation_memory:transformer_model``)."""
+    return factory("transformer")
+
+
 def measure(net_name: str, contender: str, k: int):
     """Peak RSS growth (bytes) and trainable bytes of one contender, in this (fresh) process."""
     import mindspore as ms

@@ -34,6 +34,8 @@ _EXPORTS = {
     "scale_lr": "lr",
     "init_data_parallel": "parallel",
     "recompute_cells": "recompute",
+    "plan": "planner",
+    "Plan": "planner",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,10 +1,12 @@
-"""`ms-accum`: train LeNet5 or the MLP on MNIST with gradient accumulation, evaluate checkpoints, and verify that
-accumulation equals the large batch.
+"""`ms-accum`: train LeNet5 or the MLP on MNIST with gradient accumulation, evaluate checkpoints, verify that
+accumulation equals the large batch, and plan the micro-batch and K for a global batch within a memory budget.
 
     ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
     ms-accum eval --ckpt ckpt/lenet5.ckpt [--json]
     ms-accum verify --model lenet5 --accumulate-steps 4 --batch-size 32 [--json]
     ms-accum verify --model mypackage.models:build --accumulate-steps 4 --batch-size 8   (your own model)
+    ms-accum plan --model mypackage.models:build --global-batch 256 --memory 2GiB --output plan.json
+    ms-accum train --model lenet5 --plan plan.json   (a plan made with --model lenet5)
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
 
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
@@ -27,14 +29,14 @@ from . import runtime  # imported with the package, before MindSpore: oneDNN's C
 
 MODEL_NAMES = ("lenet5", "mlp")
 OPTIMIZERS = ("momentum", "sgd", "adam")
-# The documentation's settings: the Cell-graph tutorial trains LeNet5 with Momentum(0.01, 0.9); the Accumulator
-# page trains the MLP with SGD(1e-2).
-DEFAULTS = {"lenet5": {"optimizer": "momentum", "lr": 0.01, "momentum": 0.9},
-            "mlp": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0}}
 SYNTHETIC_NOTE = "SYNTHETIC data, not MNIST"
 # (train, test) images of the offline fallback: enough that `make run` (LeNet5, 1 epoch of K=4 x 32) learns them
 # far above chance, so a newcomer without MNIST still sees training work (README, "Without MNIST").
 FALLBACK_SIZES = (30000, 2000)
+
+
+# What `train` uses when neither the command line nor a plan (--plan) says.
+TRAIN_DEFAULTS = {"batch_size": 32, "accumulate_steps": 4, "structure": "auto"}
 
 
 class CliError(Exception):
@@ -100,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
                             "there is none); the end result equals the uninterrupted run's")
     train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
+    train.add_argument("--plan", metavar="FILE",
+                       help="take --batch-size, --accumulate-steps and --structure from a plan that 'ms-accum plan "
+                            "--output FILE' wrote for this model")
+    train.set_defaults(**{name: None for name in TRAIN_DEFAULTS})  # resolved in run_train, after the plan
     train.add_argument("--distributed", action="store_true",
                        help="require data parallelism over msrun's workers (automatic under msrun); --batch-size "
                             "is then the global micro-batch, split evenly over the workers")
@@ -119,7 +125,32 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--atol", type=positive_float, default=1e-6, help="absolute tolerance (default 1e-6)")
     _add_data_arguments(verify)
     _add_fallback_arguments(verify)
+
+    planner = sub.add_parser("plan", help="choose the micro-batch, K and structure for a global batch within a "
+                                          "memory budget, from peak memory measured in fresh processes")
+    planner.add_argument("--model", type=model_or_factory, default="lenet5", metavar="{lenet5,mlp,MODULE:FUNCTION}",
+                         help="a built-in model, or your factory returning (network, loss, optimizer, sample) "
+                              "(default lenet5)")
+    planner.add_argument("--global-batch", type=positive_int, required=True, metavar="N",
+                         help="samples per optimizer step, over all ranks")
+    planner.add_argument("--memory", type=memory_size, metavar="SIZE",
+                         help="the budget per rank, e.g. 800MiB or 2GiB (default: the device's free memory)")
+    planner.add_argument("--ranks", type=positive_int, default=1, metavar="R",
+                         help="data-parallel ranks sharing the global batch (default 1)")
+    planner.add_argument("--output", metavar="FILE", help="write the plan as JSON, for 'ms-accum train --plan FILE'")
+    planner.add_argument("--device", choices=runtime.DEVICES, default="CPU")
+    planner.add_argument("--json", action="store_true", help="print the plan as one JSON line")
+    planner.add_argument("--quiet", action="store_true", help="no line per trial")
     return parser
+
+
+def memory_size(text: str) -> int:
+    """Bytes of a size such as 800MiB or 2GiB (`ms_accum.planner.parse_size`)."""
+    from .planner import parse_size
+    try:
+        return parse_size(text, "--memory", "ms-accum plan")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -234,6 +265,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
     from ._validation import check_writable_dir
     parallel = None
+    planned_ranks = _apply_plan(args)
     launched = _launcher_world_size(args) is not None
     runtime.set_device(args.device)
     if launched:
@@ -242,6 +274,9 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         from .parallel import init_data_parallel
         parallel = init_data_parallel()
     world = 1 if parallel is None else parallel.group_size
+    if planned_ranks not in (None, world):
+        raise CliError(f"the plan {args.plan} is for {planned_ranks} rank(s), but this run has {world}: plan again "
+                       f"with --ranks {world}.")
     main = parallel is None or parallel.is_main
     ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
     data_dir, synthetic = find_data(args, None if parallel is None else parallel.rank)
@@ -251,12 +286,12 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     from .data import dataset_for
     from .evaluation import evaluate_checkpoint, recorded_data_dir
     from .executor import GradientAccumulation, windows_per_epoch
-    from .models import build_model
+    from .models import build_model, make_optimizer
 
     settings = _optimizer_settings(args)
     ms.set_seed(args.seed)
     network = build_model(args.model)
-    optimizer = _optimizer(settings, network.trainable_params())
+    optimizer = make_optimizer(settings, network.trainable_params())
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     shards = {}
     num_samples = args.num_samples
@@ -310,6 +345,28 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     return summary
 
 
+def _apply_plan(args: argparse.Namespace) -> Optional[int]:
+    """Fills the batch size, K and structure from --plan (refusing flags that contradict it), else from
+    TRAIN_DEFAULTS; returns the plan's rank count, or None without a plan."""
+    if args.plan is None:
+        for name, value in TRAIN_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return None
+    from .planner import Plan
+    plan = Plan.load(args.plan)
+    if plan.model != args.model:
+        raise CliError(f"the plan {args.plan} is for the model '{plan.model}', but --model is '{args.model}'.")
+    planned = {"batch_size": plan.batch_size * plan.ranks, "accumulate_steps": plan.accumulate_steps,
+               "structure": plan.structure}
+    for name, value in planned.items():
+        given = getattr(args, name)
+        if given is not None and given != value:
+            raise CliError(f"--{name.replace('_', '-')} {given} contradicts the plan {args.plan}, which says {value}.")
+        setattr(args, name, value)
+    return plan.ranks
+
+
 def _loss_scaler(args: argparse.Namespace):
     from mindspore import amp
     if args.loss_scale == "static":
@@ -321,17 +378,9 @@ def _loss_scaler(args: argparse.Namespace):
 
 def _optimizer_settings(args: argparse.Namespace) -> dict:
     """The model's documented optimizer settings, overridden by the command line's."""
-    return {**DEFAULTS[args.model], **{k: getattr(args, k) for k in ("optimizer", "lr", "momentum")
-                                      if getattr(args, k) is not None}}
-
-
-def _optimizer(settings: dict, params):
-    from mindspore import nn
-    if settings["optimizer"] == "momentum":
-        return nn.Momentum(params, settings["lr"], settings["momentum"])
-    if settings["optimizer"] == "sgd":
-        return nn.SGD(params, settings["lr"], settings["momentum"])
-    return nn.Adam(params, settings["lr"])
+    from .models import OPTIMIZER_DEFAULTS
+    return {**OPTIMIZER_DEFAULTS[args.model], **{k: getattr(args, k) for k in ("optimizer", "lr", "momentum")
+                                                if getattr(args, k) is not None}}
 
 
 def _accuracy_line(evaluation, synthetic: bool) -> str:
@@ -369,13 +418,13 @@ def run_verify(args: argparse.Namespace) -> dict:
     else:
         data_dir, synthetic = find_data(args)
         from .data import dataset_for
-        from .models import build_model
+        from .models import build_model, make_optimizer
         settings = _optimizer_settings(args)
         network = build_model(args.model)
         dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
         batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))  # refuses fewer than K*B images
         loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-        optimizer, optimizer_name = _optimizer(settings, network.trainable_params()), settings["optimizer"]
+        optimizer, optimizer_name = make_optimizer(settings, network.trainable_params()), settings["optimizer"]
         source = f"the first images of {os.path.abspath(data_dir)}" + (f" [{SYNTHETIC_NOTE}]" if synthetic else "")
     report = verify_equivalence(network, loss_fn, optimizer, batch, args.accumulate_steps, rtol=args.rtol,
                                 atol=args.atol)
@@ -397,6 +446,21 @@ def run_verify(args: argparse.Namespace) -> dict:
     return summary
 
 
+def run_plan(args: argparse.Namespace) -> dict:
+    """Plans in fresh processes, prints the plan and writes it with --output."""
+    from .planner import plan
+    log = None if args.quiet or args.json else (lambda line: print(f"ms-accum plan: {line}", file=sys.stderr,
+                                                                   flush=True))
+    result = plan(args.model, args.global_batch, args.memory, ranks=args.ranks, device=args.device, log=log)
+    if args.output:
+        result.save(args.output)
+    if not args.json:
+        print(result)
+        if args.output:
+            print(f"Written to {args.output}: train with 'ms-accum train --plan {args.output}'.")
+    return result.to_dict()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `ms-accum` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -404,7 +468,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .checkpoint import CheckpointError
     from .data import DataError
     try:
-        summary = {"train": run_train, "eval": run_eval, "verify": run_verify}[args.command](args)
+        summary = {"train": run_train, "eval": run_eval, "verify": run_verify, "plan": run_plan}[args.command](args)
     except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError, FloatingPointError) as err:
         print(f"ms-accum {args.command}: error: {err}", file=sys.stderr)
         return 1

@@ -231,6 +231,34 @@ class GradientAccumulation:
                         _StepWindow(optimizer, self.buffer).set_train(), self._clear)
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
+        self.plan = None  # the Plan it was built from (`from_plan`), if any
+
+    @classmethod
+    def from_plan(cls, plan, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
+                  **options) -> "GradientAccumulation":
+        """
+        The executor that `plan` (`ms_accum.plan`) chose: its structure and reduction; `train_process` then takes the
+        plan's K when `mini_steps` is not given, and refuses a dataset whose micro-batches are not the plan's.
+
+        Args:
+            plan (Plan): What `ms_accum.plan` returned (or `Plan.load` read).
+            network (nn.Cell), loss_fn (nn.Cell), optimizer (nn.Optimizer): As the plan's factory built them.
+            options: Any other argument of `GradientAccumulation` (`clip_norm`, `policy`, ...).
+
+        Raises:
+            TypeError: If `plan` is not a `Plan`.
+            ValueError: If `options` set the structure or the reduction, which the plan chose.
+        """
+        from .planner import Plan
+        check_isinstance(plan, "plan", Plan, "GradientAccumulation.from_plan")
+        for arg_name in ("structure", "reduction"):
+            if arg_name in options:
+                raise ValueError(f"For 'GradientAccumulation.from_plan', the argument '{arg_name}' comes from the "
+                                 f"plan ('{getattr(plan, arg_name)}'), but it was also given: "
+                                 f"'{options[arg_name]}'.")
+        executor = cls(network, loss_fn, optimizer, structure=plan.structure, reduction=plan.reduction, **options)
+        executor.plan = plan
+        return executor
 
     @property
     def structure(self) -> str:
@@ -255,7 +283,7 @@ class GradientAccumulation:
                                           buffer=self.buffer).set_train()
         return runner(self.buffer, *self._graphs, self._cells[mini_steps])
 
-    def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: int, *,
+    def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: Optional[int] = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
                       ckpt_name: str = "gradient_accumulation", log_every: int = 1, verbose: bool = True,
                       on_step: Optional[Callable[[StepRecord], None]] = None,
@@ -278,7 +306,8 @@ class GradientAccumulation:
         Args:
             epoch (int): Number of epochs.
             train_dataset (Dataset): Yields (data, label) micro-batches.
-            mini_steps (int): Micro-batches per optimizer step, K.
+            mini_steps (int, optional): Micro-batches per optimizer step, K. Default: ``None``, the plan's K for an
+                executor built by `from_plan` (required otherwise).
             partial_window (str): ``"apply"`` (default) or ``"drop"``.
             ckpt_dir (str, optional): Where checkpoints are saved; ``None`` saves nothing. Default: ``"ckpt"``.
             ckpt_name (str): File name of the final checkpoint (the network only), without ``.ckpt``; also the
@@ -315,6 +344,7 @@ class GradientAccumulation:
                 state to resume from, and no earlier file is changed.
         """
         name = "GradientAccumulation.train_process"
+        mini_steps = self._planned(mini_steps, train_dataset, name)
         num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
                                       save_every, keep_last, resume, name)
         run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
@@ -346,6 +376,18 @@ class GradientAccumulation:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
             result.checkpoint = states.save(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
+
+    def _planned(self, mini_steps: Optional[int], train_dataset: Dataset, name: str) -> int:
+        """`mini_steps`, or the plan's K; a plan also fixes the micro-batch."""
+        if self.plan is None:
+            if mini_steps is None:
+                raise TypeError(f"For '{name}', the argument 'mini_steps' must be a positive int (only an executor "
+                                f"built by GradientAccumulation.from_plan takes its plan's), but got None.")
+            return mini_steps
+        if isinstance(train_dataset, Dataset) and train_dataset.get_batch_size() != self.plan.batch_size:
+            raise ValueError(f"For '{name}', the argument 'train_dataset' must yield the plan's micro-batches of "
+                             f"{self.plan.batch_size} samples, but its batch size is {train_dataset.get_batch_size()}.")
+        return self.plan.accumulate_steps if mini_steps is None else mini_steps
 
     def _check_output(self, inputs: Sequence[Tensor]) -> None:
         check_loss_output(self._net_with_loss, inputs, self.buffer.reduction.name, "GradientAccumulation", "loss_fn")

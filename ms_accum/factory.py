@@ -33,14 +33,32 @@ def is_factory(name: str) -> bool:
     return SEPARATOR in name
 
 
+def builtin_model(name: str) -> UserModel:
+    """One of ms_accum's MNIST models (``"lenet5"``, ``"mlp"``) as a factory would return it: its documented
+    optimizer, the mean cross-entropy, and random images of its input shape with labels 0-9."""
+    import numpy as np
+    from .models import INPUT_SHAPES, OPTIMIZER_DEFAULTS, build_model, make_optimizer
+    network = build_model(name)
+    shape = INPUT_SHAPES[name]
+
+    def sample(batch_size: int):
+        rng = np.random.default_rng(batch_size)
+        return (rng.standard_normal((batch_size, *shape)).astype(np.float32),
+                rng.integers(0, 10, (batch_size,)).astype(np.int32))
+
+    return UserModel(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                     make_optimizer(OPTIMIZER_DEFAULTS[name], network.trainable_params()), sample)
+
+
 def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
     """
-    Imports the factory `spec` names, calls it and checks what it returns.
+    Imports the factory `spec` names, calls it and checks what it returns; a built-in model's name gives
+    `builtin_model`.
 
     The current directory is searched first, as ``python -m`` does, so a module beside the caller is found.
 
     Args:
-        spec (str): ``package.module:function``.
+        spec (str): ``package.module:function``, or ``"lenet5"`` / ``"mlp"``.
         cls_name (str): The caller's name, for messages. Default: ``"load_model"``.
 
     Returns:
@@ -50,6 +68,9 @@ def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
         ValueError: If `spec` is not ``module:function``, the module cannot be imported, it has no such function, the
             function raises, or it does not return ``(network, loss_fn, optimizer, sample)`` of the right kinds.
     """
+    from .models import MODELS
+    if spec in MODELS:
+        return builtin_model(spec)
     module_name, _, function_name = spec.partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
         raise ValueError(f"For '{cls_name}', the argument 'model' must be 'package.module:function' (a factory) or "

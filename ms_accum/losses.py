@@ -124,8 +124,7 @@ def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
     """
     if reduction in _checked.get(network, ()):
         return
-    with _eager_inference(network):
-        out = network(*inputs)
+    out = _eager_output(network, inputs)
     pair = isinstance(out, (tuple, list))
     if pair and reduction != WEIGHTED:
         raise ValueError(f"For '{cls_name}', the argument 'reduction' must be '{WEIGHTED}' for a loss that returns "
@@ -135,6 +134,17 @@ def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
                          f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their count), "
                          f"but it returns {_describe(out)}; a loss alone needs reduction='mean' or 'sum'.")
     _checked.setdefault(network, set()).add(reduction)
+
+
+def returns_weight(network: nn.Cell, inputs: Sequence[Tensor]) -> bool:
+    """Whether `network` (with its loss) returns ``(loss, weight)``, the output ``"weighted_mean"`` trains on, found
+    as `check_loss_output` finds it: one eager forward pass in inference mode."""
+    return isinstance(_eager_output(network, inputs), (tuple, list))
+
+
+def _eager_output(network: nn.Cell, inputs: Sequence[Tensor]):
+    with _eager_inference(network):
+        return network(*inputs)
 
 
 @contextlib.contextmanager

@@ -128,6 +128,20 @@ class CharTransformer(nn.Cell):
 
 
 MODELS = {"lenet5": LeNet5, "mlp": MLP}
+INPUT_SHAPES = {"lenet5": (1, 32, 32), "mlp": (1, 28, 28)}  # one image, as each model's MNIST pipeline gives it
+# The documentation's settings: the Cell-graph tutorial trains LeNet5 with Momentum(0.01, 0.9); the Accumulator
+# page trains the MLP with SGD(1e-2).
+OPTIMIZER_DEFAULTS = {"lenet5": {"optimizer": "momentum", "lr": 0.01, "momentum": 0.9},
+                      "mlp": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0}}
+
+
+def make_optimizer(settings: dict, params) -> nn.Optimizer:
+    """The optimizer that `settings` (``optimizer``: momentum, sgd or adam; ``lr``; ``momentum``) describes."""
+    if settings["optimizer"] == "momentum":
+        return nn.Momentum(params, settings["lr"], settings["momentum"])
+    if settings["optimizer"] == "sgd":
+        return nn.SGD(params, settings["lr"], settings["momentum"])
+    return nn.Adam(params, settings["lr"])
 
 
 def build_model(name: str) -> nn.Cell:

@@ -1,0 +1,440 @@
+"""Plan the micro-batch, K and structure for a global batch within a memory budget, from measured memory.
+
+`plan` never trains in the caller's process: every measurement is a trial in a fresh Python process
+(``python -m ms_accum.planner``), which builds the model from its factory, trains a few windows with the executor over a
+dataset of the factory's samples, and reports its peak memory and its time per window. A trial that runs out of memory
+is killed alone, and nothing it allocated stays in the caller's process.
+
+Memory is what training adds to the built model, as benchmark section m measures it: on CPU the growth of the process's
+peak resident memory (VmHWM) from just before the executor is built; on GPU and Ascend the device's peak allocation
+(`mindspore.runtime.max_memory_allocated`, parameters included), which MindSpore does not report on CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+from ._validation import check_isinstance, check_positive_int, check_value_in
+
+MIB = 2 ** 20
+TIMED_STRUCTURES = ("three_graphs", "fused", "window")
+REDUCTIONS = ("mean", "sum", "weighted_mean")
+DEVICES = ("CPU", "GPU", "Ascend")
+WINDOWS = 4  # per trial: the first compiles, the others are timed
+# A candidate predicted above this multiple of the budget is not measured to confirm it: its trial could take the
+# machine's memory for nothing.
+CONFIRM_UP_TO = 1.5
+_UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "kb": 10 ** 3, "m": MIB, "mib": MIB, "mb": 10 ** 6,
+          "g": 2 ** 30, "gib": 2 ** 30, "gb": 10 ** 9, "t": 2 ** 40, "tib": 2 ** 40, "tb": 10 ** 12}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name: str = "plan") -> int:
+    """
+    Bytes of a memory size: a number of bytes, or a string such as ``"800MiB"``, ``"2GiB"``, ``"1.5GB"``, ``"512M"``.
+
+    Raises:
+        ValueError: If `value` is not a positive size.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        size = value
+    else:
+        match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a memory size such as '800MiB', "
+                             f"'2GiB' or a number of bytes, but got {value!r}.")
+        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not math.isfinite(size) or size < 1:
+        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a positive memory size, but got "
+                         f"{value!r}.")
+    return int(size)
+
+
+@dataclass
+class Trial:
+    """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_steps`, one `structure`.
+
+    `peak_mib` is None when the trial failed (`error` says why: killed for memory, or what it raised)."""
+
+    batch_size: int
+    accumulate_steps: int
+    structure: str
+    peak_mib: Optional[float]
+    ms_per_window: Optional[float] = None
+    error: Optional[str] = None
+
+    def fits(self, budget_mib: float) -> bool:
+        return self.peak_mib is not None and self.peak_mib <= budget_mib
+
+
+@dataclass
+class Plan:
+    """
+    What `plan` chose and everything it measured.
+
+    Attributes:
+        model (str): The factory (``package.module:function``) or built-in model planned.
+        global_batch (int): Samples per optimizer step, over all ranks.
+        ranks (int): Data-parallel ranks; each trains micro-batches of `batch_size`.
+        batch_size (int): The micro-batch per rank, B, a divisor of ``global_batch // ranks``.
+        accumulate_steps (int): K, so that ``K * batch_size * ranks == global_batch``.
+        structure (str): The executor's structure (``GradientAccumulation(structure=...)``).
+        reduction (str): How the loss is reduced (``"weighted_mean"`` when it returns ``(loss, weight)``).
+        predicted_peak_mib (float): The peak the fitted line predicts for `batch_size` with `structure`.
+        memory_mib (float, optional): The budget; None when none was given and the device's free memory was used.
+        budget_mib (float): The budget planned within: `memory_mib`, or the device's free memory.
+        intercept_mib (float), slope_mib (float): The fitted line, peak ≈ intercept + slope * B (memory-first
+            structure).
+        device (str): Where the trials ran.
+        trials (list[Trial]): Every measurement, in the order made.
+    """
+
+    model: str
+    global_batch: int
+    ranks: int
+    batch_size: int
+    accumulate_steps: int
+    structure: str
+    reduction: str
+    predicted_peak_mib: float
+    memory_mib: Optional[float]
+    budget_mib: float
+    intercept_mib: float
+    slope_mib: float
+    device: str
+    trials: List[Trial] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Plan":
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = names - set(values)
+        if missing:
+            raise ValueError(f"For 'Plan', a plan must hold {sorted(names)}, but {sorted(missing)} are missing.")
+        trials = [Trial(**trial) for trial in values["trials"]]
+        return cls(**{**{k: values[k] for k in names}, "trials": trials})
+
+    def save(self, path: str) -> str:
+        """Writes the plan as JSON (what ``ms-accum plan --output`` writes and ``ms-accum train --plan`` reads)."""
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=1)
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> "Plan":
+        """Reads a plan that `save` wrote.
+
+        Raises:
+            ValueError: If the file cannot be read or is not a plan.
+        """
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return cls.from_dict(json.load(handle))
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"For 'Plan.load', the file '{path}' is not a plan written by 'ms-accum plan "
+                             f"--output' or Plan.save: {err}") from err
+
+    def __str__(self) -> str:
+        budget = (f"a budget of {self.memory_mib:.0f} MiB" if self.memory_mib is not None
+                  else f"the device's free memory ({self.budget_mib:.0f} MiB)")
+        lines = [f"Plan for {self.model}: global batch {self.global_batch} = K={self.accumulate_steps} x "
+                 f"B={self.batch_size}" + (f" x {self.ranks} ranks" if self.ranks > 1 else "") +
+                 f", structure '{self.structure}', predicted peak {self.predicted_peak_mib:.0f} MiB within {budget}",
+                 f"  fit: peak = {self.intercept_mib:.1f} MiB + {self.slope_mib:.2f} MiB x B",
+                 f"  {'B':>6} {'K':>5}  {'structure':<13}{'peak MiB':>10}{'ms/window':>11}"]
+        for trial in self.trials:
+            peak = "-" if trial.peak_mib is None else f"{trial.peak_mib:.0f}"
+            time_ = "-" if trial.ms_per_window is None else f"{trial.ms_per_window:.0f}"
+            mark = "" if trial.error is None else f"  ({trial.error})"
+            lines.append(f"  {trial.batch_size:>6} {trial.accumulate_steps:>5}  {trial.structure:<13}{peak:>10}"
+                         f"{time_:>11}{mark}")
+        return "\n".join(lines)
+
+
+def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int, None] = None, *, ranks: int = 1,
+         structures: Sequence[str] = TIMED_STRUCTURES, device: str = "CPU", timeout: float = 1800.0,
+         log: Optional[Callable[[str], None]] = None) -> Plan:
+    """
+    Chooses the micro-batch B, K and the structure that train `model` at `global_batch` within `memory`.
+
+    Peak memory is measured at a few micro-batch sizes, each in a fresh process, and a line is fitted through it
+    (peak ≈ intercept + slope * B, the activations growing with B). The smallest micro-batch is measured first, then
+    the middle divisor, then the fit's guess of the largest that fits; the search ends when the chosen B was measured within the budget and the
+    next larger divisor was measured above it (or predicted above `CONFIRM_UP_TO` times it). Then, with a budget,
+    every structure is timed on windows of that B and the fastest within the budget is chosen; with no budget,
+    the structure is the memory-first one, as ``"auto"`` chooses.
+
+    Args:
+        model (Union[str, Callable]): A factory, ``package.module:function`` (or the function itself, defined at a
+            module's top level), returning ``(network, loss_fn, optimizer, sample)`` (`ms_accum.factory`), or
+            ``"lenet5"`` / ``"mlp"``. The trials import it in fresh processes, from the current directory.
+        global_batch (int): Samples per optimizer step, over all ranks.
+        memory (Union[str, int], optional): The budget per rank: ``"800MiB"``, ``"2GiB"`` or bytes. Default: ``None``,
+            the device's free memory (CPU: MemAvailable).
+        ranks (int): Data-parallel ranks sharing `global_batch`. Default: ``1``.
+        structures (Sequence[str]): The structures to choose from. Default: all three.
+        device (str): ``"CPU"``, ``"GPU"`` or ``"Ascend"``. Default: ``"CPU"``.
+        timeout (float): Seconds a trial may take. Default: ``1800``.
+        log (Callable[[str], None], optional): Called with a line before each trial.
+
+    Returns:
+        Plan, with every trial.
+
+    Raises:
+        TypeError: If `global_batch` or `ranks` is not an int.
+        ValueError: Before any trial: if `memory` is not a size, `global_batch` is not positive or does not divide
+            by `ranks`, a structure is unknown, or the factory cannot be imported, returns the wrong things, or its
+            network and loss do not take its samples. After the first trial: if even a micro-batch of one sample
+            does not fit `memory` (the message gives the smallest budget that works).
+
+    Examples:
+        >>> from ms_accum import plan
+        >>> # p = plan("mypackage.models:build", global_batch=256, memory="2GiB")
+        >>> # executor = GradientAccumulation.from_plan(p, network, loss_fn, optimizer)
+    """
+    name = "plan"
+    spec = _factory_spec(model, name)
+    check_positive_int(global_batch, "global_batch", name)
+    check_positive_int(ranks, "ranks", name)
+    if global_batch % ranks:
+        raise ValueError(f"For '{name}', the argument 'global_batch' must be divisible by 'ranks' ({ranks}), but got "
+                         f"{global_batch}.")
+    budget = None if memory is None else parse_size(memory, "memory", name) / MIB
+    check_isinstance(structures, "structures", (list, tuple), name)
+    if not structures:
+        raise ValueError(f"For '{name}', the argument 'structures' must name at least one structure, but got "
+                         f"{structures!r}.")
+    for structure in structures:
+        check_value_in(structure, "structures", TIMED_STRUCTURES, name)
+    check_value_in(device, "device", DEVICES, name)
+    runner = _Trials(spec, device, timeout, log)
+    facts = runner.check()
+    per_rank = global_batch // ranks
+    sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+    limit = budget if budget is not None else facts["free_mib"]
+    from .executor import AUTO_STRUCTURE
+    memory_first = AUTO_STRUCTURE if AUTO_STRUCTURE in structures else structures[0]
+    batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first, facts["reduction"]),
+                               name, memory is not None)
+    chosen = runner.find(batch_size, memory_first)
+    if budget is not None and per_rank // batch_size > 1:  # K = 1: one step, every structure alike
+        for structure in structures:
+            if structure != memory_first:
+                runner.run(batch_size, per_rank // batch_size, structure, facts["reduction"])
+        timed = [t for t in runner.trials if t.batch_size == batch_size and t.fits(limit) and t.ms_per_window]
+        chosen = min(timed, key=lambda t: t.ms_per_window, default=chosen)
+    # The fitted line at B, moved by what the chosen structure measured over the memory-first one at B.
+    predicted = line(batch_size) + chosen.peak_mib - runner.find(batch_size, memory_first).peak_mib
+    return Plan(spec, global_batch, ranks, batch_size, per_rank // batch_size, chosen.structure, facts["reduction"],
+                round(predicted, 1), None if budget is None else round(budget, 1), round(limit, 1),
+                round(line(0), 1), round(line(1) - line(0), 3), device, runner.trials)
+
+
+def _search(sizes: List[int], limit: float, measure: Callable[[int], Trial], name: str, given: bool):
+    """The largest of `sizes` measured within `limit` whose next larger size is measured (or predicted far) above it,
+    and the line fitted through every measurement."""
+    peaks: Dict[int, Optional[float]] = {}
+
+    def run(b: int) -> Trial:
+        trial = measure(b)
+        peaks[b] = trial.peak_mib
+        return trial
+
+    first = run(sizes[0])
+    if first.peak_mib is None:
+        raise ValueError(f"For '{name}', a micro-batch of {sizes[0]} sample(s) could not be trained: {first.error}.")
+    if first.peak_mib > limit:
+        what = "the argument 'memory'" if given else "the device's free memory"
+        raise ValueError(f"For '{name}', {what} ({limit:.0f} MiB) is below the step of one micro-batch of {sizes[0]} "
+                         f"sample(s), which peaked at {first.peak_mib:.0f} MiB: the smallest budget that works is "
+                         f"{math.ceil(first.peak_mib)} MiB.")
+    if len(sizes) > 1:
+        run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
+    while True:
+        line = _fit({b: p for b, p in peaks.items() if p is not None})
+        best = max(b for b, p in peaks.items() if p is not None and p <= limit)
+        failed = min((b for b, p in peaks.items() if p is None or p > limit), default=math.inf)
+        above = [b for b in sizes if best < b < failed]
+        if not above:
+            return best, line
+        guesses = [b for b in above if line(b) <= limit]
+        guess = guesses[-1] if guesses else above[0]
+        if guess == above[0] and guess not in guesses and line(guess) > CONFIRM_UP_TO * limit:
+            return best, line  # the next size is far above the budget: not worth a trial
+        run(guess)
+
+
+def _fit(peaks: Dict[int, float]) -> Callable[[float], float]:
+    """Least squares line through (B, peak); flat through a single point."""
+    xs, ys = list(peaks), list(peaks.values())
+    if len(xs) < 2:
+        return lambda b: ys[0]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) /
+             sum((x - mean_x) ** 2 for x in xs))
+    return lambda b: mean_y + slope * (b - mean_x)
+
+
+def _factory_spec(model, name: str) -> str:
+    """`model` as a spec a fresh process can import."""
+    from .factory import SEPARATOR
+    from .models import MODELS
+    if callable(model) and not isinstance(model, str):
+        module = getattr(model, "__module__", None)
+        qualname = getattr(model, "__qualname__", "")
+        if module is None or not qualname.isidentifier():
+            raise ValueError(f"For '{name}', the argument 'model' must be a function defined at a module's top "
+                             f"level (fresh processes import it), but got {model!r}.")
+        if module == "__main__":  # a script: its file's name is the module a fresh process imports
+            path = getattr(sys.modules["__main__"], "__file__", None)
+            if path is None:
+                raise ValueError(f"For '{name}', the argument 'model' is defined in an interactive session; fresh "
+                                 f"processes cannot import it. Give 'package.module:function' instead.")
+            directory, module = os.path.split(os.path.splitext(os.path.abspath(path))[0])
+            if directory not in sys.path:
+                sys.path.insert(0, directory)
+        return f"{module}{SEPARATOR}{qualname}"
+    check_isinstance(model, "model", str, name)
+    if model not in MODELS and SEPARATOR not in model:
+        raise ValueError(f"For '{name}', the argument 'model' must be 'package.module:function' (a factory) or one of "
+                         f"{sorted(MODELS)}, but got '{model}'.")
+    return model
+
+
+class _Trials:
+    """Runs trials of one model in fresh processes and keeps them."""
+
+    def __init__(self, spec: str, device: str, timeout: float, log: Optional[Callable[[str], None]]) -> None:
+        self.spec, self.device, self.timeout, self.log = spec, device, timeout, log
+        self.trials: List[Trial] = []
+        # The fresh process finds the factory's module where this process would: the current directory and sys.path.
+        paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+    def check(self) -> dict:
+        """Imports the factory and runs its network and loss on two samples, in a fresh process; returns the
+        reduction its loss needs and the device's free memory."""
+        out = self._child(["check", self.spec, self.device])
+        if "error" in out:
+            raise ValueError(out["error"])
+        return out
+
+    def run(self, batch_size: int, steps: int, structure: str, reduction: str) -> Trial:
+        if self.log:
+            self.log(f"trial: B={batch_size} K={steps} {structure}")
+        out = self._child(["trial", self.spec, self.device, str(batch_size), str(steps), structure, reduction])
+        trial = Trial(batch_size, steps, structure, out.get("peak_mib"), out.get("ms_per_window"), out.get("error"))
+        self.trials.append(trial)
+        return trial
+
+    def find(self, batch_size: int, structure: str) -> Trial:
+        return next(t for t in self.trials if t.batch_size == batch_size and t.structure == structure)
+
+    def _child(self, args: List[str]) -> dict:
+        try:
+            done = subprocess.run([sys.executable, "-m", "ms_accum.planner", *args], env=self.env,
+                                  capture_output=True, text=True, timeout=self.timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"took more than {self.timeout:.0f} s"}
+        for line in reversed(done.stdout.splitlines()):
+            if line.startswith("{"):
+                return json.loads(line)
+        # Killed (the kernel's out-of-memory killer sends SIGKILL) or crashed before it could answer.
+        tail = done.stderr.strip().splitlines()[-1:] or [""]
+        reason = (f"killed by signal {-done.returncode}" if done.returncode < 0
+                  else f"exit {done.returncode}: {tail[0][:200]}")
+        return {"error": reason}
+
+
+# ------------------------------------------------------------------------------------------------ in the fresh process
+def _status(key: str) -> float:
+    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak so far)."""
+    with open("/proc/self/status", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def _free_mib(device: str) -> float:
+    if device == "CPU":
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            return next(int(line.split()[1]) / 1024 for line in handle if line.startswith("MemAvailable:"))
+    import mindspore as ms
+    return ms.hal.get_device_properties(0).total_memory / MIB
+
+
+def _child_check(spec: str, device: str) -> dict:
+    from mindspore import Tensor, nn
+    from .factory import load_model
+    from .losses import returns_weight
+    user = load_model(spec, "plan")
+    try:
+        batch = [Tensor(value) for value in user.sample(2)]
+        weighted = returns_weight(nn.WithLossCell(user.network, user.loss_fn), batch)
+    except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
+        raise ValueError(f"For 'plan', the network and loss of '{spec}' do not take the batches its sample(2) "
+                         f"returns: {type(err).__name__}: {str(err).strip().splitlines()[0][:300]}") from err
+    return {"reduction": "weighted_mean" if weighted else "mean", "free_mib": _free_mib(device)}
+
+
+def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure: str, reduction: str) -> dict:
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from .executor import GradientAccumulation
+    from .factory import load_model
+    user = load_model(spec, "plan")
+    data, label = (getattr(v, "asnumpy", lambda v=v: v)() for v in user.sample(batch_size * steps * WINDOWS))
+    dataset = ds.NumpySlicesDataset({"data": data, "label": label}, shuffle=False).batch(batch_size,
+                                                                                          drop_remainder=True)
+    on_cpu = device == "CPU"
+    if on_cpu:
+        start = _status("VmRSS")
+    else:
+        ms.runtime.reset_peak_memory_stats()
+    closed = []
+    GradientAccumulation(user.network, user.loss_fn, user.optimizer, reduction=reduction,
+                         structure=structure).train_process(1, dataset, steps, ckpt_dir=None, verbose=False,
+                                                            on_step=lambda _: closed.append(time.perf_counter()))
+    peak = _status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated() / MIB
+    return {"peak_mib": round(peak, 1),
+            "ms_per_window": round(statistics.median(b - a for a, b in zip(closed, closed[1:])) * 1e3, 2)}
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m ms_accum.planner check SPEC DEVICE`` or ``... trial SPEC DEVICE B K STRUCTURE REDUCTION``: prints
+    one JSON line (an ``error`` key when the model failed)."""
+    parser = argparse.ArgumentParser(description="One trial of ms_accum.plan, in this fresh process.")
+    parser.add_argument("command", choices=("check", "trial"))
+    parser.add_argument("spec")
+    parser.add_argument("device", choices=DEVICES)
+    parser.add_argument("rest", nargs="*")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("GLOG_v", "3")
+    from .runtime import set_device
+    set_device(args.device)
+    try:
+        if args.command == "check":
+            out = _child_check(args.spec, args.device)
+        else:
+            batch_size, steps, structure, reduction = args.rest
+            out = _child_trial(args.spec, args.device, int(batch_size), int(steps), structure, reduction)
+    except (ValueError, TypeError, RuntimeError, MemoryError) as err:
+        out = {"error": str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
