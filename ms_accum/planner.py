@@ -169,12 +169,14 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
     """
     Chooses the micro-batch B, K and the structure that train `model` at `global_batch` within `memory`.
 
-    Peak memory is measured at a few micro-batch sizes, each in a fresh process, and a line is fitted through it
-    (peak ≈ intercept + slope * B, the activations growing with B). The smallest micro-batch is measured first, then
-    the middle divisor, then the fit's guess of the largest that fits; the search ends when the chosen B was measured within the budget and the
-    next larger divisor was measured above it (or predicted above `CONFIRM_UP_TO` times it). Then, with a budget,
-    every structure is timed on windows of that B and the fastest within the budget is chosen; with no budget,
-    the structure is the memory-first one, as ``"auto"`` chooses.
+    Peak memory is measured at a few micro-batch sizes B (the divisors of the per-rank global batch), each in a fresh
+    process, and a line is fitted through it: peak ≈ intercept + slope * B, the activations growing with B (a
+    one-sample step, often off the line, is left out once two larger sizes are measured). The smallest B is measured
+    first, then the middle divisor, then the fit's guess of the largest that fits; the search ends when the chosen B
+    was measured within the budget and the next larger divisor was measured above it (or is predicted above
+    `CONFIRM_UP_TO` times it). B comes first: the largest that fits. Then, with a budget, every structure is timed on
+    windows of that B and the fastest within the budget is chosen; with no budget, the structure is the memory-first
+    one, as ``"auto"`` chooses.
 
     Args:
         model (Union[str, Callable]): A factory, ``package.module:function`` (or the function itself, defined at a
@@ -242,6 +244,28 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
                 round(line(0), 1), round(line(1) - line(0), 3), device, runner.trials)
 
 
+def measure(model: Union[str, Callable], batch_size: int, accumulate_steps: int, structure: str = "three_graphs", *,
+            device: str = "CPU", timeout: float = 1800.0) -> Trial:
+    """
+    One trial as `plan` makes them: `WINDOWS` windows of `accumulate_steps` micro-batches of `batch_size`, trained by
+    the executor with `structure` over a dataset of the factory's samples, in a fresh process.
+
+    Returns:
+        Trial, its peak memory and time per window (or the error that stopped it).
+
+    Raises:
+        ValueError: As `plan`, for a factory that cannot be used.
+    """
+    name = "measure"
+    spec = _factory_spec(model, name)
+    check_positive_int(batch_size, "batch_size", name)
+    check_positive_int(accumulate_steps, "accumulate_steps", name)
+    check_value_in(structure, "structure", TIMED_STRUCTURES, name)
+    check_value_in(device, "device", DEVICES, name)
+    runner = _Trials(spec, device, timeout, None)
+    return runner.run(batch_size, accumulate_steps, structure, runner.check()["reduction"])
+
+
 def _search(sizes: List[int], limit: float, measure: Callable[[int], Trial], name: str, given: bool):
     """The largest of `sizes` measured within `limit` whose next larger size is measured (or predicted far) above it,
     and the line fitted through every measurement."""
@@ -263,7 +287,10 @@ def _search(sizes: List[int], limit: float, measure: Callable[[int], Trial], nam
     if len(sizes) > 1:
         run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
     while True:
-        line = _fit({b: p for b, p in peaks.items() if p is not None})
+        measured = {b: p for b, p in peaks.items() if p is not None}
+        if len(measured) > 2:  # a step of one sample is often off the line (other kernels, fixed costs dominate)
+            del measured[sizes[0]]
+        line = _fit(measured)
         best = max(b for b, p in peaks.items() if p is not None and p <= limit)
         failed = min((b for b, p in peaks.items() if p is None or p > limit), default=math.inf)
         above = [b for b in sizes if best < b < failed]

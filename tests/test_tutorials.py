@@ -120,3 +120,27 @@ def test_char_transformer_trains_on_any_text_large_enough(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("note: 'other.txt' is not the MD5-checked Tiny Shakespeare; training on it anyway.")
     assert "checkpoint evaluated again:" in out.stdout and (tmp_path / "ckpt" / "char_transformer.ckpt").is_file()
+
+
+def test_mindcv_plan_fits_a_zoo_model_to_a_budget_that_its_global_batch_does_not_fit(tmp_path):
+    # mindcv's resnet18 on generated 32x32 images, global batch 32, the budget 3/4 of one global-batch step's peak:
+    # the zoo's model fails verification naming BatchNorm, the GroupNorm one passes, the plan accumulates within the
+    # budget, and the trained windows are finite. Every figure is measured in this run.
+    import json
+    stdout = run_tutorial("mindcv_plan.py", "--image-size", "32", "--global-batch", "32", "--windows", "2", "--json",
+                          cwd=tmp_path)
+    summary = json.loads(stdout.splitlines()[-1])
+    assert "zoo_model: FAILED" in stdout and "cause: BatchNorm layers in training mode: 20 layer(s)" in stdout
+    assert "exact_model: PASSED" in stdout
+    budget = 0.75 * summary["global_step_peak_mib"]
+    assert summary["batch_size"] * summary["accumulate_steps"] == 32 and summary["accumulate_steps"] > 1
+    assert summary["peak_mib"] <= budget < summary["global_step_peak_mib"]
+    assert len(summary["losses"]) == 2 and all(np.isfinite(summary["losses"]))
+    assert re.search(r"memory: \d+ MiB instead of \d+ MiB, \d+ MiB \(\d+%\) saved", stdout)
+    assert re.search(r"time per update of 32: \d+ ms instead of \d+ ms \([0-9.]+x\)", stdout)
+
+
+def test_mindcv_plan_refuses_a_bad_budget(tmp_path):
+    out = subprocess.run([sys.executable, str(TUTORIALS / "mindcv_plan.py"), "--memory", "lots"], capture_output=True,
+                         text=True, cwd=str(tmp_path), timeout=300)
+    assert out.returncode == 2 and "the argument '--memory' must be a memory size" in out.stderr
