@@ -17,9 +17,11 @@ from .buffer import REDUCTIONS, AccumulationBuffer, check_buffer_dtype
 from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow, _StepWindow
 from .guard import LossScaler
 from .losses import check_loss_output
+from .lr import SamplesLR
 from .parallel import check_same_on_all_ranks, data_parallel_info
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
+from .schedule import AccumulationSchedule, ScheduleLike
 from .runtime import check_cpu_kernels
 from .window import TrainWindowCell
 
@@ -43,6 +45,8 @@ class StepRecord:
     samples: int
     skipped: bool = False
     loss_scale: float = 1.0
+    accumulate_steps: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
+    samples_consumed: int = 0  # global samples read when the window closed (`ms_accum.schedule`)
 
 
 class NonFiniteError(FloatingPointError):
@@ -232,6 +236,8 @@ class GradientAccumulation:
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
         self.plan = None  # the Plan it was built from (`from_plan`), if any
+        rate = getattr(optimizer, "learning_rate", None)
+        self._samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
 
     @classmethod
     def from_plan(cls, plan, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
@@ -283,7 +289,7 @@ class GradientAccumulation:
                                           buffer=self.buffer).set_train()
         return runner(self.buffer, *self._graphs, self._cells[mini_steps])
 
-    def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: Optional[int] = None, *,
+    def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: Optional[ScheduleLike] = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
                       ckpt_name: str = "gradient_accumulation", log_every: int = 1, verbose: bool = True,
                       on_step: Optional[Callable[[StepRecord], None]] = None,
@@ -306,7 +312,10 @@ class GradientAccumulation:
         Args:
             epoch (int): Number of epochs.
             train_dataset (Dataset): Yields (data, label) micro-batches.
-            mini_steps (int, optional): Micro-batches per optimizer step, K. Default: ``None``, the plan's K for an
+            mini_steps (Union[int, dict, Callable], optional): Micro-batches per optimizer step, K: an int, or a
+                schedule of the global samples consumed (`ms_accum.schedule`): a dict ``{samples: K}`` from 0 (e.g.
+                `ms_accum.schedule.rampup`) or a callable ``K(samples)``. Each window's K is decided when it opens, so a
+                window never changes K midway and a resumed run recomputes it. Default: ``None``, the plan's K for an
                 executor built by `from_plan` (required otherwise).
             partial_window (str): ``"apply"`` (default) or ``"drop"``.
             ckpt_dir (str, optional): Where checkpoints are saved; ``None`` saves nothing. Default: ``"ckpt"``.
@@ -344,40 +353,55 @@ class GradientAccumulation:
                 state to resume from, and no earlier file is changed.
         """
         name = "GradientAccumulation.train_process"
-        mini_steps = self._planned(mini_steps, train_dataset, name)
-        num_batches = self._check_run(epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step,
+        schedule = AccumulationSchedule(self._planned(mini_steps, train_dataset, name), name, "mini_steps")
+        num_batches = self._check_run(epoch, train_dataset, schedule, partial_window, ckpt_dir, log_every, on_step,
                                       save_every, keep_last, resume, name)
-        run = {"mini_steps": mini_steps, "partial_window": partial_window, "num_batches": num_batches,
-               "data_seed": ds_config.get_seed(), "rank_batch_size": train_dataset.get_batch_size(),
-               "world_size": 1 if self._parallel is None else self._parallel.group_size}
+        world = 1 if self._parallel is None else self._parallel.group_size
+        per_batch = train_dataset.get_batch_size() * world  # global samples in one micro-batch of every rank
+        run = {"mini_steps": schedule.fixed or 0, "global_batches": schedule.global_batches(per_batch),
+               "partial_window": partial_window, "num_batches": num_batches, "data_seed": ds_config.get_seed(),
+               "rank_batch_size": train_dataset.get_batch_size(), "world_size": world}
         states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last,
-                                  self._writes)
+                                  self._writes, schedule)
         self._clear()  # start from an empty window whatever happened before
         position, resumed_from = states.resume(resume, epoch)
-        runner = self.runner(mini_steps)
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
-        result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
-                             skipped_windows=runner.skipped)  # earlier runs' skips, as the runner read them
-        for n, (size, window) in enumerate(_windows(train_dataset, epoch, num_batches, mini_steps, position)):
+        runners: dict = {}  # K -> its runner, built when a window of K first opens
+        skipped = None
+        result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from)
+        windows = _windows(train_dataset, epoch, num_batches, schedule, per_batch, position)
+        for n, (k, size, window, opened_at) in enumerate(windows):
             if n == 0:  # its first micro-batch checks the loss's output, before any graph compiles
                 window = _checking_first(window, self._check_output)
-            if size < mini_steps and partial_window == "drop":
+            if k not in runners:
+                runners[k] = self.runner(k)
+            runner = runners[k]
+            if skipped is None:  # earlier runs' skips, as the first runner read them
+                result.skipped_windows = skipped = runner.skipped
+            runner.skipped = skipped  # the runners of other K share one count
+            if size < k and partial_window == "drop":
                 for _ in window:  # read, not trained: the data order stays the same
                     pass
                 position.dropped_windows += 1
                 result.dropped_windows += 1
                 continue
+            states.window_opened(opened_at, k)
+            if self._samples_lr is not None:
+                self._samples_lr.update(opened_at)
             losses, samples, applied = runner.train_window(window, size)
+            skipped = runner.skipped
             position.step += 1
-            self._record(result, position, losses, samples, applied, log_every, verbose and self._writes, on_step)
+            self._record(result, position, losses, samples, applied, log_every, verbose and self._writes, on_step,
+                         k, _consumed(position, num_batches, per_batch))
             states.window_closed(position)
         if ckpt_dir is not None and self._writes:
-            meta = {"epoch": epoch, "step": position.step, "mini_steps": mini_steps, **(metadata or {})}
+            meta = {"epoch": epoch, "step": position.step, "mini_steps": schedule.fixed or 0,
+                    "global_batches": run["global_batches"], **(metadata or {})}
             result.checkpoint = states.save(self._network, os.path.join(ckpt_dir, f"{ckpt_name}.ckpt"), meta)
         return result
 
-    def _planned(self, mini_steps: Optional[int], train_dataset: Dataset, name: str) -> int:
+    def _planned(self, mini_steps: Optional[ScheduleLike], train_dataset: Dataset, name: str) -> ScheduleLike:
         """`mini_steps`, or the plan's K; a plan also fixes the micro-batch."""
         if self.plan is None:
             if mini_steps is None:
@@ -392,11 +416,10 @@ class GradientAccumulation:
     def _check_output(self, inputs: Sequence[Tensor]) -> None:
         check_loss_output(self._net_with_loss, inputs, self.buffer.reduction.name, "GradientAccumulation", "loss_fn")
 
-    def _check_run(self, epoch, train_dataset, mini_steps, partial_window, ckpt_dir, log_every, on_step, save_every,
+    def _check_run(self, epoch, train_dataset, schedule, partial_window, ckpt_dir, log_every, on_step, save_every,
                    keep_last, resume, name: str) -> int:
         """Every argument of `train_process`, checked before anything compiles; returns the epoch's batch count."""
         check_positive_int(epoch, "epoch", name)
-        check_positive_int(mini_steps, "mini_steps", name)
         check_isinstance(train_dataset, "train_dataset", Dataset, name)
         check_value_in(partial_window, "partial_window", PARTIAL_WINDOWS, name)
         check_positive_int(log_every, "log_every", name)
@@ -422,14 +445,14 @@ class GradientAccumulation:
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'", name)
         if num_batches <= 0:
             raise ValueError(f"For '{name}', the argument 'train_dataset' must not be empty, but it has no batches.")
-        if mini_steps > num_batches:
+        if schedule.fixed is not None and schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[partial_window]
-            warnings.warn(f"For '{name}', 'mini_steps' ({mini_steps}) is larger than an epoch's {num_batches} "
+            warnings.warn(f"For '{name}', 'mini_steps' ({schedule.fixed}) is larger than an epoch's {num_batches} "
                           f"batches: every window is partial and is {done} at the end of the epoch.", stacklevel=3)
         return num_batches
 
     def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
-                log_every: int, verbose: bool, on_step) -> None:
+                log_every: int, verbose: bool, on_step, k: int, consumed: int) -> None:
         # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
         pairs = self.buffer.reduction.loss_weights(losses, samples)
         values, weights = (np.asarray([x.asnumpy() if isinstance(x, Tensor) else x for x in column], np.float64)
@@ -445,7 +468,7 @@ class GradientAccumulation:
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
         epoch, step = position.epoch, position.step
         record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
-                            float(guard.loss_scale.asnumpy()))
+                            float(guard.loss_scale.asnumpy()), k, consumed)
         result.steps.append(record)
         if not applied:
             what = (f"epoch {epoch} step {step}: the window's gradient or loss is not finite, so it was skipped "
@@ -471,9 +494,15 @@ def windows_per_epoch(num_batches: int, mini_steps: int, partial_window: str = "
     return full + int(partial > 0 and partial_window == "apply")
 
 
-def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: int,
-             position: Position) -> Iterator[Tuple[int, Iterator]]:
-    """`(size, micro-batches)` of each window, epoch by epoch (an epoch's last may be partial), from `position` on.
+def _consumed(position: Position, num_batches: int, per_batch: int) -> int:
+    """Global samples read up to `position` (`ms_accum.schedule`: every batch counts as `per_batch`)."""
+    return ((position.epoch - 1) * num_batches + position.batch) * per_batch
+
+
+def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
+             position: Position) -> Iterator[Tuple[int, int, Iterator, int]]:
+    """`(K, size, micro-batches, samples consumed when it opens)` of each window, epoch by epoch (an epoch's last may
+    be partial: size < K), from `position` on. K comes from `schedule` when the window opens.
 
     The micro-batches are read lazily: consume them before asking for the next window. `position.epoch` and
     `position.batch` follow the batches read. Batches before the position (a resumed run) are read but not yielded,
@@ -487,9 +516,13 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, accumulate_step: i
         batches = _counted(iterator, position)
         for _ in itertools.islice(batches, skip):
             pass
-        for start in range(skip, num_batches, accumulate_step):
-            size = min(accumulate_step, num_batches - start)
-            yield size, itertools.islice(batches, size)
+        start = skip
+        while start < num_batches:
+            opened_at = ((epoch - 1) * num_batches + start) * per_batch  # = _consumed once the window before is read
+            k = schedule(opened_at)
+            size = min(k, num_batches - start)
+            yield k, size, itertools.islice(batches, size), opened_at
+            start += size
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
 

@@ -1,12 +1,20 @@
-"""Learning rates for accumulated training: scaling a tuned rate to the effective batch.
+"""Learning rates for accumulated training: scaling a tuned rate to the effective batch, and schedules that follow
+the samples consumed.
 
 Accumulating K micro-batches of B makes each update one step on a batch of K*B, and MindSpore's optimizers
 count `global_step` per update, so a learning-rate schedule (a list or a `LearningRateSchedule`) advances
-once per window, never per micro-batch. What changes is the batch the rate was tuned for.
+once per window, never per micro-batch. What changes is the batch the rate was tuned for. When K changes during
+training (`ms_accum.schedule`), a step no longer holds a fixed number of samples: `SamplesLR` drives a schedule by
+the samples consumed instead (README, "Batch schedules").
 """
 from __future__ import annotations
 
 import math
+from typing import Callable, Union
+
+import mindspore as ms
+from mindspore import Parameter, Tensor
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ._validation import check_positive_float, check_positive_int, check_value_in
 
@@ -43,3 +51,66 @@ def scale_lr(lr: float, accumulate_step: int, rule: str = "linear") -> float:
     accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "scale_lr")
     rule = check_value_in(rule, "rule", RULES, "scale_lr")
     return lr * (accumulate_step if rule == "linear" else math.sqrt(accumulate_step))
+
+
+class SamplesLR(LearningRateSchedule):
+    r"""
+    A learning rate driven by the global samples consumed instead of the optimizer step.
+
+    Give it to the optimizer as its `learning_rate`; `GradientAccumulation` calls `update` when each window opens, with
+    the samples consumed before it (with the `Accumulator` or your own loop, call it yourself). The optimizer's graph
+    reads the value from a Parameter, so nothing recompiles. A warm-up of N samples then lasts N samples whatever K is:
+    MindSpore's own schedules count optimizer steps, which hold fewer samples early in a batch ramp-up.
+
+    Args:
+        schedule (Union[LearningRateSchedule, Callable[[int], float]]): The rate as a function of the samples consumed:
+            one of MindSpore's schedules (e.g. ``nn.WarmUpLR(0.1, warmup_steps=N)``, its "steps" read as samples), or
+            a plain callable.
+
+    Inputs:
+        - **global_step** (Tensor) - The optimizer's step, ignored.
+
+    Outputs:
+        Tensor, the rate for the samples last given to `update`, float32.
+
+    Raises:
+        TypeError: If `schedule` is neither a `LearningRateSchedule` nor callable.
+        ValueError: If the schedule gives a rate that is not a finite number, naming the sample count.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> from mindspore import nn
+        >>> from ms_accum.lr import SamplesLR
+        >>> lr = SamplesLR(nn.WarmUpLR(0.1, 4096))        # warm up over the first 4096 samples
+        >>> # optimizer = nn.Momentum(net.trainable_params(), lr, 0.9)
+    """
+
+    def __init__(self, schedule: Union[LearningRateSchedule, Callable[[int], float]]) -> None:
+        super().__init__()
+        if not callable(schedule):
+            raise TypeError(f"For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a callable "
+                            f"lr(samples), but got {schedule!r} of type {type(schedule).__name__}.")
+        self.schedule = schedule
+        self._of_tensor = isinstance(schedule, LearningRateSchedule)
+        self.samples = 0
+        self.lr = Parameter(Tensor(self._evaluate(0), ms.float32), name="samples_lr", requires_grad=False)
+
+    def update(self, samples: int) -> float:
+        """Sets the rate for `samples` samples consumed; returns it."""
+        value = self._evaluate(samples)
+        self.samples = samples
+        self.lr.set_data(Tensor(value, ms.float32))
+        return value
+
+    def _evaluate(self, samples: int) -> float:
+        value = self.schedule(Tensor(samples, ms.int32)) if self._of_tensor else self.schedule(samples)
+        value = float(value.asnumpy()) if isinstance(value, Tensor) else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"For 'SamplesLR', the schedule must give a finite learning rate, but at {samples} samples "
+                             f"it gave {value!r}.")
+        return float(value)
+
+    def construct(self, global_step):
+        return self.lr

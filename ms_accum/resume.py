@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
+from .schedule import AccumulationSchedule
 from .checkpoint import CheckpointError, MetaValue, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
     save_checkpoint
 
@@ -50,12 +51,18 @@ class StateCheckpoints:
         save_every (int, optional): Save every this many optimizer steps; ``None`` saves nothing.
         keep_last (int, optional): Keep only the newest `keep_last` files. Default: ``None``, keep all.
         writes (bool): Whether this process writes (rank 0 in data parallel; every rank reads). Default: ``True``.
+        schedule (AccumulationSchedule, optional): The run's K; its global batches are in `run`, and where they changed
+            is saved too. Default: ``None``.
     """
 
     def __init__(self, state: nn.Cell, ckpt_dir: Optional[str], ckpt_name: str, run: Dict[str, MetaValue],
                  metadata: Optional[Dict[str, MetaValue]] = None, save_every: Optional[int] = None,
-                 keep_last: Optional[int] = None, writes: bool = True) -> None:
+                 keep_last: Optional[int] = None, writes: bool = True,
+                 schedule: Optional[AccumulationSchedule] = None) -> None:
         self.state, self.ckpt_dir, self.ckpt_name, self.run = state, ckpt_dir, ckpt_name, run
+        self.schedule = schedule
+        # Where K changed so far, [(samples consumed, global batch)]: what a callable schedule is known by on resume.
+        self.history: List[Tuple[int, int]] = []
         # The run's settings win over the caller's metadata: resuming checks them.
         self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
         self.save_every = save_every if writes else None
@@ -87,7 +94,14 @@ class StateCheckpoints:
         # Files of format 1 lack the per-rank batch size and world size: theirs were this run's, or it is refused.
         saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size")
                                 if key in meta}}
-        _check_layout(path, saved, self.run)
+        saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['mini_steps']) * _per_batch(saved)}")
+        self.history = _pairs(meta.get("batch_history", ""))
+        if _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
+                "callable" in (saved["global_batches"], self.run["global_batches"]):
+            self._check_schedule(path, saved["global_batches"])
+        else:
+            _check_global_batch(path, saved, self.run)
+        _check_epoch_samples(path, saved, self.run)
         if meta["epoch"] > epochs:
             raise CheckpointError(f"Checkpoint '{path}' is at epoch {meta['epoch']}, beyond this run's {epochs} "
                                   f"epochs.")
@@ -98,12 +112,36 @@ class StateCheckpoints:
         position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
         return position, path
 
+    def window_opened(self, samples: int, k: int) -> None:
+        """Notes the window that opens after `samples` samples consumed with `k` micro-batches (where K changes)."""
+        batch = k * _per_batch(self.run)
+        if not self.history or self.history[-1][1] != batch:
+            self.history.append((samples, batch))
+
+    def _check_schedule(self, path: str, saved: str) -> None:
+        """Refuses a resume whose global batch schedule differs from the saved run's, naming where."""
+        if "callable" not in (saved, self.run["global_batches"]):
+            mine, theirs = dict(_pairs(self.run["global_batches"])), dict(_pairs(saved))
+            points = sorted(set(mine) | set(theirs))
+        else:  # a callable is known where the saved run evaluated it: compare there
+            mine = {s: self.schedule(s) * _per_batch(self.run) for s, _ in self.history}
+            theirs, points = dict(self.history), [s for s, _ in self.history]
+        for point in points:
+            a, b = _at(theirs, point), _at(mine, point)
+            if a != b:
+                raise CheckpointError(f"Checkpoint '{path}' was saved by a run whose global batch schedule "
+                                      f"(samples consumed: global batch) is {saved}, but this run's is "
+                                      f"{self.run['global_batches']}: from {point} samples consumed the saved run's "
+                                      f"global batch is {a}, this run's {b}; resuming would not continue the same "
+                                      f"training.")
+
     def window_closed(self, position: Position) -> None:
         """Saves the state when `position.step` is due (and prunes old files)."""
         if self.save_every is None or position.step % self.save_every:
             return
         self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
-                  {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run)})
+                  {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),
+                   "batch_history": ",".join(f"{s}:{b}" for s, b in self.history)})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
 
@@ -121,13 +159,26 @@ class StateCheckpoints:
             raise CheckpointError(f"{err} {where[0].upper()}{where[1:]}.") from err.__cause__
 
 
+def _pairs(text: str) -> List[Tuple[int, int]]:
+    """``"0:64,4096:128"`` as [(0, 64), (4096, 128)] (a callable's table, ``"callable"``, has none)."""
+    if text in ("", "callable"):
+        return []
+    return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(","))]
+
+
+def _at(table: Dict[int, int], samples: int) -> Optional[int]:
+    """The value of a step table at `samples`."""
+    starts = [s for s in table if s <= samples]
+    return table[max(starts)] if starts else None
+
+
 def _per_batch(run: Dict[str, MetaValue]) -> int:
     """Global samples in one batch of every rank."""
     return int(run["rank_batch_size"]) * int(run["world_size"])
 
 
-def _check_layout(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
-    """Refuses a resume whose global batch per update or samples per epoch differ from the saved run's."""
+def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
+    """Refuses a resume whose fixed global batch per update differs from the saved run's."""
     def describe(layout):
         return (f"mini_steps={layout['mini_steps']} x batch_size={layout['rank_batch_size']} x "
                 f"{layout['world_size']} rank(s)")
@@ -140,6 +191,10 @@ def _check_layout(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaVal
         raise CheckpointError(f"Checkpoint '{path}' was saved with a global batch of {saved_batch} samples per "
                               f"update ({describe(saved)}), but this run has {batch} ({describe(run)}): resuming "
                               f"would not continue the same training; {keeps}.")
+
+
+def _check_epoch_samples(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
+    """Refuses a resume whose samples per epoch differ from the saved run's."""
     saved_epoch, epoch = int(saved["num_batches"]) * _per_batch(saved), int(run["num_batches"]) * _per_batch(run)
     if saved_epoch != epoch:
         raise CheckpointError(f"Checkpoint '{path}' was saved by a run reading {saved_epoch} samples an epoch "

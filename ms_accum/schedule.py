@@ -1,0 +1,160 @@
+"""The global batch as a schedule: K as a function of the samples consumed.
+
+Large-model recipes grow the global batch during training (GPT-3's ramp-up, Megatron-LM's ``--rampup-batch-size``).
+With a fixed micro-batch that is a schedule of K. As in Megatron-LM, K is derived from the samples consumed (global,
+all ranks) when each window opens, never from a count of optimizer steps, so a resumed run recomputes it exactly and a
+run on another number of ranks keeps the global batch.
+
+Samples consumed are the batches read so far (all epochs, all ranks) times the global micro-batch: batches of a
+dropped partial window count, and a dataset's smaller last batch counts as a full one, so the count is the same for
+every rank and every resume.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple, Union
+
+from ._validation import check_positive_int
+
+ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
+
+
+class AccumulationSchedule:
+    """
+    K as a function of the global samples consumed: a constant, a ``{samples: K}`` dict or a callable.
+
+    Args:
+        schedule (Union[int, dict, Callable]): A fixed K; a dict whose keys, the samples consumed from which each K
+            holds, start at 0 and increase; or ``K(samples_consumed)``, checked when first evaluated at each value.
+        cls_name (str): The caller's name, for messages. Default: ``"AccumulationSchedule"``.
+        arg_name (str): The argument that gave it. Default: ``"mini_steps"``.
+
+    Raises:
+        TypeError: If `schedule` is none of these, or a key or K is not an int.
+        ValueError: If the thresholds do not start at 0 or do not increase, or a K is not positive.
+
+    Examples:
+        >>> from ms_accum.schedule import AccumulationSchedule
+        >>> k = AccumulationSchedule({0: 2, 4096: 4, 16384: 8})
+        >>> k(0), k(4095), k(4096)
+        (2, 2, 4)
+    """
+
+    def __init__(self, schedule: ScheduleLike, cls_name: str = "AccumulationSchedule",
+                 arg_name: str = "mini_steps") -> None:
+        self.cls_name, self.arg_name = cls_name, arg_name
+        if isinstance(schedule, dict):
+            self.steps = _check_steps(schedule, arg_name, cls_name)
+            self._function = None
+        elif callable(schedule) and not isinstance(schedule, type):
+            self.steps = None
+            self._function = schedule
+        else:
+            self.steps = [(0, check_positive_int(schedule, arg_name, cls_name))]
+            self._function = None
+
+    @property
+    def is_callable(self) -> bool:
+        """Whether K comes from a user's function (known only where it was evaluated) rather than from a table."""
+        return self._function is not None
+
+    @property
+    def fixed(self) -> Union[int, None]:
+        """K when it never changes, else None."""
+        return self.steps[0][1] if self.steps is not None and len(self.steps) == 1 else None
+
+    def __call__(self, samples: int) -> int:
+        """K for the window that opens after `samples` samples consumed.
+
+        Raises:
+            TypeError, ValueError: If a callable schedule returns other than a positive int.
+        """
+        if self._function is not None:
+            value = self._function(samples)
+            return check_positive_int(value, f"{self.arg_name}({samples})", self.cls_name)
+        return next(k for start, k in reversed(self.steps) if samples >= start)
+
+    def global_batches(self, per_batch: int) -> str:
+        """The table as ``samples:global_batch`` pairs for `per_batch` samples per micro-batch over all ranks, what a
+        training state records (a callable's is known only where evaluated: ``"callable"``)."""
+        if self.steps is None:
+            return "callable"
+        return ",".join(f"{start}:{k * per_batch}" for start, k in self.steps)
+
+    def __repr__(self) -> str:
+        if self.steps is None:
+            return f"AccumulationSchedule({self._function!r})"
+        return "AccumulationSchedule({" + ", ".join(f"{s}: {k}" for s, k in self.steps) + "})"
+
+
+def parse_schedule(text: str, arg_name: str = "--accumulate-schedule", cls_name: str = "ms-accum train") -> dict:
+    """``"0:2,4096:4,16384:8"`` (samples:K) as a dict, checked as `AccumulationSchedule` checks it.
+
+    Raises:
+        ValueError: If `text` is not comma-separated ``samples:K`` pairs of ints, or the pairs are not a schedule.
+    """
+    pairs = {}
+    for item in text.split(","):
+        start, colon, k = item.strip().partition(":")
+        if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
+            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be comma-separated samples:K pairs "
+                             f"such as '0:2,4096:4', but got '{text}'.")
+        pairs[int(start)] = int(k)
+    _check_steps(pairs, arg_name, cls_name)
+    return pairs
+
+
+def rampup(start: int, increment: int, samples_per_increment: int, global_batch: int,
+           batch_size: int) -> Dict[int, int]:
+    """
+    Megatron-LM's batch ramp-up as a schedule of K: the global batch starts at `start` and grows by `increment` every
+    `samples_per_increment` samples consumed until it reaches `global_batch`.
+
+    Args:
+        start (int): The first global batch.
+        increment (int): What the global batch grows by at each step of the ramp.
+        samples_per_increment (int): Samples consumed between two steps of the ramp.
+        global_batch (int): The global batch after the ramp; ``global_batch - start`` must divide by `increment`.
+        batch_size (int): Samples per micro-batch over all ranks (the per-rank micro-batch times the ranks); every
+            global batch of the ramp must divide by it.
+
+    Returns:
+        dict, ``{samples consumed: K}``, for ``train_process(mini_steps=...)``.
+
+    Raises:
+        TypeError: If an argument is not an int.
+        ValueError: If an argument is not positive, the ramp does not reach `global_batch` in whole increments, or a
+            global batch of the ramp does not divide by `batch_size`.
+
+    Examples:
+        >>> from ms_accum.schedule import rampup
+        >>> rampup(start=32, increment=32, samples_per_increment=1000, global_batch=96, batch_size=16)
+        {0: 2, 1000: 4, 2000: 6}
+    """
+    name = "rampup"
+    for arg_name, value in (("start", start), ("increment", increment), ("samples_per_increment",
+                                                                         samples_per_increment),
+                            ("global_batch", global_batch), ("batch_size", batch_size)):
+        check_positive_int(value, arg_name, name)
+    if global_batch < start or (global_batch - start) % increment:
+        raise ValueError(f"For '{name}', the argument 'global_batch' must be 'start' ({start}) plus a whole number of "
+                         f"'increment' ({increment}), but got {global_batch}.")
+    schedule = {}
+    for i, batch in enumerate(range(start, global_batch + 1, increment)):
+        if batch % batch_size:
+            raise ValueError(f"For '{name}', every global batch of the ramp must be divisible by 'batch_size' "
+                             f"({batch_size}), but {batch} is not.")
+        schedule[i * samples_per_increment] = batch // batch_size
+    return schedule
+
+
+def _check_steps(schedule: dict, arg_name: str, cls_name: str) -> List[Tuple[int, int]]:
+    steps = sorted(schedule.items()) if all(isinstance(key, int) for key in schedule) else None
+    if not schedule or steps is None or any(isinstance(key, bool) for key in schedule):
+        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a positive int, a dict from samples "
+                        f"consumed (ints, the first 0) to K, or a callable K(samples), but got {schedule!r}.")
+    if list(schedule) != [start for start, _ in steps] or steps[0][0] != 0:
+        raise ValueError(f"For '{cls_name}', the thresholds of '{arg_name}' must start at 0 and increase, but got "
+                         f"{list(schedule)}.")
+    for start, k in steps:
+        check_positive_int(k, f"{arg_name}[{start}]", cls_name)
+    return steps
