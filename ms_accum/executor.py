@@ -18,7 +18,7 @@ from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, Trai
 from .guard import LossScaler
 from .losses import check_loss_output
 from .lr import SamplesLR
-from .parallel import check_same_on_all_ranks, data_parallel_info
+from .parallel import check_same_on_all_ranks, data_parallel_info, gather_ints
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule, ScheduleLike
@@ -357,10 +357,13 @@ class GradientAccumulation:
         num_batches = self._check_run(epoch, train_dataset, schedule, partial_window, ckpt_dir, log_every, on_step,
                                       save_every, keep_last, resume, name)
         world = 1 if self._parallel is None else self._parallel.group_size
-        per_batch = train_dataset.get_batch_size() * world  # global samples in one micro-batch of every rank
+        # Global samples in one micro-batch of every rank; the ranks' micro-batches may differ in size.
+        per_batch = (train_dataset.get_batch_size() if self._parallel is None else
+                     sum(gather_ints(train_dataset.get_batch_size())))
         run = {"mini_steps": schedule.fixed or 0, "global_batches": schedule.global_batches(per_batch),
                "partial_window": partial_window, "num_batches": num_batches, "data_seed": ds_config.get_seed(),
-               "rank_batch_size": train_dataset.get_batch_size(), "world_size": world}
+               "rank_batch_size": train_dataset.get_batch_size(), "world_size": world,
+               "global_micro_batch": per_batch}
         states = StateCheckpoints(self._state, ckpt_dir, ckpt_name, run, metadata, save_every, keep_last,
                                   self._writes, schedule)
         self._clear()  # start from an empty window whatever happened before

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from typing import List, Mapping, Optional, Union
 
 import numpy as np
 import mindspore as ms
@@ -237,16 +237,20 @@ def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
     Raises:
         ValueError: If the ranks' values differ.
     """
-    # On CPU, AllReduce sums float32 only (measured: MAX and int32 are refused), so each rank writes its value in
-    # its own slot and the sum gathers them all; float32 holds ints below 2**24 exactly.
-    rank, size = get_rank(), get_group_size()
-    slots = np.zeros(size, np.float32)
-    slots[rank] = value
-    values = [int(v) for v in _AllReduceSum()(ms.Tensor(slots)).asnumpy()]
+    values = gather_ints(value)
     if len(set(values)) > 1:
         raise ValueError(f"For '{cls_name}', {what} must be the same on every rank, but got {values} on ranks "
-                         f"0 to {size - 1}.")
+                         f"0 to {len(values) - 1}.")
     return value
+
+
+def gather_ints(value: int) -> List[int]:
+    """Every rank's `value` (an int below 2**24), in rank order, with one small all-reduce; all ranks must call it."""
+    # On CPU, AllReduce sums float32 only (measured: MAX and int32 are refused), so each rank writes its value in
+    # its own slot and the sum gathers them all; float32 holds ints below 2**24 exactly.
+    slots = np.zeros(get_group_size(), np.float32)
+    slots[get_rank()] = value
+    return [int(v) for v in _AllReduceSum()(ms.Tensor(slots)).asnumpy()]
 
 
 def sums_reducer(cls_name: str = "sums_reducer") -> Union[LocalSums, AllReduceSums]:

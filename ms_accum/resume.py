@@ -92,8 +92,10 @@ class StateCheckpoints:
                 raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
                                       f"{key}={self.run[key]!r}: resuming would not continue the same training.")
         # Files of format 1 lack the per-rank batch size and world size: theirs were this run's, or it is refused.
-        saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size")
-                                if key in meta}}
+        saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size",
+                                                           "global_micro_batch") if key in meta}}
+        if "global_micro_batch" not in meta:  # an older file: its batches were equal on every rank
+            saved.pop("global_micro_batch")
         saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['mini_steps']) * _per_batch(saved)}")
         self.history = _pairs(meta.get("batch_history", ""))
         if _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
@@ -173,8 +175,8 @@ def _at(table: Dict[int, int], samples: int) -> Optional[int]:
 
 
 def _per_batch(run: Dict[str, MetaValue]) -> int:
-    """Global samples in one batch of every rank."""
-    return int(run["rank_batch_size"]) * int(run["world_size"])
+    """Global samples in one batch of every rank (older files assumed equal batches on every rank)."""
+    return int(run.get("global_micro_batch") or int(run["rank_batch_size"]) * int(run["world_size"]))
 
 
 def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:

@@ -1,0 +1,176 @@
+"""Batch schedules: K from the samples consumed, exact against fixed-K segments, resumable, learning rates by samples."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import nn
+
+from ms_accum import GradientAccumulation
+from ms_accum.checkpoint import CheckpointError, find_latest
+from ms_accum.lr import SamplesLR
+from ms_accum.schedule import AccumulationSchedule, parse_schedule, rampup
+
+B = 4
+SCHEDULE = {0: 2, 64: 4, 160: 8}  # samples consumed: K
+# 66 batches of 4: K=2 for 8 windows (to 64 samples), K=4 for 6 (to 160), K=8 for 3 (to 256), then a partial window
+# of the epoch's last 2 batches.
+SEGMENTS = [(0, 64, 2), (64, 160, 4), (160, 264, 8)]
+RNG = np.random.default_rng(0)
+DATA = {"x": RNG.standard_normal((264, 6)).astype(np.float32), "y": RNG.integers(0, 3, 264).astype(np.int32)}
+
+
+def executor(structure="three_graphs", lr=0.05):
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3)])
+    opt = nn.Momentum(net.trainable_params(), lr, 0.9)
+    return net, GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt,
+                                     structure=structure)
+
+
+def dataset(lo=0, hi=264, batch=B):
+    return ds.NumpySlicesDataset({k: v[lo:hi] for k, v in DATA.items()}, shuffle=False).batch(batch)
+
+
+def params(net):
+    return [p.asnumpy().copy() for p in net.trainable_params()]
+
+
+def test_schedule_tables_parsing_and_rampup():
+    k = AccumulationSchedule({0: 2, 4096: 4, 16384: 8})
+    assert [k(s) for s in (0, 4095, 4096, 16383, 16384, 10 ** 9)] == [2, 2, 4, 4, 8, 8]
+    assert k.global_batches(32) == "0:64,4096:128,16384:256" and k.fixed is None
+    assert AccumulationSchedule(4).fixed == 4 and AccumulationSchedule(4)(123) == 4
+    assert AccumulationSchedule(lambda s: 1 + s // 100)(250) == 3
+    assert parse_schedule("0:2,4096:4, 16384:8") == {0: 2, 4096: 4, 16384: 8}
+    # Megatron's --rampup-batch-size 32 32 1000 to 96 with a global micro-batch of 16.
+    assert rampup(32, 32, 1000, 96, 16) == {0: 2, 1000: 4, 2000: 6}
+
+
+@pytest.mark.parametrize("schedule, error, message", [
+    ({4096: 4}, ValueError, "the thresholds of 'mini_steps' must start at 0 and increase, but got [4096]"),
+    ({0: 2, 64: 4, 32: 8}, ValueError, "the thresholds of 'mini_steps' must start at 0 and increase, but got "
+                                       "[0, 64, 32]"),
+    ({0: 2, 64: 0}, ValueError, "the argument 'mini_steps[64]' must be a positive int, but got 0."),
+    ({0: 2, 64: 2.5}, TypeError, "the argument 'mini_steps[64]' must be a positive int"),
+    ({0: 2, "64": 4}, TypeError, "the argument 'mini_steps' must be a positive int, a dict from samples consumed"),
+    ({}, TypeError, "the argument 'mini_steps' must be a positive int, a dict from samples consumed"),
+    (0, ValueError, "the argument 'mini_steps' must be a positive int, but got 0."),
+    ("4", TypeError, "the argument 'mini_steps' must be a positive int"),
+])
+def test_bad_schedules_are_refused_before_anything_compiles(schedule, error, message):
+    net, model = executor()
+    before = params(net)
+    with pytest.raises(error) as raised:
+        model.train_process(1, dataset(), schedule, ckpt_dir=None)
+    assert str(raised.value).startswith("For 'GradientAccumulation.train_process', ") and message in str(raised.value)
+    assert all(np.array_equal(a, b) for a, b in zip(before, params(net)))
+
+
+def test_bad_ramps_and_command_line_schedules():
+    with pytest.raises(ValueError, match=r"'global_batch' must be 'start' \(32\) plus a whole number of 'increment' "
+                                         r"\(32\), but got 100"):
+        rampup(32, 32, 1000, 100, 16)
+    with pytest.raises(ValueError, match="every global batch of the ramp must be divisible by 'batch_size' "
+                                         r"\(16\), but 40 is not"):
+        rampup(32, 8, 1000, 48, 16)
+    with pytest.raises(TypeError, match="the argument 'samples_per_increment' must be a positive int"):
+        rampup(32, 32, 1.5, 96, 16)
+    for text in ("0:2,4096", "a:2", "0:2;64:4", ""):
+        with pytest.raises(ValueError, match="must be comma-separated samples:K pairs"):
+            parse_schedule(text)
+    with pytest.raises(ValueError, match="must start at 0 and increase"):
+        parse_schedule("64:2,0:4")
+
+
+def test_a_callables_bad_value_is_refused_when_first_evaluated_naming_the_sample_count():
+    net, model = executor()
+    with pytest.raises(ValueError, match=r"the argument 'mini_steps\(64\)' must be a positive int, but got 0"):
+        model.train_process(1, dataset(), lambda s: 2 if s < 64 else 0, ckpt_dir=None)
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+def test_a_ramped_run_equals_its_fixed_k_segments_bit_for_bit(structure):
+    net, model = executor(structure)
+    result = model.train_process(1, dataset(), SCHEDULE, ckpt_dir=None, verbose=False)
+    ramped = params(net)
+    steps = [(r.accumulate_steps, r.micro_batches, r.samples_consumed) for r in result.steps]
+    assert steps == ([(2, 2, 8 * (i + 1)) for i in range(8)] + [(4, 4, 64 + 16 * (i + 1)) for i in range(6)] +
+                     [(8, 8, 160 + 32 * (i + 1)) for i in range(3)] + [(8, 2, 264)])
+    net, model = executor(structure)
+    for lo, hi, k in SEGMENTS:
+        model.train_process(1, dataset(lo, hi), k, ckpt_dir=None, verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(ramped, params(net)))
+    # The same schedule as a callable: the same run.
+    net, model = executor(structure)
+    model.train_process(1, dataset(), lambda s: 2 if s < 64 else 4 if s < 160 else 8, ckpt_dir=None, verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(ramped, params(net)))
+
+
+def test_unequal_micro_batches_under_a_schedule_with_the_window_structure():
+    # A dataset whose last batch is smaller: the window holding it runs through the three graphs on the same buffer
+    # (TrainWindowCell stacks equal micro-batches only), every other window in one call; the result equals the fused
+    # structure's.
+    runs = {}
+    for structure in ("window", "fused"):
+        net, model = executor(structure)
+        model.train_process(1, dataset(0, 262), SCHEDULE, ckpt_dir=None, verbose=False)
+        runs[structure] = params(net)
+    for a, b in zip(runs["window"], runs["fused"]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_samples_lr_warms_up_over_samples_whatever_the_ramp():
+    # Warm-up of 100 samples with nn.WarmUpLR read in samples; the ramp {0: 1, 32: 2, 96: 4} of micro-batches of 4.
+    # Each window's rate is the closed form at the samples consumed when it opened: 0.1 * min(s, 100) / 100.
+    ms.set_seed(0)
+    net = nn.Dense(6, 3)
+    lr = SamplesLR(nn.WarmUpLR(0.1, 100))
+    model = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                 nn.SGD(net.trainable_params(), lr))
+    seen, weights = [], [params(net)]
+
+    def on_step(record):
+        seen.append((lr.samples, float(lr.lr.asnumpy())))
+        weights.append(params(net))
+    model.train_process(1, dataset(0, 160), {0: 1, 32: 2, 96: 4}, ckpt_dir=None, verbose=False, on_step=on_step)
+    opened = [0, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 72, 80, 88, 96, 112, 128, 144]
+    assert [s for s, _ in seen] == opened
+    np.testing.assert_allclose([v for _, v in seen], [0.1 * min(s, 100) / 100 for s in opened], rtol=1e-6)
+    first_full = next(s for s, v in seen if v == pytest.approx(0.1))
+    assert first_full == 112  # the first window that opens after 100 samples; by steps it would be step 25's
+    # The optimizer reads the rate: the first window (rate 0) left the weights alone, the second moved them.
+    assert all(np.array_equal(a, b) for a, b in zip(weights[0], weights[1]))
+    assert not all(np.array_equal(a, b) for a, b in zip(weights[1], weights[2]))
+    with pytest.raises(ValueError, match="at 0 samples it gave nan"):
+        SamplesLR(lambda s: float("nan"))
+    with pytest.raises(TypeError, match="must be a LearningRateSchedule or a callable"):
+        SamplesLR(0.1)
+
+
+def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_batches(tmp_path):
+    def run(ckpt, schedule, batch=B, **kwargs):
+        ds.config.set_seed(7)
+        net, model = executor()
+        model.train_process(1, dataset(batch=batch), schedule, ckpt_dir=str(ckpt), ckpt_name="run", verbose=False,
+                            save_every=1, **kwargs)
+        return params(net)
+
+    whole = run(tmp_path / "whole", SCHEDULE)
+    run(tmp_path / "cut", SCHEDULE)
+    state = str(tmp_path / "cut" / "run-000000010.ckpt")  # 8 windows of K=2, 2 of K=4: inside the K=4 segment
+    with pytest.raises(CheckpointError, match=r"global batch schedule \(samples consumed: global batch\) is "
+                                              r"0:8,64:16,160:32, but this run's is 0:8,64:16,128:32: from 128 "
+                                              r"samples consumed the saved run's global batch is 16, this run's 32"):
+        run(tmp_path / "cut", {0: 2, 64: 4, 128: 8}, resume=state)
+    with pytest.raises(CheckpointError, match="from 64 samples consumed the saved run's global batch is 16, this "
+                                              "run's 8"):
+        run(tmp_path / "cut", 2, resume=state)
+    with pytest.raises(CheckpointError, match="from 64 samples consumed the saved run's global batch is 16, this "
+                                              "run's 12"):
+        run(tmp_path / "cut", lambda s: 2 if s < 64 else 3, resume=state)
+    # Micro-batches of 2 with twice the K keep every global batch (as another device count would): it resumes.
+    resumed = run(tmp_path / "cut", {0: 4, 64: 8, 160: 16}, batch=2, resume=state)
+    for a, b in zip(whole, resumed):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert find_latest(str(tmp_path / "cut"), "run").endswith("run-000000018.ckpt")
