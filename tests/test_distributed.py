@@ -18,17 +18,18 @@ import sys
 import numpy as np
 import pytest
 import mindspore as ms
+import mindspore.dataset as ds
 from mindspore import Tensor, nn, ops
 
-from ms_accum import LossOnly, cli
+from ms_accum import GradientAccumulation, LossOnly, cli
 from ms_accum.checkpoint import load_checkpoint
 from ms_accum.data import make_synthetic_mnist
 from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_parallel
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
-from dp_cases import (CASES, NODE_CASES, PAD, PROFILED_CASE, global_micro_batches, loss_fn, make_net,  # noqa: E402
-                      make_optimizer, nan_window, params_of, rank_share)
+from dp_cases import (CASES, NODE_CASES, PAD, PROFILED_CASE, RAMP_CASE, global_micro_batches, loss_fn,  # noqa: E402
+                      make_net, make_optimizer, nan_window, params_of, rank_share)
 
 RTOL, ATOL = 1e-5, 1e-6
 WORKERS = 2
@@ -182,6 +183,30 @@ def reference_run(case):
     losses = [float(step(Tensor(np.concatenate([x for x, _ in window])),
                          Tensor(np.concatenate([y for _, y in window]))).asnumpy()) for window in windows]
     return params_of(net), losses
+
+
+@pytest.mark.distributed
+def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(dp_run):
+    # K from the global samples consumed: the ranks' micro-batches of 2 and 6 count as 8, so both ranks open the same
+    # windows; the ramped run equals its fixed-K segments bit for bit on each rank, and one process on the global
+    # micro-batches with the same schedule.
+    out, reports = dp_run
+    runs = {name: [dict(np.load(out / f"{name}_rank{rank}.npz")) for rank in range(WORKERS)]
+            for name in ("ramp", "ramp_segments")}
+    for key in runs["ramp"][0]:
+        assert np.array_equal(runs["ramp"][0][key], runs["ramp"][1][key]), key
+        for rank in range(WORKERS):
+            assert np.array_equal(runs["ramp"][rank][key], runs["ramp_segments"][rank][key]), (rank, key)
+    assert reports[0]["ramp_steps"] == reports[1]["ramp_steps"] == [[1, 8], [1, 16], [2, 32], [2, 48], [4, 80]]
+    net = make_net()
+    executor = GradientAccumulation(net, loss_fn(), make_optimizer(RAMP_CASE["optimizer"], net.trainable_params()),
+                                    structure=RAMP_CASE["structure"])
+    batches = global_micro_batches(RAMP_CASE)
+    data = {"x": np.concatenate([x for x, _ in batches]), "y": np.concatenate([y for _, y in batches])}
+    executor.train_process(1, ds.NumpySlicesDataset(data, shuffle=False).batch(sum(RAMP_CASE["sizes"])),
+                           RAMP_CASE["schedule"], ckpt_dir=None, verbose=False)
+    for key, value in params_of(net).items():
+        np.testing.assert_allclose(runs["ramp"][0][key], value, rtol=RTOL, atol=ATOL, err_msg=key)
 
 
 @pytest.mark.distributed

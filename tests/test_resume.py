@@ -26,9 +26,9 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_scripts
 TIMEOUT = 300
 
 
-def run_worker(ckpt_dir, structure: str, fault: str = "none") -> subprocess.CompletedProcess:
+def run_worker(ckpt_dir, structure: str, fault: str = "none", *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GLOG_v": "3"}
-    return subprocess.run([sys.executable, WORKER, str(ckpt_dir), structure, fault], capture_output=True,
+    return subprocess.run([sys.executable, WORKER, str(ckpt_dir), structure, fault, *args], capture_output=True,
                           text=True, timeout=TIMEOUT, env=env)
 
 
@@ -83,6 +83,31 @@ def test_killed_and_resumed_run_is_bit_identical(reference, fault, tmp_path):
     for name in expected:
         assert np.array_equal(got[name], expected[name]), name
     assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [8, 10]  # keep_last=2
+
+
+# A batch ramp over the worker's 2 epochs of 13 batches of 8: K=2 from 0 samples, 3 from 40, 4 from 120. Windows
+# (micro-batches run): 1-2, 3-4, 5-6 (K=2); 7-9, 10-12, 13 (K=3, the epoch's partial window); 14-16 (K=3); 17-20,
+# 21-24, 25-26 (K=4, partial). States are saved after steps 2, 4, 6, 8 (micro-batches 4, 9, 13, 20).
+RAMP = "0:2,40:3,120:4"
+RAMP_FAULTS = {"K=2": "micro:5", "K=3": "micro:11", "K=4": "micro:23"}
+
+
+def test_a_run_killed_inside_each_segment_of_a_ramp_resumes_bit_identical(tmp_path):
+    done = run_worker(tmp_path / "whole", "fused", "none", RAMP)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["k"] == [2, 2, 2, 3, 3, 3, 3, 4, 4, 4]
+    expected = final_params(tmp_path / "whole")
+    for segment, fault in RAMP_FAULTS.items():
+        ckpt = tmp_path / segment
+        killed = run_worker(ckpt, "fused", fault, RAMP)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        resumed = run_worker(ckpt, "fused", "none", RAMP)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        summary = json.loads(resumed.stdout.splitlines()[-1])
+        assert summary["resumed_from"] is not None and summary["steps"][-1] == 10, summary
+        got = final_params(ckpt)
+        for name in expected:
+            assert np.array_equal(got[name], expected[name]), (segment, name)
 
 
 def _train(tmp_path, epochs=1, batch=8, **kwargs):

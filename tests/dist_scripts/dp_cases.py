@@ -46,6 +46,10 @@ NODE_CASES = {
     "fused_4_ranks_tokens": dict(api="cell", k=2, micro=4, sizes=(2, 2, 2, 2), lengths=(6, 1, 3, 1),
                                  optimizer="momentum", reduction="weighted_mean", clip_norm=None),
 }
+# A batch ramp under data parallel (`dp_worker.ramp_runs`): K from the global samples consumed (the ranks' micro-batches
+# of 2 and 6 make 8 a step), against the same data trained as fixed-K segments, one after another.
+RAMP_CASE = dict(structure="fused", schedule={0: 1, 16: 2, 48: 4}, segments=[(0, 2, 1), (2, 6, 2), (6, 10, 4)],
+                 micro=10, sizes=(2, 6), optimizer="momentum")
 # The case whose all-reduce launches the workers count with MindSpore's profiler.
 PROFILED_CASE = "fused_unequal"
 

@@ -21,8 +21,8 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
 from ms_accum.parallel import init_data_parallel  # noqa: E402
-from dp_cases import (CASES, IN, NODE_CASES, OUT, PROFILED_CASE, global_micro_batches, loss_fn,  # noqa: E402
-                      make_net, make_optimizer, params_of, rank_share)
+from dp_cases import (CASES, IN, NODE_CASES, OUT, PROFILED_CASE, RAMP_CASE, global_micro_batches,  # noqa: E402
+                      loss_fn, make_net, make_optimizer, params_of, rank_share)
 
 
 def train_cell(case, shares):
@@ -82,6 +82,30 @@ def train_executor(case, shares, out_dir):
     return net, result
 
 
+def ramp_runs(out_dir, rank):
+    """`RAMP_CASE` on this rank's share: the ramped run, then its segments with fixed K; saves both parameter sets and
+    returns the ramped run's (K, samples consumed) per step."""
+    case = RAMP_CASE
+    shares = [rank_share(case, batch, rank, i) for i, batch in enumerate(global_micro_batches(case))]
+    x = np.concatenate([s[0] for s in shares])
+    y = np.concatenate([s[1] for s in shares])
+    size = len(shares[0][0])
+    records = {}
+    for name, runs in (("ramp", [(0, case["micro"], case["schedule"])]), ("ramp_segments", case["segments"])):
+        net = make_net()
+        executor = GradientAccumulation(net, loss_fn(), make_optimizer(case["optimizer"], net.trainable_params()),
+                                        structure=case["structure"])
+        steps = []
+        for lo, hi, k in runs:
+            data = {"x": x[lo * size:hi * size], "y": y[lo * size:hi * size]}
+            result = executor.train_process(1, ds.NumpySlicesDataset(data, shuffle=False).batch(size), k,
+                                            ckpt_dir=None, verbose=False)
+            steps += [(r.accumulate_steps, r.samples_consumed) for r in result.steps]
+        np.savez(os.path.join(out_dir, f"{name}_rank{rank}.npz"), **params_of(net))
+        records[name] = steps
+    return records["ramp"]
+
+
 def mismatched_batches(rank):
     """Rank r gets 3 + r batches: the executor must refuse on every rank rather than hang; returns its message."""
     net = make_net()
@@ -139,6 +163,7 @@ def main():
         np.savez(os.path.join(out_dir, f"{name}_rank{info.rank}.npz"), **params_of(net))
     if not nodes:
         report["mismatch_error"] = mismatched_batches(info.rank)
+        report["ramp_steps"] = ramp_runs(out_dir, info.rank)
     with open(os.path.join(out_dir, f"report_rank{info.rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
     print(f"rank {info.rank} done: {json.dumps(report)}", flush=True)

@@ -12,7 +12,8 @@ the same command continues where the killed one stopped. It prints one JSON line
 Every run reads its data through MindSpore's DistributedSampler (``num_shards``: the ranks, 1 without msrun), in
 micro-batches of BATCH on each rank, so runs on different numbers of ranks read the same global order. Under msrun each
 rank writes its final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
-KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file.
+KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file. MINI_STEPS is K or a
+schedule, ``samples:K,...`` (`ms_accum.schedule.parse_schedule`).
 """
 import json
 import os
@@ -30,6 +31,7 @@ from ms_accum.cells import TrainForwardBackward, TrainAccumulationCell
 from ms_accum.window import TrainWindowCell
 from ms_accum.parallel import distributed_launch, init_data_parallel
 from ms_accum.resume import StateCheckpoints
+from ms_accum.schedule import parse_schedule
 
 EPOCHS, MINI_STEPS, BATCH, SAMPLES = 2, 3, 8, 100  # 13 batches an epoch: 4 full windows and a partial one
 SAVE_EVERY, KEEP_LAST = 2, 2
@@ -96,14 +98,16 @@ def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_S
     optimizer = nn.Adam(net.trainable_params(), 1e-3)
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
                                     structure=structure)
-    result = executor.train_process(EPOCHS, dataset, int(mini_steps), ckpt_dir=ckpt_dir, ckpt_name="run",
+    schedule = parse_schedule(mini_steps) if ":" in mini_steps else int(mini_steps)
+    result = executor.train_process(EPOCHS, dataset, schedule, ckpt_dir=ckpt_dir, ckpt_name="run",
                                     verbose=False, save_every=SAVE_EVERY, keep_last=int(keep_last) or None,
                                     resume=True if resume == "latest" else resume)
     if info is not None:
         np.savez(os.path.join(ckpt_dir, f"params_rank{info.rank}.npz"),
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
     print(json.dumps({"checkpoint": result.checkpoint, "resumed_from": result.resumed_from,
-                      "steps": [record.step for record in result.steps]}), flush=True)
+                      "steps": [record.step for record in result.steps],
+                      "k": [record.accumulate_steps for record in result.steps]}), flush=True)
 
 
 if __name__ == "__main__":
