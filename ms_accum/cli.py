@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
                             "there is none); the end result equals the uninterrupted run's")
     train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
+    train.add_argument("--accumulate-schedule", type=accumulate_schedule, metavar="SAMPLES:K,...",
+                       help="K as a schedule of the global samples consumed, e.g. 0:2,4096:4,16384:8 (a batch "
+                            "ramp-up; instead of --accumulate-steps)")
     train.add_argument("--plan", metavar="FILE",
                        help="take --batch-size, --accumulate-steps and --structure from a plan that 'ms-accum plan "
                             "--output FILE' wrote for this model")
@@ -142,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--json", action="store_true", help="print the plan as one JSON line")
     planner.add_argument("--quiet", action="store_true", help="no line per trial")
     return parser
+
+
+def accumulate_schedule(text: str) -> dict:
+    """``samples:K,...`` as a dict (`ms_accum.schedule.parse_schedule`)."""
+    from .schedule import parse_schedule
+    try:
+        return parse_schedule(text)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def memory_size(text: str) -> int:
@@ -224,13 +236,18 @@ def _progress(total: int, desc: str, quiet: bool):
                 dynamic_ncols=True)
 
 
-def save_loss_plot(losses: List[float], path: str, title: str) -> str:
-    """Writes the per-step loss curve as a PNG."""
+def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List[int]] = None) -> str:
+    """Writes the per-step loss curve as a PNG; with `ks`, each step's K, a dashed line marks where K changed."""
     import matplotlib
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(range(1, len(losses) + 1), losses, linewidth=1)
+    for step in range(1, len(ks or [])):
+        if ks[step] != ks[step - 1]:
+            ax.axvline(step + 1, color="gray", linestyle="--", linewidth=0.8)
+            ax.annotate(f"K={ks[step]}", (step + 1, 1), xycoords=("data", "axes fraction"), fontsize=8,
+                        xytext=(2, -10), textcoords="offset points")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("window loss")
     ax.set_title(title, fontsize=9)
@@ -285,7 +302,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     from mindspore import nn
     from .data import dataset_for
     from .evaluation import evaluate_checkpoint, recorded_data_dir
-    from .executor import GradientAccumulation, windows_per_epoch
+    from .executor import GradientAccumulation, count_windows
     from .models import build_model, make_optimizer
 
     settings = _optimizer_settings(args)
@@ -302,33 +319,39 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         num_samples = None if num_samples is None else -(-num_samples // parallel.group_size)
     dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
                           seed=args.seed, num_samples=num_samples, **shards)
-    windows = windows_per_epoch(dataset.get_dataset_size(), args.accumulate_steps, args.partial_window)
+    mini_steps = args.accumulate_schedule or args.accumulate_steps
+    k_text = _schedule_text(args.accumulate_schedule) if args.accumulate_schedule else args.accumulate_steps
+    windows = count_windows(dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
+                            args.partial_window)
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
                                     policy=args.policy, loss_scaler=_loss_scaler(args),
                                     stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute)
-    label = f"{args.model}, K={args.accumulate_steps} x B={args.batch_size}" + (
+    label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if synthetic else "")
     if parallel is not None:
         label += f", {world} workers"
-    metadata = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
+    metadata = {"model": args.model, "accumulate_steps": k_text, "batch_size": args.batch_size,
                 "optimizer": settings["optimizer"], "lr": settings["lr"], "momentum": settings["momentum"],
                 "seed": args.seed, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic,
                 "world_size": world}
-    with _progress(windows * args.epochs, f"train {label}", args.quiet or not main) as bar:
+    with _progress(windows, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):
             bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
-            bar.set_postfix(epoch=record.epoch, loss=f"{record.loss:.4f}", refresh=False)
-        result = executor.train_process(args.epochs, dataset, args.accumulate_steps,
+            bar.set_postfix(epoch=record.epoch, K=record.accumulate_steps, loss=f"{record.loss:.4f}", refresh=False)
+        result = executor.train_process(args.epochs, dataset, mini_steps,
                                         partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
                                         verbose=False, on_step=on_step, metadata=metadata,
                                         save_every=args.save_every, keep_last=args.keep_last, resume=args.resume)
     if not main:
         return None
-    plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label)
+    plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label,
+                          [record.accumulate_steps for record in result.steps])
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
                "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
-               "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches}
+               "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
+               "accumulate_steps": [record.accumulate_steps for record in result.steps],
+               "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
         resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
@@ -345,9 +368,15 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     return summary
 
 
+def _schedule_text(schedule: dict) -> str:
+    return ",".join(f"{samples}:{k}" for samples, k in schedule.items())
+
+
 def _apply_plan(args: argparse.Namespace) -> Optional[int]:
     """Fills the batch size, K and structure from --plan (refusing flags that contradict it), else from
     TRAIN_DEFAULTS; returns the plan's rank count, or None without a plan."""
+    if args.accumulate_schedule is not None and (args.accumulate_steps is not None or args.plan is not None):
+        raise CliError("--accumulate-schedule sets K: give it without --accumulate-steps or --plan.")
     if args.plan is None:
         for name, value in TRAIN_DEFAULTS.items():
             if getattr(args, name) is None:

@@ -493,8 +493,28 @@ class GradientAccumulation:
 def windows_per_epoch(num_batches: int, mini_steps: int, partial_window: str = "apply") -> int:
     """The optimizer steps of an epoch of `num_batches` batches in windows of `mini_steps`: a partial last window
     counts when it is applied (``partial_window="apply"``), not when it is dropped."""
-    full, partial = divmod(num_batches, mini_steps)
-    return full + int(partial > 0 and partial_window == "apply")
+    return count_windows(num_batches, 1, mini_steps, 1, partial_window)
+
+
+def count_windows(num_batches: int, epochs: int, mini_steps: ScheduleLike, per_batch: int,
+                  partial_window: str = "apply") -> int:
+    """The optimizer steps of `epochs` epochs of `num_batches` batches of `per_batch` global samples, K following
+    `mini_steps` (an int or a schedule, `ms_accum.schedule`), as `train_process` trains them."""
+    schedule = AccumulationSchedule(mini_steps, "count_windows", "mini_steps")
+    return sum(size == k or partial_window == "apply" for epoch in range(1, epochs + 1)
+               for k, size, _ in _epoch_windows(epoch, 0, num_batches, schedule, per_batch))
+
+
+def _epoch_windows(epoch: int, start: int, num_batches: int, schedule: AccumulationSchedule,
+                   per_batch: int) -> Iterator[Tuple[int, int, int]]:
+    """`(K, size, samples consumed when it opens)` of the windows of `epoch` from its batch `start` on; the last may be
+    partial (size < K)."""
+    while start < num_batches:
+        opened_at = ((epoch - 1) * num_batches + start) * per_batch
+        k = schedule(opened_at)
+        size = min(k, num_batches - start)
+        yield k, size, opened_at
+        start += size
 
 
 def _consumed(position: Position, num_batches: int, per_batch: int) -> int:
@@ -519,13 +539,8 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
         batches = _counted(iterator, position)
         for _ in itertools.islice(batches, skip):
             pass
-        start = skip
-        while start < num_batches:
-            opened_at = ((epoch - 1) * num_batches + start) * per_batch  # = _consumed once the window before is read
-            k = schedule(opened_at)
-            size = min(k, num_batches - start)
+        for k, size, opened_at in _epoch_windows(epoch, skip, num_batches, schedule, per_batch):
             yield k, size, itertools.islice(batches, size), opened_at
-            start += size
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
 

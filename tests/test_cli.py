@@ -94,6 +94,24 @@ def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, 
     assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
 
 
+def test_train_with_an_accumulate_schedule(tmp_path, synthetic, capsys):
+    # 1024 images in micro-batches of 32: K=1 for 256 samples (8 steps), K=2 to 512 (4), K=4 to 1024 (4).
+    argv = ["train", "--model", "mlp", "--batch-size", "32", "--data", synthetic, "--ckpt-dir", str(tmp_path),
+            "--no-eval", "--quiet", "--json"]
+    assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2,512:4"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["accumulate_steps"] == [1] * 8 + [2] * 4 + [4] * 4 and summary["samples_consumed"] == 1024
+    assert (tmp_path / "mlp_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _, meta = load_checkpoint(str(tmp_path / "mlp.ckpt"))
+    assert meta["accumulate_steps"] == "0:1,256:2,512:4" and meta["global_batches"] == "0:32,256:64,512:128"
+    assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-steps", "2"]) == 1
+    assert "--accumulate-schedule sets K: give it without --accumulate-steps or --plan." in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:
+        cli.main(argv + ["--accumulate-schedule", "256:2,0:1"])
+    assert bad.value.code == 2 and "the thresholds of '--accumulate-schedule' must start at 0 and increase" in \
+        capsys.readouterr().err
+
+
 FACTORY = """
 import numpy as np
 from mindspore import nn
