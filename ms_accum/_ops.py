@@ -158,6 +158,16 @@ def _square_sum(grad):
     return ops.cast(ops.reduce_sum(ops.square(grad)), ms.float32)
 
 
+@_square_sum_op.register("RowTensor")
+def _square_sum_row_tensor(grad):
+    return _square_sum(_densify(grad))  # rows may repeat: their sum is the gradient
+
+
+def squared_norm(tensors):
+    """The squared global norm of `tensors`, in float32: one sum of squares per tensor, added."""
+    return ops.addn(_hyper_map(_square_sum_op, tensors))
+
+
 @_clip_in_place_op.register("Tensor", "Tensor", "Tensor")
 def _clip_in_place(clip_norm, global_norm, grad):
     # MindSpore's clip_by_global_norm computes `x * clip_norm / global_norm`: the same two roundings, in place.
@@ -167,15 +177,15 @@ def _clip_in_place(clip_norm, global_norm, grad):
 def clip_in_place(grads, clip_norm: float):
     """`grads` clipped to the global norm `clip_norm` in place, with the arithmetic of `ops.clip_by_global_norm`."""
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
-    global_norm = ops.sqrt(ops.addn(_hyper_map(_square_sum_op, grads)))
+    global_norm = ops.sqrt(squared_norm(grads))
     global_norm = ops.select(global_norm >= clip, global_norm, clip)
     return _hyper_map(ops.partial(_clip_in_place_op, clip, global_norm), grads)
 
 
-def window_grads(grad_sum, divisor, clip_norm):
-    """The gradient a window applies: `grad_sum` divided by `divisor` and clipped to `clip_norm` if given, both in
-    place, so the buffer holds it afterwards (a graph launched next can apply it)."""
-    grads = _hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum)
+def window_grads(grad_sum, divisor, clip_norm, statistics):
+    """The gradient a window applies: `grad_sum` divided by `divisor` (noted by `statistics`) and clipped to
+    `clip_norm` if given, both in place, so the buffer holds it afterwards (a graph launched next can apply it)."""
+    grads = statistics.window(_hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum))
     if clip_norm is not None:
         grads = clip_in_place(grads, clip_norm)
     return grads

@@ -11,6 +11,7 @@ from . import _ops
 from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import sums_reducer
+from .statistics import NoStatistics, Statistics
 
 HALF = (ms.float16, ms.bfloat16)
 
@@ -185,6 +186,8 @@ class AccumulationBuffer:
             `weight` (e.g. their non-padding tokens: see `ms_accum.TokenCrossEntropy`).
         dtype (mindspore.dtype, optional): The buffer's dtype. Default: ``None``, float32 for float16 and bfloat16
             parameters (their window is summed in float32 and cast back for the optimizer), else the parameter's.
+        statistics (bool): Measure each micro-batch's and each window's gradient norm (`ms_accum.statistics`):
+            the Cells then return ``(output, squared norm)``. Default: ``False``.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
@@ -214,7 +217,8 @@ class AccumulationBuffer:
     """
 
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
-                 loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None) -> None:
+                 loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None,
+                 statistics: bool = False) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple), "AccumulationBuffer")
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
@@ -231,6 +235,8 @@ class AccumulationBuffer:
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
         self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum])
         self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
+        check_isinstance(statistics, "statistics", bool, "AccumulationBuffer")
+        self.statistics = Statistics(prefix) if statistics else NoStatistics()
 
     def parameters(self) -> list:
         """All Parameters the buffer owns: the gradient buffers, the two counters, then the guard's."""
@@ -254,7 +260,8 @@ class AccumulationBuffer:
         divisor = self.reduction.divisor(samples, self.reducer.sum_divisor)
         # A tensor divisor: an in-place multiplication by a Python constant leaves MindSpore 2.10 unable to infer the
         # buffer's type (the "sum" rule's divisor is one).
-        grads = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32), clip_norm)
+        grads = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32), clip_norm,
+                                  self.statistics)
         grads = self.in_place(self.grad_sum, grads)
         return grads, self.guard.close(grads, self.reducer, self.mini_step)
 

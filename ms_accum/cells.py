@@ -56,11 +56,13 @@ def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], p
 class _BufferCell(nn.Cell):
     """A graph on one `AccumulationBuffer`: registers its Parameters, so checkpoints of the Cell hold them."""
 
-    def __init__(self, buffer: AccumulationBuffer) -> None:
+    def __init__(self, buffer: AccumulationBuffer, scratch: bool = True) -> None:
         super().__init__(auto_prefix=False)
         check_cpu_kernels(type(self).__name__)
         self.buffer = buffer
         self.window_state = ParameterTuple(buffer.parameters())
+        if scratch and buffer.statistics.parameters():  # rewritten every window: used, not saved
+            self.scratch = ParameterTuple(buffer.statistics.parameters())
 
 
 class _MicroBatchCell(_BufferCell):
@@ -93,17 +95,19 @@ class _MicroBatchCell(_BufferCell):
         return inputs
 
     def micro_batch(self, inputs):
-        """Forward, backward and accumulation of one micro-batch: `(network output, micro-steps now)`.
+        """Forward, backward and accumulation of one micro-batch: `(network output, micro-steps now, statistics)`.
 
         The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
-        and the loss scale are the backward pass's sensitivity, so weighting costs nothing. Callers use both
-        results (README, "Known MindSpore behaviour": discarded results of a function with side effects).
+        and the loss scale are the backward pass's sensitivity, so weighting costs nothing. The statistics are the
+        buffer's (`ms_accum.statistics`: None when off). Callers use the results (README, "Known MindSpore
+        behaviour": discarded results of a function with side effects).
         """
         out = self.network(*inputs)
         loss, weight = self.buffer.reduction.split(out, inputs[0])
-        sens = self.buffer.reduction.sens(out, self.buffer.guard.scaling.sens(weight))
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
-        return out, self.buffer.add(loss, grads, weight)
+        scale = self.buffer.guard.scaling.sens(weight)
+        grads = self.grad(self.network, self.weights)(*inputs, self.buffer.reduction.sens(out, scale))
+        stats = self.buffer.statistics.micro_batch(grads, scale)
+        return out, self.buffer.add(loss, grads, weight), stats
 
 
 class TrainingState(_BufferCell):
@@ -137,7 +141,7 @@ class TrainingState(_BufferCell):
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
-        super().__init__(_check_buffer(buffer, optimizer, "TrainingState"))
+        super().__init__(_check_buffer(buffer, optimizer, "TrainingState"), scratch=False)
         self.network = check_isinstance(network, "network", nn.Cell, "TrainingState")
         self.optimizer = optimizer
 
@@ -194,8 +198,8 @@ class TrainForwardBackward(_MicroBatchCell):
                              "weight_by_samples", weight_by_samples)
 
     def construct(self, *inputs):
-        out, step = self.micro_batch(inputs)
-        return ops.depend(out, step)
+        out, step, stats = self.micro_batch(inputs)
+        return self.buffer.statistics.output(ops.depend(out, step), stats)
 
 
 @ms.jit_class
@@ -371,9 +375,9 @@ class TrainAccumulationCell(_MicroBatchCell):
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):
-        out, step = self.micro_batch(inputs)
+        out, step, stats = self.micro_batch(inputs)
         if step >= self.accumulate_step:
             # The window's only communication in data parallel: micro-steps before it stay local.
             self.buffer.close(self.optimizer, self.clip_norm)
-        return out
+        return self.buffer.statistics.output(out, stats)
 

@@ -22,6 +22,7 @@ from .parallel import check_same_on_all_ranks, data_parallel_info, gather_ints
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule, ScheduleLike
+from .statistics import NoiseScale
 from .runtime import check_cpu_kernels
 from .window import TrainWindowCell
 
@@ -47,6 +48,9 @@ class StepRecord:
     loss_scale: float = 1.0
     accumulate_steps: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
     samples_consumed: int = 0  # global samples read when the window closed (`ms_accum.schedule`)
+    grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
+    micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
+    noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
 
 
 class NonFiniteError(FloatingPointError):
@@ -91,15 +95,16 @@ class ThreeGraphsRunner:
         self.skipped_windows = buffer.guard.skipped_windows
         self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
 
-    def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[int], bool]:
+    def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[float], List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
 
-        Returns `(their outputs, their sample counts, whether the optimizer was applied)`.
+        Returns `(their outputs, their squared gradient norms, their sample counts, whether the optimizer was
+        applied)`.
         """
         samples = []
         outputs, applied = self.run(_noting_sizes(window, samples), size)
         self.skipped += int(not applied)
-        return outputs, samples, applied
+        return [out for out, _ in outputs], [_value(stat) for _, stat in outputs], samples, applied
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         """The outputs of the `size` micro-batches of `window`, and whether the window was applied."""
@@ -139,7 +144,8 @@ class WindowRunner(FusedRunner):
         if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphsRunner.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
-        return self._closed_in_graph(self.reduction.unstack(self.cell(*stacked)))
+        out, norms = self.cell(*stacked)
+        return self._closed_in_graph(list(zip(self.reduction.unstack(out), norms.asnumpy())))
 
 
 class GradientAccumulation:
@@ -184,6 +190,9 @@ class GradientAccumulation:
             Gradients are unchanged. Default: ``None``.
         buffer_dtype (mindspore.dtype, optional): The accumulation buffer's dtype. Default: ``None``, float32 for
             float16 and bfloat16 parameters, else theirs.
+        noise_scale (bool): Estimate the gradient noise scale B_simple from the micro-batches' and the windows'
+            gradient norms (`ms_accum.statistics.NoiseScale`), in `StepRecord.noise_scale`. Every `StepRecord`
+            carries the window's gradient norm and its micro-batches' anyway. Default: ``False``.
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
@@ -208,7 +217,7 @@ class GradientAccumulation:
                  clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "auto",
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
-                 buffer_dtype=None) -> None:
+                 buffer_dtype=None, noise_scale: bool = False) -> None:
         name = "GradientAccumulation"
         check_cpu_kernels(name)
         self._network = check_isinstance(network, "network", nn.Cell, name)
@@ -221,6 +230,10 @@ class GradientAccumulation:
         check_buffer_dtype(buffer_dtype, "buffer_dtype", name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
+        if check_isinstance(noise_scale, "noise_scale", bool, name) and reduction == "sum":
+            raise ValueError(f"For '{name}', the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
+                             f"'weighted_mean'), but got reduction 'sum'.")
+        self.noise_scale = NoiseScale() if noise_scale else None  # the estimator, `ms_accum.statistics`
         self._parallel = data_parallel_info(name)  # None when stand-alone
         self._writes = self._parallel is None or self._parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
@@ -228,7 +241,7 @@ class GradientAccumulation:
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                         reduction=reduction, dtype=buffer_dtype)
+                                         reduction=reduction, dtype=buffer_dtype, statistics=True)
         self._clear = TrainClear(self.buffer).set_train()
         self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
                         _CheckWindow(self.buffer, clip_norm).set_train(),
@@ -368,6 +381,10 @@ class GradientAccumulation:
                                   self._writes, schedule)
         self._clear()  # start from an empty window whatever happened before
         position, resumed_from = states.resume(resume, epoch)
+        if self.noise_scale is not None:  # a run's own estimate, continued by its resumed runs
+            self.noise_scale = NoiseScale()
+            self.noise_scale.load(states.resumed)
+            states.extra = self.noise_scale.state
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         runners: dict = {}  # K -> its runner, built when a window of K first opens
@@ -392,11 +409,11 @@ class GradientAccumulation:
             states.window_opened(opened_at, k)
             if self._samples_lr is not None:
                 self._samples_lr.update(opened_at)
-            losses, samples, applied = runner.train_window(window, size)
+            losses, norms, samples, applied = runner.train_window(window, size)
             skipped = runner.skipped
             position.step += 1
-            self._record(result, position, losses, samples, applied, log_every, verbose and self._writes, on_step,
-                         k, _consumed(position, num_batches, per_batch))
+            self._record(result, position, losses, norms, samples, applied, log_every, verbose and self._writes,
+                         on_step, k, _samples_read(position.epoch, position.batch, num_batches, per_batch))
             states.window_closed(position)
         if ckpt_dir is not None and self._writes:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": schedule.fixed or 0,
@@ -448,30 +465,42 @@ class GradientAccumulation:
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'", name)
         if num_batches <= 0:
             raise ValueError(f"For '{name}', the argument 'train_dataset' must not be empty, but it has no batches.")
+        if self.noise_scale is not None and self._parallel is None and schedule.fixed == 1:
+            raise ValueError(f"For '{name}', the argument 'mini_steps' must be at least 2 with noise_scale=True on one "
+                             f"rank: the noise scale compares the micro-batch's gradient with the window's, and with "
+                             f"mini_steps=1 they are one batch size, but got 1.")
         if schedule.fixed is not None and schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[partial_window]
             warnings.warn(f"For '{name}', 'mini_steps' ({schedule.fixed}) is larger than an epoch's {num_batches} "
                           f"batches: every window is partial and is {done} at the end of the epoch.", stacklevel=3)
         return num_batches
 
-    def _record(self, result: TrainResult, position: Position, losses: list, samples: list, applied: bool,
-                log_every: int, verbose: bool, on_step, k: int, consumed: int) -> None:
+    def _record(self, result: TrainResult, position: Position, losses: list, norms: list, samples: list,
+                applied: bool, log_every: int, verbose: bool, on_step, k: int, consumed: int) -> None:
         # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
         pairs = self.buffer.reduction.loss_weights(losses, samples)
-        values, weights = (np.asarray([x.asnumpy() if isinstance(x, Tensor) else x for x in column], np.float64)
-                           for column in zip(*pairs))
-        finite = np.isfinite(values)  # a left-out micro-batch's loss would make the window's nan
-        # The window's loss over all ranks: each rank's weighted sum and weight, summed by the buffer's reducer (one
-        # small all-reduce in data parallel, the values themselves stand-alone).
-        local = [(values[finite] * weights[finite]).sum(), weights[finite].sum(), sum(samples)]
-        total, weight, all_samples = self.buffer.reducer.total(Tensor(np.asarray(local, np.float32))).asnumpy()
+        values, weights = (np.asarray([_value(x) for x in column], np.float64) for column in zip(*pairs))
+        norms = np.asarray(norms, np.float64)
+        finite = np.isfinite(values) & np.isfinite(norms)  # a left-out micro-batch would make the window's nan
+        # The window's figures over all ranks, summed by the buffer's reducer (one small all-reduce in data parallel,
+        # the values themselves stand-alone): the loss's weighted sum and weight, the samples, and for the noise
+        # scale the micro-batches' squared norms, their count and their weights' reciprocals.
+        local = [(values[finite] * weights[finite]).sum(), weights[finite].sum(), sum(samples), norms[finite].sum(),
+                 finite.sum(), (1.0 / weights[finite]).sum()]
+        total, weight, all_samples, norm_sum, micro, reciprocals = self.buffer.reducer.total(
+            Tensor(np.asarray(local, np.float32))).asnumpy().astype(np.float64)
         loss = float(total / weight) if weight > 0 else np.nan
+        window_sq_norm = float(self.buffer.statistics.window_sq_norm.asnumpy())
         guard = self.buffer.guard
         result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
         epoch, step = position.epoch, position.step
+        noise = None
+        if self.noise_scale is not None and applied and micro > 0 and micro / reciprocals < weight:
+            noise = self.noise_scale.update(norm_sum / micro, micro / reciprocals, window_sq_norm, weight)
         record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
-                            float(guard.loss_scale.asnumpy()), k, consumed)
+                            float(guard.loss_scale.asnumpy()), k, consumed, float(np.sqrt(window_sq_norm)),
+                            [float(n) for n in np.sqrt(norms)], noise)
         result.steps.append(record)
         if not applied:
             what = (f"epoch {epoch} step {step}: the window's gradient or loss is not finite, so it was skipped "
@@ -510,16 +539,17 @@ def _epoch_windows(epoch: int, start: int, num_batches: int, schedule: Accumulat
     """`(K, size, samples consumed when it opens)` of the windows of `epoch` from its batch `start` on; the last may be
     partial (size < K)."""
     while start < num_batches:
-        opened_at = ((epoch - 1) * num_batches + start) * per_batch
+        opened_at = _samples_read(epoch, start, num_batches, per_batch)
         k = schedule(opened_at)
         size = min(k, num_batches - start)
         yield k, size, opened_at
         start += size
 
 
-def _consumed(position: Position, num_batches: int, per_batch: int) -> int:
-    """Global samples read up to `position` (`ms_accum.schedule`: every batch counts as `per_batch`)."""
-    return ((position.epoch - 1) * num_batches + position.batch) * per_batch
+def _samples_read(epoch: int, batch: int, num_batches: int, per_batch: int) -> int:
+    """Global samples consumed once `batch` batches of `epoch` are read (`ms_accum.schedule`: every batch of every
+    rank counts, `per_batch` samples over all ranks)."""
+    return ((epoch - 1) * num_batches + batch) * per_batch
 
 
 def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
@@ -543,6 +573,11 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
             yield k, size, itertools.islice(batches, size), opened_at
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
+
+
+def _value(x) -> float:
+    """A graph output (a Tensor) or a host number, as a float."""
+    return float(x.asnumpy()) if isinstance(x, Tensor) else float(x)
 
 
 def _checking_first(window: MicroBatches, check: Callable[[Sequence[Tensor]], None]) -> MicroBatches:

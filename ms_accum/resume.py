@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
@@ -63,6 +63,8 @@ class StateCheckpoints:
         self.schedule = schedule
         # Where K changed so far, [(samples consumed, global batch)]: what a callable schedule is known by on resume.
         self.history: List[Tuple[int, int]] = []
+        self.extra: Callable[[], Dict[str, MetaValue]] = dict  # more of the run's state, saved with every file
+        self.resumed: Dict[str, MetaValue] = {}  # the metadata of the file resumed from
         # The run's settings win over the caller's metadata: resuming checks them.
         self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
         self.save_every = save_every if writes else None
@@ -110,6 +112,7 @@ class StateCheckpoints:
         params = {_BUFFER_PREFIX + name[len(_OLD_BUFFER_PREFIX):] if name.startswith(_OLD_BUFFER_PREFIX) else name:
                   value for name, value in contents[0].items()}
         load_into(self.state, path, strict=True, contents=(params, meta))
+        self.resumed = meta
         position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
         position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
         return position, path
@@ -143,7 +146,7 @@ class StateCheckpoints:
             return
         self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
                   {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),
-                   "batch_history": ",".join(f"{s}:{b}" for s, b in self.history)})
+                   "batch_history": ",".join(f"{s}:{b}" for s, b in self.history), **self.extra()})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
 

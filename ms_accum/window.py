@@ -64,16 +64,18 @@ class TrainWindowCell(TrainAccumulationCell):
     def construct(self, *inputs):
         losses = ops.zeros((self.accumulate_step,), ms.float32)
         weights = ops.zeros((self.accumulate_step,), ms.float32)
+        norms = ops.zeros((self.accumulate_step,), ms.float32)
         i = ops.zeros((), ms.int32)
         # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
         while i < self.accumulate_step:
             micro = tuple([x[i] for x in inputs])
-            out, step = self.micro_batch(micro)
+            out, step, stats = self.micro_batch(micro)
             loss, weight = self.buffer.reduction.split(out, micro[0])
             at = ops.reshape(i, (1, 1))
             losses = ops.tensor_scatter_update(losses, at, ops.reshape(ops.cast(ops.depend(loss, step), ms.float32),
                                                                        (1,)))
             weights = ops.tensor_scatter_update(weights, at, ops.reshape(ops.cast(weight, ms.float32), (1,)))
+            norms = self.buffer.statistics.collect(norms, at, stats)
             i = i + 1
         self.buffer.close(self.optimizer, self.clip_norm)
-        return self.buffer.reduction.window_output(losses, weights)
+        return self.buffer.statistics.output(self.buffer.reduction.window_output(losses, weights), norms)

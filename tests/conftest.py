@@ -75,3 +75,37 @@ def mnist_dir():
 
 requires_mnist = pytest.mark.skipif(mnist_dir() is None,
                                     reason="real MNIST not found (set MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
+
+
+# A module of factories (`ms_accum.factory`) that tests write beside them as users_model.py: a good one and bad ones.
+FACTORY = """
+import numpy as np
+from mindspore import nn
+
+
+def build():
+    net = nn.SequentialCell([nn.Dense(6, 16), nn.ReLU(), nn.Dense(16, 3)])
+
+    def sample(n):
+        rng = np.random.default_rng(n)
+        return rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
+    return net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params()), sample
+
+
+def two_things():
+    return nn.Dense(2, 2), None
+
+
+def no_optimizer():
+    net, loss, _, sample = build()
+    return net, loss, "sgd", sample
+
+
+def broken():
+    raise RuntimeError("no weights here")
+
+
+def wrong_shapes():
+    net, loss, opt, _ = build()
+    return net, loss, opt, lambda n: (np.zeros((n, 5), np.float32), np.zeros(n, np.int32))
+"""

@@ -13,7 +13,7 @@ from ms_accum import cli
 from ms_accum.checkpoint import load_checkpoint, save_checkpoint
 from ms_accum.data import make_synthetic_mnist
 from ms_accum.models import LeNet5, MLP
-from conftest import mnist_dir, requires_mnist
+from conftest import FACTORY, mnist_dir, requires_mnist
 
 # 128 optimizer steps of 2 x 32 images: enough for LeNet5 to pass 90% on the real test set (measured 92.6%).
 SHORT_RUN = ["--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--lr", "0.05",
@@ -112,32 +112,6 @@ def test_train_with_an_accumulate_schedule(tmp_path, synthetic, capsys):
         capsys.readouterr().err
 
 
-FACTORY = """
-import numpy as np
-from mindspore import nn
-
-
-def build():
-    net = nn.SequentialCell([nn.Dense(6, 16), nn.ReLU(), nn.Dense(16, 3)])
-
-    def sample(n):
-        rng = np.random.default_rng(n)
-        return rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
-    return net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params()), sample
-
-
-def two_things():
-    return nn.Dense(2, 2), None
-
-
-def no_optimizer():
-    net, loss, _, sample = build()
-    return net, loss, "sgd", sample
-
-
-def broken():
-    raise RuntimeError("no weights here")
-"""
 
 
 def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, capsys):

@@ -14,6 +14,7 @@ from mindspore import nn
 
 from ms_accum import GradientAccumulation, Plan, cli, plan
 from ms_accum.planner import MIB, Trial, _search, _Trials, parse_size
+from conftest import FACTORY
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_WITH_PLAN = REPO / "tests" / "plan_scripts" / "train_with_plan.py"
@@ -73,32 +74,10 @@ def test_search_does_not_try_a_size_predicted_far_above_the_budget():
     assert calls == [1, 2]  # 4096 samples would need ~400 MB x 1000: predicted far above, not tried
 
 
-FACTORIES = """
-import numpy as np
-from mindspore import nn
-
-
-def dense():
-    net = nn.SequentialCell([nn.Dense(6, 16), nn.ReLU(), nn.Dense(16, 3)])
-
-    def sample(n):
-        rng = np.random.default_rng(n)
-        return rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
-    return net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params()), sample
-
-
-def wrong_shapes():
-    net, loss, opt, _ = dense()
-    return net, loss, opt, lambda n: (np.zeros((n, 5), np.float32), np.zeros(n, np.int32))
-
-
-def two_things():
-    return nn.Dense(2, 2), None
-"""
 
 
 def test_bad_inputs_are_refused_before_any_trial(tmp_path, monkeypatch):
-    (tmp_path / "users_model.py").write_text(FACTORIES)
+    (tmp_path / "users_model.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
 
     def no_trial(*args):
@@ -117,7 +96,7 @@ def test_bad_inputs_are_refused_before_any_trial(tmp_path, monkeypatch):
                                                             "'nowhere_at_all:build' cannot be imported"),
             ({"model": "users_model:wrong_shapes"}, ValueError, "the network and loss of 'users_model:wrong_shapes' "
                                                                 "do not take the batches its sample(2) returns")]:
-        arguments = {"model": "users_model:dense", "global_batch": 16, "memory": "1GiB", **kwargs}
+        arguments = {"model": "users_model:build", "global_batch": 16, "memory": "1GiB", **kwargs}
         with pytest.raises(error) as raised:
             plan(arguments.pop("model"), arguments.pop("global_batch"), **arguments)
         assert str(raised.value).startswith("For 'plan', ") and message in str(raised.value), raised.value
@@ -209,3 +188,7 @@ def test_cli_plans_lenet5_and_trains_with_the_plan(tmp_path, capsys):
     assert f"contradicts the plan {path}, which says {printed['batch_size']}." in capsys.readouterr().err
     assert cli.main(argv + ["--model", "mlp"]) == 1
     assert "is for the model 'lenet5', but --model is 'mlp'." in capsys.readouterr().err
+    two_ranks = Plan.load(path)
+    two_ranks.ranks = 2
+    assert cli.main(argv[:2] + [two_ranks.save(str(tmp_path / "two.json"))] + argv[3:]) == 1
+    assert "is for 2 rank(s), but this run has 1: plan again with --ranks 1." in capsys.readouterr().err

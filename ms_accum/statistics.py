@@ -1,0 +1,140 @@
+"""What is in the window: each micro-batch's gradient norm, measured in the graph, and the gradient noise scale.
+
+Accumulation sees each micro-batch's gradient on its own before summing it. With statistics on (the executor's
+buffers), every micro-batch's graph also returns the squared norm of the micro-batch's own mean gradient, unscaled and
+unweighted (the buffer receives it times the backward pass's sensitivity, weight x loss scale, which is divided out),
+and the window's check writes the squared norm of the window's mean gradient before clipping. A norm, not a copy: no
+buffer is added. With statistics off (the default of `AccumulationBuffer`) nothing is computed and every Cell's output
+is as before.
+
+`NoiseScale` turns both into McCandlish et al.'s simple noise scale B_simple = tr(Σ) / |G|² (README, "Statistics").
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, ops
+
+from . import _ops
+
+
+@ms.jit_class
+class NoStatistics:
+    """Statistics off: nothing is computed, the Cells' outputs are unchanged."""
+
+    def micro_batch(self, grads, sens):
+        """What a micro-batch's graph measures of its gradients `grads` (which carry `sens`): nothing."""
+        return None
+
+    def output(self, out, stats):
+        """The Cell's output: the network's output alone."""
+        return out
+
+    def collect(self, collected, at, stats):
+        """`TrainWindowCell`'s running record of its micro-batches' statistics: nothing."""
+        return collected
+
+    def window(self, grads):
+        """Notes the window's mean gradient before clipping: nothing."""
+        return grads
+
+    def parameters(self) -> list:
+        return []
+
+
+@ms.jit_class
+class Statistics(NoStatistics):
+    """Statistics on: a micro-batch's squared gradient norm is returned with its output, the window's is written to
+    `window_sq_norm` (read by the host after the window's check).
+
+    Args:
+        prefix (str): Name prefix of the Parameter. Default: ``"accumulate"``.
+    """
+
+    def __init__(self, prefix: str = "accumulate") -> None:
+        self.window_sq_norm = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_sq_norm",
+                                        requires_grad=False)
+
+    def micro_batch(self, grads, sens):
+        sens = ops.cast(sens, ms.float32)
+        return _ops.squared_norm(grads) / (sens * sens)
+
+    def output(self, out, stats):
+        return out, stats
+
+    def collect(self, collected, at, stats):
+        return ops.tensor_scatter_update(collected, at, ops.reshape(stats, (1,)))
+
+    def window(self, grads):
+        return ops.depend(grads, ops.assign(self.window_sq_norm, _ops.squared_norm(grads)))
+
+    def parameters(self) -> list:
+        """Scratch, not training state: rewritten by every window, never saved."""
+        return [self.window_sq_norm]
+
+
+class NoiseScale:
+    r"""
+    The gradient noise scale of McCandlish et al. (2018), B_simple = tr(Σ) / |G|², from the norms accumulation measures
+    for free: the micro-batches' (batch B_small) and the window's (B_big).
+
+    Per window, with :math:`|G_{small}|^2` the mean of the micro-batches' squared norms and :math:`|G_{big}|^2` the
+    window's,
+
+    .. math::
+        |G|^2 \approx \frac{B_{big}|G_{big}|^2 - B_{small}|G_{small}|^2}{B_{big} - B_{small}}, \qquad
+        tr(\Sigma) \approx \frac{|G_{small}|^2 - |G_{big}|^2}{1/B_{small} - 1/B_{big}},
+
+    each smoothed by a bias-corrected exponential moving average (β = 0.99, as gpt-neox), and the scale is their
+    ratio. B_small is the harmonic mean of the micro-batches' weights (samples, or tokens under ``"weighted_mean"``):
+    :math:`E|g_b|^2 = |G|^2 + tr(\Sigma)/b`, so the mean of norms at unequal sizes is that at their harmonic mean.
+    B_big is the window's total weight over all ranks.
+
+    Args:
+        beta (float): The moving averages' decay. Default: ``0.99``.
+
+    Attributes:
+        windows (int): Windows taken into the averages.
+        value (float, optional): The current estimate, None before the first window.
+    """
+
+    def __init__(self, beta: float = 0.99) -> None:
+        self.beta = beta
+        self.windows = 0
+        self.g2 = 0.0  # the moving averages, not yet bias-corrected
+        self.trace = 0.0
+
+    def update(self, micro_sq_norm_mean: float, b_small: float, window_sq_norm: float, b_big: float) -> Optional[float]:
+        """Takes one window: the mean of its micro-batches' squared norms at `b_small`, its own at `b_big`; returns the
+        estimate (None while |G|² is not positive)."""
+        g2 = (b_big * window_sq_norm - b_small * micro_sq_norm_mean) / (b_big - b_small)
+        trace = (micro_sq_norm_mean - window_sq_norm) / (1.0 / b_small - 1.0 / b_big)
+        self.windows += 1
+        self.g2 = self.beta * self.g2 + (1.0 - self.beta) * g2
+        self.trace = self.beta * self.trace + (1.0 - self.beta) * trace
+        return self.value
+
+    @property
+    def value(self) -> Optional[float]:
+        if self.windows == 0:
+            return None
+        correction = 1.0 - self.beta ** self.windows  # the same for both averages: it cancels in the ratio
+        g2, trace = self.g2 / correction, self.trace / correction
+        return trace / g2 if g2 > 0 and math.isfinite(g2) else None
+
+    def state(self) -> dict:
+        """What a training state saves, to resume the averages exactly."""
+        return {"noise_windows": self.windows, "noise_g2": self.g2, "noise_trace": self.trace}
+
+    def load(self, state: dict) -> None:
+        """Restores what `state` saved (keys missing: a fresh start)."""
+        self.windows = int(state.get("noise_windows", 0))
+        self.g2 = float(state.get("noise_g2", 0.0))
+        self.trace = float(state.get("noise_trace", 0.0))
+
+
+def harmonic_mean(weights: Sequence[float]) -> float:
+    """The harmonic mean of positive `weights` (the B_small of micro-batches of unequal sizes)."""
+    return len(weights) / sum(1.0 / w for w in weights)

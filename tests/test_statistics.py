@@ -1,0 +1,150 @@
+"""What is in the window: each micro-batch's gradient norm and the window's, measured in the graph; the gradient noise
+scale against the exact answer."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import Tensor, amp, nn
+
+from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward
+from ms_accum.statistics import NoiseScale, harmonic_mean
+
+D = 256  # the noise-scale problem's dimension
+
+
+def mlp():
+    ms.set_seed(0)
+    return nn.SequentialCell([nn.Dense(6, 8), nn.Tanh(), nn.Dense(8, 3)])
+
+
+def numpy_grads(net, loss, x, y):
+    """The gradient of `loss` (a mean) on (x, y) with respect to `net`'s parameters, flattened, from a plain
+    value_and_grad in PyNative (no accumulation involved)."""
+    def forward(a, b):
+        return loss(net(a), b)
+
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        _, grads = ms.value_and_grad(forward, None, net.trainable_params())(Tensor(x), Tensor(y))
+    finally:
+        ms.set_context(mode=mode)
+    return np.concatenate([g.asnumpy().ravel() for g in grads]).astype(np.float64)
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(structure):
+    # SGD with lr 0 keeps the parameters, so every window's gradients can be recomputed from the data; a loss scaler
+    # and clipping must change none of the norms (unscaled, before clipping).
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((24, 6)).astype(np.float32), rng.integers(0, 3, 24).astype(np.int32)
+    net, loss = mlp(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), clip_norm=1e-3,
+                                 structure=structure, loss_scaler=amp.StaticLossScaler(1024.0))
+    result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4), 3,
+                                 ckpt_dir=None, verbose=False)
+    for w, record in enumerate(result.steps):
+        micro = [numpy_grads(net, loss, x[i:i + 4], y[i:i + 4]) for i in range(12 * w, 12 * w + 12, 4)]
+        np.testing.assert_allclose(record.micro_batch_grad_norms, [np.linalg.norm(g) for g in micro], rtol=1e-5)
+        window = numpy_grads(net, loss, x[12 * w:12 * w + 12], y[12 * w:12 * w + 12])
+        np.testing.assert_allclose(record.grad_norm, np.linalg.norm(window), rtol=1e-5)
+        assert record.noise_scale is None  # not asked for
+
+
+def test_token_weighted_norms_are_of_each_micro_batchs_mean_over_its_tokens():
+    # Micro-batches of 1 and 5 real tokens: the micro-batch norm is of its own token mean's gradient, the window's of
+    # the mean over all its tokens.
+    ms.set_seed(0)
+    vocab = 7
+
+    class Tagger(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 5)
+            self.head = nn.Dense(5, vocab)
+
+        def construct(self, tokens):
+            return self.head(self.embed(tokens))
+
+    net, loss = Tagger(), TokenCrossEntropy()
+    tokens = np.array([[1, 2, 3, 4, 5, 6], [2, 3, 0, 0, 0, 0]], np.int32)
+    targets = np.array([[2, 3, 4, 5, 6, -100], [3, -100, -100, -100, -100, -100]], np.int32)
+    model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), reduction="weighted_mean")
+    result = model.train_process(1, ds.NumpySlicesDataset({"x": tokens, "y": targets}, shuffle=False).batch(1), 2,
+                                 ckpt_dir=None, verbose=False)
+
+    def mean_loss(out, t):  # the mean over real tokens
+        return loss(out, t)[0]
+
+    micro = [numpy_grads(net, mean_loss, tokens[i:i + 1], targets[i:i + 1]) for i in range(2)]
+    np.testing.assert_allclose(result.steps[0].micro_batch_grad_norms, [np.linalg.norm(g) for g in micro],
+                               rtol=1e-5)
+    window = numpy_grads(net, mean_loss, tokens, targets)  # the mean over the 6 real tokens
+    np.testing.assert_allclose(result.steps[0].grad_norm, np.linalg.norm(window), rtol=1e-5)
+
+
+def test_the_cells_return_the_norm_only_when_the_buffer_measures():
+    net = nn.WithLossCell(mlp(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    opt = nn.SGD(net.trainable_params(), 0.0)
+    x, y = Tensor(np.ones((4, 6), np.float32)), Tensor(np.zeros(4, np.int32))
+    plain = TrainForwardBackward(net, opt, AccumulationBuffer(opt.parameters))
+    assert plain(x, y).shape == ()
+    measured = TrainForwardBackward(net, opt, AccumulationBuffer(opt.parameters, statistics=True))
+    loss, sq_norm = measured(x, y)
+    assert loss.shape == () and float(sq_norm.asnumpy()) > 0
+    with pytest.raises(TypeError, match="the argument 'statistics' must be bool"):
+        AccumulationBuffer(opt.parameters, statistics=1)
+
+
+def regression_problem(n, noise_scale, seed=0):
+    """A linear regression whose per-sample gradients at the network's weights are 2 x (residuals of 1) with x = mu +
+    a random sign in each of D coordinates: tr(Σ) / |G|² is `noise_scale`, with little kurtosis, so the estimator's
+    spread over windows is small (README, "Statistics")."""
+    ms.set_seed(seed)
+    net = nn.Dense(D, 1, has_bias=False)
+    rng = np.random.default_rng(seed)
+    x = np.sqrt(1.0 / noise_scale) + rng.choice([-1.0, 1.0], (n, D))
+    y = x @ net.weight.asnumpy()[0].astype(np.float64) - 1.0
+    grads = 2 * (x @ net.weight.asnumpy()[0].astype(np.float64) - y)[:, None] * x  # per sample: MSE's gradient
+    mean = grads.mean(0)
+    exact = ((grads - mean) ** 2).sum(1).mean() / (mean @ mean)
+    return net, x.astype(np.float32), y[:, None].astype(np.float32), exact
+
+
+@pytest.mark.parametrize("k, batch", [(2, 4), (2, 16), (8, 4), (8, 16)])
+def test_noise_scale_matches_the_data_sets_exact_value(k, batch):
+    # Learning rate 0 holds the parameters, so the data set's tr(Σ)/|G|² is the exact answer the estimate must reach:
+    # within 10% after the windows of 40000 samples (the moving averages forget with β = 0.99).
+    net, x, y, exact = regression_problem(40000, 12.0)
+    ds.config.set_seed(1)
+    model = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=True)
+    result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True).batch(batch), k,
+                                 ckpt_dir=None, verbose=False)
+    assert abs(result.steps[-1].noise_scale / exact - 1) < 0.10, (result.steps[-1].noise_scale, exact)
+
+
+def test_noise_scale_needs_two_batch_sizes_and_a_mean():
+    net, x, y, _ = regression_problem(64, 12.0)
+    model = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=True)
+    with pytest.raises(ValueError, match="the argument 'mini_steps' must be at least 2 with noise_scale=True on one "
+                                         "rank"):
+        model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}).batch(4), 1, ckpt_dir=None)
+    with pytest.raises(ValueError, match="'noise_scale' needs the window's mean .* but got reduction 'sum'"):
+        GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), reduction="sum",
+                             noise_scale=True)
+    with pytest.raises(TypeError, match="the argument 'noise_scale' must be bool"):
+        GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=1)
+
+
+def test_noise_scale_estimator_by_hand():
+    # |G|² = 4 and tr(Σ) = 32 give E|g_b|² = 4 + 32 / b: the estimator recovers 8 from exact expectations, and the
+    # harmonic mean is the batch size at which unequal micro-batches' mean norm is expected.
+    estimator = NoiseScale()
+    for _ in range(3):
+        value = estimator.update(4 + 32 / 4, 4, 4 + 32 / 16, 16)
+    assert value == pytest.approx(8.0) and estimator.windows == 3
+    assert harmonic_mean([2, 6]) == pytest.approx(3.0)
+    restored = NoiseScale()
+    restored.load(estimator.state())
+    assert restored.value == estimator.value
