@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--structure", choices=("auto", "window", "fused", "three_graphs"), default="auto",
                        help="how micro-batches run (default auto: three_graphs, the least memory; window and "
                             "fused are faster and keep more activations alive)")
+    train.add_argument("--noise-scale", action="store_true",
+                       help="estimate the gradient noise scale (the critical batch size) from the micro-batches' and "
+                            "the windows' gradient norms; shown per step, in --json and in the loss plot")
     train.add_argument("--policy", choices=("skip_window", "skip_microbatch"), default="skip_window",
                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")
@@ -236,8 +239,10 @@ def _progress(total: int, desc: str, quiet: bool):
                 dynamic_ncols=True)
 
 
-def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List[int]] = None) -> str:
-    """Writes the per-step loss curve as a PNG; with `ks`, each step's K, a dashed line marks where K changed."""
+def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List[int]] = None,
+                   noise: Optional[List[Optional[float]]] = None) -> str:
+    """Writes the per-step loss curve as a PNG; with `ks`, each step's K, a dashed line marks where K changed; with
+    `noise`, each step's noise scale estimate is drawn on a second axis."""
     import matplotlib
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
@@ -250,6 +255,12 @@ def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List
                         xytext=(2, -10), textcoords="offset points")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("window loss")
+    if noise is not None:
+        steps = [step for step, value in enumerate(noise, 1) if value is not None and value > 0]
+        right = ax.twinx()
+        right.plot(steps, [noise[step - 1] for step in steps], color="tab:orange", linewidth=1)
+        right.set_ylabel("gradient noise scale (samples)", color="tab:orange")
+        right.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -325,7 +336,8 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
                             args.partial_window)
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
                                     policy=args.policy, loss_scaler=_loss_scaler(args),
-                                    stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute)
+                                    stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute,
+                                    noise_scale=args.noise_scale)
     label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if synthetic else "")
     if parallel is not None:
@@ -337,7 +349,9 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     with _progress(windows, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):
             bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
-            bar.set_postfix(epoch=record.epoch, K=record.accumulate_steps, loss=f"{record.loss:.4f}", refresh=False)
+            noise = {} if record.noise_scale is None else {"noise_scale": f"{record.noise_scale:.0f}"}
+            bar.set_postfix(epoch=record.epoch, K=record.accumulate_steps, loss=f"{record.loss:.4f}", **noise,
+                            refresh=False)
         result = executor.train_process(args.epochs, dataset, mini_steps,
                                         partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
                                         verbose=False, on_step=on_step, metadata=metadata,
@@ -345,12 +359,15 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     if not main:
         return None
     plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label,
-                          [record.accumulate_steps for record in result.steps])
+                          [record.accumulate_steps for record in result.steps],
+                          [record.noise_scale for record in result.steps] if args.noise_scale else None)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
                "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
                "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
                "accumulate_steps": [record.accumulate_steps for record in result.steps],
+               "grad_norm": [record.grad_norm for record in result.steps],
+               "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
                "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""

@@ -94,13 +94,16 @@ def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, 
     assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
 
 
-def test_train_with_an_accumulate_schedule(tmp_path, synthetic, capsys):
+def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthetic, capsys):
     # 1024 images in micro-batches of 32: K=1 for 256 samples (8 steps), K=2 to 512 (4), K=4 to 1024 (4).
     argv = ["train", "--model", "mlp", "--batch-size", "32", "--data", synthetic, "--ckpt-dir", str(tmp_path),
             "--no-eval", "--quiet", "--json"]
-    assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2,512:4"]) == 0
+    assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2,512:4", "--noise-scale"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["accumulate_steps"] == [1] * 8 + [2] * 4 + [4] * 4 and summary["samples_consumed"] == 1024
+    # The noise scale needs two batch sizes: none while K=1, an estimate from the first window of 2 on.
+    assert summary["noise_scale"][:8] == [None] * 8 and all(v is not None for v in summary["noise_scale"][8:])
+    assert len(summary["grad_norm"]) == 16 and all(np.isfinite(summary["grad_norm"]))
     assert (tmp_path / "mlp_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _, meta = load_checkpoint(str(tmp_path / "mlp.ckpt"))
     assert meta["accumulate_steps"] == "0:1,256:2,512:4" and meta["global_batches"] == "0:32,256:64,512:128"

@@ -210,6 +210,16 @@ def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(
 
 
 @pytest.mark.distributed
+def test_noise_scale_under_data_parallel_matches_the_exact_value(dp_run):
+    # K=2 micro-batches of 4 on each of 2 ranks: B_small 4, B_big 16, the micro-batches' norms all-reduced.
+    _, reports = dp_run
+    estimates = [report["noise_scale"]["estimate"] for report in reports]
+    exact = reports[0]["noise_scale"]["exact"]
+    assert estimates[0] == estimates[1] and reports[0]["noise_scale"]["windows"] == 40000 // 16
+    assert abs(estimates[0] / exact - 1) < 0.10, (estimates, exact)
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(CASES))
 def test_ranks_equal_single_process_on_global_batch(dp_run, name):
     out, _ = dp_run

@@ -1,5 +1,8 @@
 """What is in the window: each micro-batch's gradient norm and the window's, measured in the graph; the gradient noise
 scale against the exact answer."""
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,8 @@ from mindspore import Tensor, amp, nn
 from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward
 from ms_accum.statistics import NoiseScale, harmonic_mean
 
-D = 256  # the noise-scale problem's dimension
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts"))
+from dp_cases import regression_problem  # noqa: E402  (shared with the msrun workers)
 
 
 def mlp():
@@ -95,21 +99,6 @@ def test_the_cells_return_the_norm_only_when_the_buffer_measures():
     assert loss.shape == () and float(sq_norm.asnumpy()) > 0
     with pytest.raises(TypeError, match="the argument 'statistics' must be bool"):
         AccumulationBuffer(opt.parameters, statistics=1)
-
-
-def regression_problem(n, noise_scale, seed=0):
-    """A linear regression whose per-sample gradients at the network's weights are 2 x (residuals of 1) with x = mu +
-    a random sign in each of D coordinates: tr(Σ) / |G|² is `noise_scale`, with little kurtosis, so the estimator's
-    spread over windows is small (README, "Statistics")."""
-    ms.set_seed(seed)
-    net = nn.Dense(D, 1, has_bias=False)
-    rng = np.random.default_rng(seed)
-    x = np.sqrt(1.0 / noise_scale) + rng.choice([-1.0, 1.0], (n, D))
-    y = x @ net.weight.asnumpy()[0].astype(np.float64) - 1.0
-    grads = 2 * (x @ net.weight.asnumpy()[0].astype(np.float64) - y)[:, None] * x  # per sample: MSE's gradient
-    mean = grads.mean(0)
-    exact = ((grads - mean) ** 2).sum(1).mean() / (mean @ mean)
-    return net, x.astype(np.float32), y[:, None].astype(np.float32), exact
 
 
 @pytest.mark.parametrize("k, batch", [(2, 4), (2, 16), (8, 4), (8, 16)])

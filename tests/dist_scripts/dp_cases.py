@@ -3,6 +3,7 @@
 Every case splits each global micro-batch between the ranks by `sizes` (rank r takes `sizes[r]` samples), so
 the single-process reference trains on exactly the concatenation of what the ranks saw.
 """
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
@@ -50,6 +51,9 @@ NODE_CASES = {
 # of 2 and 6 make 8 a step), against the same data trained as fixed-K segments, one after another.
 RAMP_CASE = dict(structure="fused", schedule={0: 1, 16: 2, 48: 4}, segments=[(0, 2, 1), (2, 6, 2), (6, 10, 4)],
                  micro=10, sizes=(2, 6), optimizer="momentum")
+# The gradient noise scale under data parallel (`dp_worker.noise_scale_run`): K=2 micro-batches of 4 on each rank.
+NOISE_CASE = dict(samples=40000, noise_scale=12.0, k=2, batch=4)
+NOISE_D = 256  # the noise-scale problem's dimension
 # The case whose all-reduce launches the workers count with MindSpore's profiler.
 PROFILED_CASE = "fused_unequal"
 
@@ -114,3 +118,16 @@ def params_of(net: nn.Cell) -> dict:
     return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
+def regression_problem(n, noise_scale, seed=0):
+    """A linear regression (network, x, y, the exact noise scale) whose per-sample gradients at the network's weights
+    are 2 x (residuals of 1), x = mu + a random sign in each of NOISE_D coordinates: tr(Σ) / |G|² is `noise_scale`,
+    with little kurtosis, so the estimator's spread over windows is small (README, "Statistics")."""
+    ms.set_seed(seed)
+    net = nn.Dense(NOISE_D, 1, has_bias=False)
+    rng = np.random.default_rng(seed)
+    x = np.sqrt(1.0 / noise_scale) + rng.choice([-1.0, 1.0], (n, NOISE_D))
+    y = x @ net.weight.asnumpy()[0].astype(np.float64) - 1.0
+    grads = 2 * (x @ net.weight.asnumpy()[0].astype(np.float64) - y)[:, None] * x  # per sample: MSE's gradient
+    mean = grads.mean(0)
+    exact = ((grads - mean) ** 2).sum(1).mean() / (mean @ mean)
+    return net, x.astype(np.float32), y[:, None].astype(np.float32), exact

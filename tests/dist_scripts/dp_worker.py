@@ -21,8 +21,9 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
 from ms_accum.parallel import init_data_parallel  # noqa: E402
-from dp_cases import (CASES, IN, NODE_CASES, OUT, PROFILED_CASE, RAMP_CASE, global_micro_batches,  # noqa: E402
-                      loss_fn, make_net, make_optimizer, params_of, rank_share)
+from dp_cases import (CASES, IN, NODE_CASES, NOISE_CASE, OUT, PROFILED_CASE, RAMP_CASE,  # noqa: E402
+                      global_micro_batches, loss_fn, make_net, make_optimizer, params_of, rank_share,
+                      regression_problem)
 
 
 def train_cell(case, shares):
@@ -106,6 +107,17 @@ def ramp_runs(out_dir, rank):
     return records["ramp"]
 
 
+def noise_scale_run(rank, ranks):
+    """`NOISE_CASE` on this rank's shard, parameters held (learning rate 0): the estimate, and the exact value."""
+    case = NOISE_CASE
+    net, x, y, exact = regression_problem(case["samples"], case["noise_scale"])
+    executor = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=True)
+    ds.config.set_seed(1)
+    dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True, num_shards=ranks, shard_id=rank)
+    result = executor.train_process(1, dataset.batch(case["batch"]), case["k"], ckpt_dir=None, verbose=False)
+    return {"estimate": result.steps[-1].noise_scale, "exact": exact, "windows": len(result.steps)}
+
+
 def mismatched_batches(rank):
     """Rank r gets 3 + r batches: the executor must refuse on every rank rather than hang; returns its message."""
     net = make_net()
@@ -164,6 +176,7 @@ def main():
     if not nodes:
         report["mismatch_error"] = mismatched_batches(info.rank)
         report["ramp_steps"] = ramp_runs(out_dir, info.rank)
+        report["noise_scale"] = noise_scale_run(info.rank, info.group_size)
     with open(os.path.join(out_dir, f"report_rank{info.rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
     print(f"rank {info.rank} done: {json.dumps(report)}", flush=True)
