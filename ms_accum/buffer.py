@@ -11,7 +11,7 @@ from . import _ops
 from ._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import sums_reducer
-from .statistics import NoStatistics, Statistics
+from .statistics import NoStatistics, OutlierFilter, Statistics, check_outliers
 
 HALF = (ms.float16, ms.bfloat16)
 
@@ -187,7 +187,11 @@ class AccumulationBuffer:
         dtype (mindspore.dtype, optional): The buffer's dtype. Default: ``None``, float32 for float16 and bfloat16
             parameters (their window is summed in float32 and cast back for the optimizer), else the parameter's.
         statistics (bool): Measure each micro-batch's and each window's gradient norm (`ms_accum.statistics`):
-            the Cells then return ``(output, squared norm)``. Default: ``False``.
+            the Cells then return ``(output, [squared norm, left out])``. Default: ``False``.
+        skip_outliers (float, optional): Leave out a micro-batch whose loss or gradient norm lies beyond this many
+            standard deviations of the running statistics (`ms_accum.statistics.OutlierFilter`; implies
+            `statistics`). Default: ``None``.
+        outlier_warmup (int): Micro-batches taken into the running statistics before any is judged. Default: ``0``.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
@@ -218,7 +222,7 @@ class AccumulationBuffer:
 
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None,
-                 statistics: bool = False) -> None:
+                 statistics: bool = False, skip_outliers: Optional[float] = None, outlier_warmup: int = 0) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple), "AccumulationBuffer")
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
@@ -236,11 +240,17 @@ class AccumulationBuffer:
         self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum])
         self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
         check_isinstance(statistics, "statistics", bool, "AccumulationBuffer")
-        self.statistics = Statistics(prefix) if statistics else NoStatistics()
+        check_outliers(skip_outliers, outlier_warmup, "AccumulationBuffer")
+        if skip_outliers is not None:
+            self.statistics = OutlierFilter(float(skip_outliers), outlier_warmup, self.guard.skipped_micro_batches,
+                                            prefix)
+        else:
+            self.statistics = Statistics(prefix) if statistics else NoStatistics()
 
     def parameters(self) -> list:
-        """All Parameters the buffer owns: the gradient buffers, the two counters, then the guard's."""
-        return [*self.grad_sum, self.mini_step, self.num_samples, *self.guard.parameters()]
+        """All Parameters of the window's state: the gradient buffers, the two counters, the guard's, then the running
+        statistics of an outlier filter."""
+        return [*self.grad_sum, self.mini_step, self.num_samples, *self.guard.parameters(), *self.statistics.state()]
 
     def __len__(self) -> int:
         return len(self.grad_sum)

@@ -106,7 +106,7 @@ class _MicroBatchCell(_BufferCell):
         loss, weight = self.buffer.reduction.split(out, inputs[0])
         scale = self.buffer.guard.scaling.sens(weight)
         grads = self.grad(self.network, self.weights)(*inputs, self.buffer.reduction.sens(out, scale))
-        stats = self.buffer.statistics.micro_batch(grads, scale)
+        loss, grads, weight, stats = self.buffer.statistics.micro_batch(loss, grads, weight, scale)
         return out, self.buffer.add(loss, grads, weight), stats
 
 

@@ -22,7 +22,7 @@ from .parallel import check_same_on_all_ranks, data_parallel_info, gather_ints
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule, ScheduleLike
-from .statistics import NoiseScale
+from .statistics import NoiseScale, check_outliers
 from .runtime import check_cpu_kernels
 from .window import TrainWindowCell
 
@@ -51,6 +51,7 @@ class StepRecord:
     grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
     micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
+    outliers: List[int] = field(default_factory=list)  # batch indices (in the epoch) left out as outliers
 
 
 class NonFiniteError(FloatingPointError):
@@ -66,7 +67,8 @@ class TrainResult:
     checkpoint: Optional[str] = None
     resumed_from: Optional[str] = None
     skipped_windows: int = 0  # not finite, so not applied (over the whole training, resumed runs included)
-    skipped_micro_batches: int = 0  # left out by policy "skip_microbatch"
+    skipped_micro_batches: int = 0  # left out: not finite (policy "skip_microbatch") or outliers (skip_outliers)
+    outliers: List[Tuple[int, int]] = field(default_factory=list)  # (epoch, batch index in it) of each outlier left out
 
     @property
     def losses(self) -> List[float]:
@@ -98,13 +100,13 @@ class ThreeGraphsRunner:
     def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[float], List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
 
-        Returns `(their outputs, their squared gradient norms, their sample counts, whether the optimizer was
-        applied)`.
+        Returns `(their outputs, their statistics (squared gradient norm, left out), their sample counts, whether the
+        optimizer was applied)`.
         """
         samples = []
         outputs, applied = self.run(_noting_sizes(window, samples), size)
         self.skipped += int(not applied)
-        return [out for out, _ in outputs], [_value(stat) for _, stat in outputs], samples, applied
+        return [out for out, _ in outputs], [_values(stat) for _, stat in outputs], samples, applied
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         """The outputs of the `size` micro-batches of `window`, and whether the window was applied."""
@@ -193,6 +195,12 @@ class GradientAccumulation:
         noise_scale (bool): Estimate the gradient noise scale B_simple from the micro-batches' and the windows'
             gradient norms (`ms_accum.statistics.NoiseScale`), in `StepRecord.noise_scale`. Every `StepRecord`
             carries the window's gradient norm and its micro-batches' anyway. Default: ``False``.
+        skip_outliers (float, optional): Leave out of its window a micro-batch whose loss or gradient norm lies beyond
+            this many standard deviations of the running statistics of recent micro-batches (a loss spike), as
+            ``policy="skip_microbatch"`` leaves out a non-finite one: the divisor corrected, counted in
+            `TrainResult.skipped_micro_batches`, its epoch and batch index in `TrainResult.outliers`
+            (`ms_accum.statistics.OutlierFilter`). Default: ``None``, none left out.
+        outlier_warmup (int): Micro-batches taken into the running statistics before any is judged. Default: ``100``.
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
@@ -217,7 +225,8 @@ class GradientAccumulation:
                  clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "auto",
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
-                 buffer_dtype=None, noise_scale: bool = False) -> None:
+                 buffer_dtype=None, noise_scale: bool = False, skip_outliers: Optional[float] = None,
+                 outlier_warmup: int = 100) -> None:
         name = "GradientAccumulation"
         check_cpu_kernels(name)
         self._network = check_isinstance(network, "network", nn.Cell, name)
@@ -234,6 +243,7 @@ class GradientAccumulation:
             raise ValueError(f"For '{name}', the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
                              f"'weighted_mean'), but got reduction 'sum'.")
         self.noise_scale = NoiseScale() if noise_scale else None  # the estimator, `ms_accum.statistics`
+        check_outliers(skip_outliers, outlier_warmup, name)
         self._parallel = data_parallel_info(name)  # None when stand-alone
         self._writes = self._parallel is None or self._parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
@@ -241,7 +251,8 @@ class GradientAccumulation:
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                         reduction=reduction, dtype=buffer_dtype, statistics=True)
+                                         reduction=reduction, dtype=buffer_dtype, statistics=True,
+                                         skip_outliers=skip_outliers, outlier_warmup=outlier_warmup)
         self._clear = TrainClear(self.buffer).set_train()
         self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
                         _CheckWindow(self.buffer, clip_norm).set_train(),
@@ -480,8 +491,10 @@ class GradientAccumulation:
         # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
         pairs = self.buffer.reduction.loss_weights(losses, samples)
         values, weights = (np.asarray([_value(x) for x in column], np.float64) for column in zip(*pairs))
-        norms = np.asarray(norms, np.float64)
-        finite = np.isfinite(values) & np.isfinite(norms)  # a left-out micro-batch would make the window's nan
+        norms, left_out = np.asarray(norms, np.float64).reshape(-1, 2).T
+        left_out = left_out > 0
+        # Left out of the window: a non-finite micro-batch (which would make the figures nan) and an outlier.
+        finite = np.isfinite(values) & np.isfinite(norms) & ~left_out
         # The window's figures over all ranks, summed by the buffer's reducer (one small all-reduce in data parallel,
         # the values themselves stand-alone): the loss's weighted sum and weight, the samples, and for the noise
         # scale the micro-batches' squared norms, their count and their weights' reciprocals.
@@ -498,10 +511,16 @@ class GradientAccumulation:
         noise = None
         if self.noise_scale is not None and applied and micro > 0 and micro / reciprocals < weight:
             noise = self.noise_scale.update(norm_sum / micro, micro / reciprocals, window_sq_norm, weight)
+        outliers = [position.batch - len(losses) + i for i in np.flatnonzero(left_out)]
         record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
                             float(guard.loss_scale.asnumpy()), k, consumed, float(np.sqrt(window_sq_norm)),
-                            [float(n) for n in np.sqrt(norms)], noise)
+                            [float(n) for n in np.sqrt(norms)], noise, outliers)
         result.steps.append(record)
+        result.outliers += [(epoch, batch) for batch in outliers]
+        for batch, i in zip(outliers, np.flatnonzero(left_out)):
+            if verbose:
+                print(f"epoch: {epoch} batch: {batch} left out as an outlier (loss {values[i]:.6g}, gradient norm "
+                      f"{np.sqrt(norms[i]):.6g})", flush=True)
         if not applied:
             what = (f"epoch {epoch} step {step}: the window's gradient or loss is not finite, so it was skipped "
                     f"(parameters unchanged; {result.skipped_windows} window(s) skipped so far)")
@@ -578,6 +597,11 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
 def _value(x) -> float:
     """A graph output (a Tensor) or a host number, as a float."""
     return float(x.asnumpy()) if isinstance(x, Tensor) else float(x)
+
+
+def _values(x) -> np.ndarray:
+    """A graph output (a Tensor) or host numbers, as a float64 array."""
+    return np.asarray(x.asnumpy() if isinstance(x, Tensor) else x, np.float64)
 
 
 def _checking_first(window: MicroBatches, check: Callable[[Sequence[Tensor]], None]) -> MicroBatches:

@@ -18,15 +18,28 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
 from . import _ops
+from ._validation import check_positive_float, check_positive_int
+
+OUTLIER_BETA = 0.99  # the running statistics of `OutlierFilter` forget with this decay once past 100 micro-batches
+
+
+_hyper_map = ops.HyperMap()
+_keep_op = ops.MultitypeFuncGraph("ms_accum_keep_unless_outlier")
+
+
+@_keep_op.register("Tensor", "Tensor")
+def _keep(keep, grad):
+    return ops.select(keep, grad, ops.zeros_like(grad))
 
 
 @ms.jit_class
 class NoStatistics:
     """Statistics off: nothing is computed, the Cells' outputs are unchanged."""
 
-    def micro_batch(self, grads, sens):
-        """What a micro-batch's graph measures of its gradients `grads` (which carry `sens`): nothing."""
-        return None
+    def micro_batch(self, loss, grads, weight, sens):
+        """What a micro-batch adds to the window, `(loss, grads, weight, statistics)`, from its loss and its gradients
+        `grads` (which carry `sens`): everything, and no statistics."""
+        return loss, grads, weight, None
 
     def output(self, out, stats):
         """The Cell's output: the network's output alone."""
@@ -41,13 +54,18 @@ class NoStatistics:
         return grads
 
     def parameters(self) -> list:
+        """Scratch Parameters, rewritten every window and never saved."""
+        return []
+
+    def state(self) -> list:
+        """Parameters that are training state, saved and resumed with the buffer."""
         return []
 
 
 @ms.jit_class
 class Statistics(NoStatistics):
-    """Statistics on: a micro-batch's squared gradient norm is returned with its output, the window's is written to
-    `window_sq_norm` (read by the host after the window's check).
+    """Statistics on: a micro-batch's ``[squared gradient norm, left out (0 or 1)]`` is returned with its output, the
+    window's squared norm is written to `window_sq_norm` (read by the host after the window's check).
 
     Args:
         prefix (str): Name prefix of the Parameter. Default: ``"accumulate"``.
@@ -57,7 +75,10 @@ class Statistics(NoStatistics):
         self.window_sq_norm = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_sq_norm",
                                         requires_grad=False)
 
-    def micro_batch(self, grads, sens):
+    def micro_batch(self, loss, grads, weight, sens):
+        return loss, grads, weight, ops.stack([self._sq_norm(grads, sens), ops.zeros((), ms.float32)])
+
+    def _sq_norm(self, grads, sens):
         sens = ops.cast(sens, ms.float32)
         return _ops.squared_norm(grads) / (sens * sens)
 
@@ -65,14 +86,76 @@ class Statistics(NoStatistics):
         return out, stats
 
     def collect(self, collected, at, stats):
-        return ops.tensor_scatter_update(collected, at, ops.reshape(stats, (1,)))
+        return ops.tensor_scatter_update(collected, at, ops.reshape(stats, (1, 2)))
 
     def window(self, grads):
         return ops.depend(grads, ops.assign(self.window_sq_norm, _ops.squared_norm(grads)))
 
     def parameters(self) -> list:
-        """Scratch, not training state: rewritten by every window, never saved."""
         return [self.window_sq_norm]
+
+
+@ms.jit_class
+class OutlierFilter(Statistics):
+    """
+    Statistics, and a micro-batch whose loss or gradient norm lies beyond `z` standard deviations of the running mean
+    of recent micro-batches is left out of its window as ``policy="skip_microbatch"`` leaves out a non-finite one: its
+    gradient and weight add nothing (so the window's divisor is corrected), it is counted in `skipped`, and its
+    statistics say so.
+
+    The running mean and variance are exponentially weighted (`OUTLIER_BETA`): a plain mean over the first
+    micro-batches, then one that forgets (weight ``max(1 / n, 1 - β)`` for the n-th), updated by the micro-batches
+    kept and finite. No micro-batch is judged before `warmup` have been taken in. They are Parameters of the training
+    state, so a resumed run decides as the uninterrupted one. In data parallel each rank judges its own micro-batches;
+    the window's sums are all-reduced, so the ranks stay identical.
+
+    Args:
+        z (float): The threshold in standard deviations.
+        warmup (int): Micro-batches taken in before any is judged.
+        skipped (Parameter): The counter of micro-batches left out (the guard's).
+        prefix (str): Name prefix of the Parameters. Default: ``"accumulate"``.
+    """
+
+    def __init__(self, z: float, warmup: int, skipped, prefix: str = "accumulate") -> None:
+        super().__init__(prefix)
+        self.z = z
+        self.warmup = warmup
+        self.skipped = skipped
+        self.seen = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.outlier_seen", requires_grad=False)
+        self.mean = Parameter(Tensor([0.0, 0.0], ms.float32), name=f"{prefix}.outlier_mean", requires_grad=False)
+        self.var = Parameter(Tensor([0.0, 0.0], ms.float32), name=f"{prefix}.outlier_var", requires_grad=False)
+
+    def micro_batch(self, loss, grads, weight, sens):
+        sq = self._sq_norm(grads, sens)
+        value = ops.stack([ops.cast(loss, ms.float32), ops.sqrt(sq)])  # [loss, gradient norm]
+        deviation = value - self.mean
+        judged = self.seen >= self.warmup
+        outlier = ops.logical_and(judged, (ops.abs(deviation) > self.z * ops.sqrt(self.var)).any())
+        keep = ops.logical_not(outlier)
+        # The running statistics take in kept, finite micro-batches only.
+        take = ops.logical_and(keep, ops.isfinite(value).all())
+        rate = ops.maximum(1.0 / (self.seen + 1.0), 1.0 - OUTLIER_BETA)
+        mean = self.mean + rate * deviation
+        var = (1.0 - rate) * (self.var + rate * deviation * deviation)
+        updated = ops.depend(ops.depend(ops.assign(self.mean, ops.select(take, mean, self.mean)),
+                                        ops.assign(self.var, ops.select(take, var, self.var))),
+                             ops.assign_add(self.seen, ops.cast(take, ms.float32)))
+        counted = ops.assign_add(self.skipped, ops.cast(outlier, ms.int32))
+        left_out = ops.depend(ops.depend(ops.cast(outlier, ms.float32), updated), counted)
+        kept = _hyper_map(ops.partial(_keep_op, keep), grads)
+        # Left out whole: its loss, an infinite one too, is no concern of the guard's.
+        loss = ops.select(keep, loss, ops.zeros_like(loss))
+        return loss, kept, weight * ops.cast(keep, ms.float32), ops.stack([sq, left_out])
+
+    def state(self) -> list:
+        return [self.seen, self.mean, self.var]
+
+
+def check_outliers(skip_outliers, outlier_warmup, cls_name: str) -> None:
+    """Refuses a threshold that is not a positive number, or a warm-up that is not a non-negative int."""
+    if skip_outliers is not None:
+        check_positive_float(skip_outliers, "skip_outliers", cls_name)
+    check_positive_int(outlier_warmup, "outlier_warmup", cls_name, minimum=0)
 
 
 class NoiseScale:

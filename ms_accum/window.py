@@ -64,7 +64,7 @@ class TrainWindowCell(TrainAccumulationCell):
     def construct(self, *inputs):
         losses = ops.zeros((self.accumulate_step,), ms.float32)
         weights = ops.zeros((self.accumulate_step,), ms.float32)
-        norms = ops.zeros((self.accumulate_step,), ms.float32)
+        norms = ops.zeros((self.accumulate_step, 2), ms.float32)
         i = ops.zeros((), ms.int32)
         # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
         while i < self.accumulate_step:

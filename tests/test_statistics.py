@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dis
 from dp_cases import regression_problem  # noqa: E402  (shared with the msrun workers)
 
 
-def mlp():
+def mlp(activation=nn.Tanh):
     ms.set_seed(0)
-    return nn.SequentialCell([nn.Dense(6, 8), nn.Tanh(), nn.Dense(8, 3)])
+    return nn.SequentialCell([nn.Dense(6, 8), activation(), nn.Dense(8, 3)])
 
 
 def numpy_grads(net, loss, x, y):
@@ -137,3 +137,128 @@ def test_noise_scale_estimator_by_hand():
     restored = NoiseScale()
     restored.load(estimator.state())
     assert restored.value == estimator.value
+
+
+B, K, N_BATCHES, BAD = 8, 4, 40, 25  # the outlier: batch 25, in the window of batches 24-27
+WITHOUT_BAD = {0: K, 24 * B: 3, 27 * B: K}  # the same windows with batch 25 taken out
+
+
+def outlier_data():
+    """40 micro-batches of 8; batch 25's inputs are 1000 times larger and its labels scrambled (a loss spike)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N_BATCHES * B, 6)).astype(np.float32)
+    y = rng.integers(0, 3, N_BATCHES * B).astype(np.int32)
+    bad = slice(BAD * B, (BAD + 1) * B)
+    x[bad] *= 1000
+    y[bad] = (y[bad] + 1) % 3
+    return x, y
+
+
+def train_outliers(x, y, mini_steps, structure="three_graphs", **kwargs):
+    net = mlp(nn.ReLU)  # unbounded: larger inputs make a spike in the loss
+    model = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                 nn.Momentum(net.trainable_params(), 0.05, 0.9), structure=structure,
+                                 skip_outliers=6.0, outlier_warmup=8)
+    result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), mini_steps,
+                                 ckpt_dir=kwargs.pop("ckpt_dir", None), verbose=False, **kwargs)
+    return net, model, result
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+def test_an_outlier_micro_batch_is_left_out_as_if_it_were_not_there(structure):
+    x, y = outlier_data()
+    net, _, result = train_outliers(x, y, K, structure)
+    assert result.outliers == [(1, BAD)] and result.skipped_micro_batches == 1
+    assert result.steps[BAD // K].outliers == [BAD] and result.steps[BAD // K].micro_batches == K
+    keep = np.r_[0:BAD * B, (BAD + 1) * B:N_BATCHES * B]
+    reference, _, clean = train_outliers(x[keep], y[keep], WITHOUT_BAD, structure)
+    assert clean.outliers == []
+    for a, b in zip(net.trainable_params(), reference.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)
+    # It was a spike: over 100 times the loss of an ordinary micro-batch, at the trained weights.
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    losses = [float(loss(net(Tensor(x[i * B:(i + 1) * B])), Tensor(y[i * B:(i + 1) * B])).asnumpy())
+              for i in range(N_BATCHES)]
+    assert losses[BAD] > 100 * np.median(losses)
+
+
+def test_the_outlier_statistics_resume_with_the_training_state(tmp_path):
+    x, y = outlier_data()
+    _, whole, _ = train_outliers(x, y, K, ckpt_dir=str(tmp_path / "whole"), save_every=1)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_7(record):
+        if record.step == 7:  # after the outlier's window: its statistics must come back from the file
+            raise Stop
+    with pytest.raises(Stop):
+        train_outliers(x, y, K, ckpt_dir=str(tmp_path / "cut"), save_every=1, on_step=stop_at_7)
+    net, resumed, result = train_outliers(x, y, K, ckpt_dir=str(tmp_path / "cut"), save_every=1, resume=True)
+    assert result.resumed_from.endswith("-000000006.ckpt") and result.steps[0].step == 7
+    for name in ("seen", "mean", "var"):
+        assert np.array_equal(getattr(resumed.buffer.statistics, name).asnumpy(),
+                              getattr(whole.buffer.statistics, name).asnumpy()), name
+    for a, b in zip(resumed._network.trainable_params(), whole._network.trainable_params()):
+        assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
+
+
+def test_a_token_weighted_outlier_is_left_out_with_its_tokens():
+    # Micro-batches of 1 to 6 real tokens; batch 9's embeddings are hit by tokens whose targets are scrambled and
+    # whose loss is scaled by a spike in the inputs: leaving it out corrects the divisor by its tokens.
+    ms.set_seed(0)
+    rng = np.random.default_rng(1)
+    vocab, length, n = 11, 6, 16
+    tokens = rng.integers(1, vocab, (n, length)).astype(np.int32)
+    targets = rng.integers(0, vocab, (n, length)).astype(np.int32)
+    for i in range(n):
+        targets[i, 1 + i % length:] = -100
+    scale = np.ones((n, length, 1), np.float32)
+    scale[9] = 300.0
+
+    class Tagger(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 5)
+            self.head = nn.Dense(5, vocab)
+
+        def construct(self, inputs):
+            tokens, scale = inputs[..., 0].astype(ms.int32), inputs[..., 1:]
+            return self.head(self.embed(tokens) * scale)
+
+    inputs = np.concatenate([tokens[..., None].astype(np.float32), scale], axis=-1)
+
+    def run(keep, schedule):
+        ms.set_seed(0)
+        net = Tagger()
+        model = GradientAccumulation(net, TokenCrossEntropy(), nn.SGD(net.trainable_params(), 0.1),
+                                     reduction="weighted_mean", skip_outliers=6.0, outlier_warmup=4)
+        data = {"x": inputs[keep], "y": targets[keep]}
+        result = model.train_process(1, ds.NumpySlicesDataset(data, shuffle=False).batch(1), schedule,
+                                     ckpt_dir=None, verbose=False)
+        return net, result
+
+    net, result = run(np.arange(n), 4)
+    assert result.outliers == [(1, 9)]
+    reference, clean = run(np.r_[0:9, 10:n], {0: 4, 8: 3, 11: 4})
+    assert clean.outliers == []
+    for a, b in zip(net.trainable_params(), reference.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"skip_outliers": 0}, ValueError, "the argument 'skip_outliers' must be a positive float, but got 0"),
+    ({"skip_outliers": -6.0}, ValueError, "the argument 'skip_outliers' must be a positive float"),
+    ({"skip_outliers": "6"}, TypeError, "the argument 'skip_outliers' must be a positive float"),
+    ({"skip_outliers": True}, TypeError, "the argument 'skip_outliers' must be a positive float"),
+    ({"skip_outliers": 6.0, "outlier_warmup": -1}, ValueError, "the argument 'outlier_warmup' must be a "
+                                                               "non-negative int, but got -1"),
+    ({"skip_outliers": 6.0, "outlier_warmup": 1.5}, TypeError, "the argument 'outlier_warmup' must be a "
+                                                               "non-negative int"),
+])
+def test_bad_outlier_settings(kwargs, error, message):
+    net = mlp()
+    with pytest.raises(error) as raised:
+        GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                             nn.SGD(net.trainable_params()), **kwargs)
+    assert str(raised.value).startswith("For 'GradientAccumulation', ") and message in str(raised.value)
