@@ -165,7 +165,11 @@ def _square_sum_row_tensor(grad):
 
 def squared_norm(tensors):
     """The squared global norm of `tensors`, in float32: one sum of squares per tensor, added."""
-    return ops.addn(_hyper_map(_square_sum_op, tensors))
+    sums = _hyper_map(_square_sum_op, tensors)
+    total = sums[0]
+    for value in sums[1:]:  # not AddN: with a sparse gradient among them its type is not known when AddN is checked
+        total = total + value
+    return total
 
 
 @_clip_in_place_op.register("Tensor", "Tensor", "Tensor")
@@ -177,7 +181,7 @@ def _clip_in_place(clip_norm, global_norm, grad):
 def clip_in_place(grads, clip_norm: float):
     """`grads` clipped to the global norm `clip_norm` in place, with the arithmetic of `ops.clip_by_global_norm`."""
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
-    global_norm = ops.sqrt(squared_norm(grads))
+    global_norm = ops.sqrt(ops.addn(_hyper_map(_square_sum_op, grads)))  # AddN, as clip_by_global_norm sums
     global_norm = ops.select(global_norm >= clip, global_norm, clip)
     return _hyper_map(ops.partial(_clip_in_place_op, clip, global_norm), grads)
 

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--noise-scale", action="store_true",
                        help="estimate the gradient noise scale (the critical batch size) from the micro-batches' and "
                             "the windows' gradient norms; shown per step, in --json and in the loss plot")
+    train.add_argument("--skip-outliers", type=positive_float, metavar="Z",
+                       help="leave out of its window a micro-batch whose loss or gradient norm lies beyond Z standard "
+                            "deviations of the recent ones (a loss spike); reported with its epoch and batch")
+    train.add_argument("--outlier-warmup", type=non_negative_int, default=100, metavar="N",
+                       help="micro-batches seen before any is judged an outlier (default 100)")
     train.add_argument("--policy", choices=("skip_window", "skip_microbatch"), default="skip_window",
                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")
@@ -337,7 +342,8 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
                                     policy=args.policy, loss_scaler=_loss_scaler(args),
                                     stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute,
-                                    noise_scale=args.noise_scale)
+                                    noise_scale=args.noise_scale, skip_outliers=args.skip_outliers,
+                                    outlier_warmup=args.outlier_warmup)
     label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if synthetic else "")
     if parallel is not None:
@@ -368,12 +374,16 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
                "accumulate_steps": [record.accumulate_steps for record in result.steps],
                "grad_norm": [record.grad_norm for record in result.steps],
                "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
+               "outliers": result.outliers,
                "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
     if not args.json:
         tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
         resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
         loss = "" if summary["final_loss"] is None else f", final window loss {summary['final_loss']:.6f}"
         skipped = f", {result.skipped_windows} non-finite window(s) skipped" if result.skipped_windows else ""
+        if result.outliers:
+            skipped += (f", {len(result.outliers)} outlier micro-batch(es) left out (epoch, batch): "
+                        f"{', '.join(map(str, result.outliers))}")
         print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{skipped}"
               f"{tag}")
         print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")

@@ -38,17 +38,21 @@ _keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
 _count_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_count_bad_loss")
 
 
-def check_policy_fits(network, policy: str, cls_name: str) -> None:
-    """Refuses ``"skip_microbatch"`` for a network with sparse gradients, before anything compiles: MindSpore cannot
-    check a micro-batch's RowTensor gradients (README, "Known MindSpore behaviour"); ``"skip_window"`` checks the
-    dense window instead."""
-    if policy != "skip_microbatch":
+def check_policy_fits(network, policy: str, cls_name: str, outliers: bool = False) -> None:
+    """Refuses ``"skip_microbatch"`` (and an outlier filter, `outliers`) for a network with sparse gradients, before
+    anything compiles: MindSpore cannot check or mask a micro-batch's RowTensor gradients (README, "Known MindSpore
+    behaviour"); ``"skip_window"`` checks the dense window instead."""
+    if policy != "skip_microbatch" and not outliers:
         return
     sparse = sparse_gradient_cell(network)
-    if sparse is not None:
+    if sparse is not None and policy == "skip_microbatch":
         raise ValueError(f"For '{cls_name}', the argument 'policy' must be 'skip_window' for a network with sparse "
                          f"gradients (its cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check "
                          f"sparse gradients one micro-batch at a time.")
+    if sparse is not None:
+        raise ValueError(f"For '{cls_name}', the argument 'skip_outliers' must be None for a network with sparse "
+                         f"gradients (its cell '{sparse}'): MindSpore 2.10 cannot mask sparse gradients one "
+                         f"micro-batch at a time.")
 
 
 def sparse_gradient_cell(network) -> Optional[str]:

@@ -107,6 +107,10 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
     assert (tmp_path / "mlp_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _, meta = load_checkpoint(str(tmp_path / "mlp.ckpt"))
     assert meta["accumulate_steps"] == "0:1,256:2,512:4" and meta["global_batches"] == "0:32,256:64,512:128"
+    # A threshold no micro-batch of this clean data reaches: nothing left out, and the JSON says so.
+    assert cli.main(argv + ["--accumulate-steps", "2", "--skip-outliers", "50", "--outlier-warmup", "4"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["outliers"] == [] and summary["skipped_micro_batches"] == 0
     assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-steps", "2"]) == 1
     assert "--accumulate-schedule sets K: give it without --accumulate-steps or --plan." in capsys.readouterr().err
     with pytest.raises(SystemExit) as bad:

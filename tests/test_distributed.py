@@ -210,6 +210,15 @@ def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(
 
 
 @pytest.mark.distributed
+def test_an_outlier_on_one_rank_is_left_out_there_and_the_ranks_stay_identical(dp_run):
+    out, reports = dp_run
+    assert reports[0]["outliers"] == [] and reports[1]["outliers"] == [[1, 25]]
+    ranks = [dict(np.load(out / f"outliers_rank{rank}.npz")) for rank in range(WORKERS)]
+    for key in ranks[0]:
+        assert np.array_equal(ranks[0][key], ranks[1][key]), key
+
+
+@pytest.mark.distributed
 def test_noise_scale_under_data_parallel_matches_the_exact_value(dp_run):
     # K=2 micro-batches of 4 on each of 2 ranks: B_small 4, B_big 16, the micro-batches' norms all-reduced.
     _, reports = dp_run

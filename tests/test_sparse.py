@@ -223,3 +223,6 @@ def test_skip_microbatch_is_refused_for_sparse_gradients_before_compiling():
     with pytest.raises(ValueError, match="'policy' must be 'skip_window' for a network with sparse gradients"):
         GradientAccumulation(sparse, loss_fn(), make_optimizer("momentum", sparse.trainable_params()),
                              policy="skip_microbatch")
+    with pytest.raises(ValueError, match="'skip_outliers' must be None for a network with sparse gradients"):
+        GradientAccumulation(sparse, loss_fn(), make_optimizer("momentum", sparse.trainable_params()),
+                             skip_outliers=6.0)

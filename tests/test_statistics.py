@@ -95,10 +95,17 @@ def test_the_cells_return_the_norm_only_when_the_buffer_measures():
     plain = TrainForwardBackward(net, opt, AccumulationBuffer(opt.parameters))
     assert plain(x, y).shape == ()
     measured = TrainForwardBackward(net, opt, AccumulationBuffer(opt.parameters, statistics=True))
-    loss, sq_norm = measured(x, y)
-    assert loss.shape == () and float(sq_norm.asnumpy()) > 0
+    loss, (sq_norm, left_out) = measured(x, y)
+    assert loss.shape == () and float(sq_norm.asnumpy()) > 0 and float(left_out.asnumpy()) == 0
     with pytest.raises(TypeError, match="the argument 'statistics' must be bool"):
         AccumulationBuffer(opt.parameters, statistics=1)
+
+    # A norm, not a copy: measuring adds one float32 scalar; the outlier filter's running statistics 5 more floats.
+    def nbytes(buffer):
+        return sum(p.nbytes for p in buffer.parameters() + buffer.statistics.parameters())
+    base = nbytes(AccumulationBuffer(opt.parameters))
+    assert nbytes(AccumulationBuffer(opt.parameters, statistics=True)) - base == 4
+    assert nbytes(AccumulationBuffer(opt.parameters, skip_outliers=6.0)) - base == 4 * 6
 
 
 @pytest.mark.parametrize("k, batch", [(2, 4), (2, 16), (8, 4), (8, 16)])

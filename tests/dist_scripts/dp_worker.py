@@ -118,6 +118,24 @@ def noise_scale_run(rank, ranks):
     return {"estimate": result.steps[-1].noise_scale, "exact": exact, "windows": len(result.steps)}
 
 
+def outlier_run(out_dir, rank):
+    """40 micro-batches of 8 per rank, K=4; rank 1's batch 25 is a loss spike (inputs x1000, labels scrambled) and is
+    left out there alone. Saves the parameters; returns the outliers this rank reported."""
+    rng = np.random.default_rng(10 + rank)
+    x = rng.standard_normal((320, IN)).astype(np.float32)
+    y = rng.integers(0, OUT, 320).astype(np.int32)
+    if rank == 1:
+        x[200:208] *= 1000
+        y[200:208] = (y[200:208] + 1) % OUT
+    net = make_net()
+    executor = GradientAccumulation(net, loss_fn(), make_optimizer("momentum", net.trainable_params()),
+                                    skip_outliers=6.0, outlier_warmup=8)
+    result = executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(8), 4,
+                                    ckpt_dir=None, verbose=False)
+    np.savez(os.path.join(out_dir, f"outliers_rank{rank}.npz"), **params_of(net))
+    return result.outliers
+
+
 def mismatched_batches(rank):
     """Rank r gets 3 + r batches: the executor must refuse on every rank rather than hang; returns its message."""
     net = make_net()
@@ -177,6 +195,7 @@ def main():
         report["mismatch_error"] = mismatched_batches(info.rank)
         report["ramp_steps"] = ramp_runs(out_dir, info.rank)
         report["noise_scale"] = noise_scale_run(info.rank, info.group_size)
+        report["outliers"] = outlier_run(out_dir, info.rank)
     with open(os.path.join(out_dir, f"report_rank{info.rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
     print(f"rank {info.rank} done: {json.dumps(report)}", flush=True)
