@@ -52,8 +52,9 @@ def inject(fault: str) -> None:
                 out = _original(self, *inputs)
                 if type(self) is not _cls:  # TrainWindowCell inherits TrainAccumulationCell's wrapper: count once
                     return out
-                out.asnumpy()  # the micro-batch (or window) has run
-                calls["n"] += out.size  # a window call returns one loss per micro-batch
+                loss = out[0] if isinstance(out, tuple) else out  # the executor's Cells return (loss, statistics)
+                loss.asnumpy()  # the micro-batch (or window) has run
+                calls["n"] += loss.size  # a window call returns one loss per micro-batch
                 if calls["n"] >= int(value):
                     die()
                 return out
