@@ -168,7 +168,9 @@ class TrainForwardBackward(_MicroBatchCell):
           batch.
 
     Outputs:
-        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`).
+        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.statistics`), the tuple of that and
+        the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:
         TypeError: If `network` is not a Cell, `optimizer` not an `nn.Optimizer`, or `buffer` not an
@@ -344,7 +346,9 @@ class TrainAccumulationCell(_MicroBatchCell):
         - **\*inputs** (Tensor) - One micro-batch; the first input's first axis is the batch.
 
     Outputs:
-        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`).
+        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.statistics`), the tuple of that and
+        the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:
         TypeError: If an argument has the wrong type.

@@ -108,8 +108,8 @@ class SamplesLR(LearningRateSchedule):
         value = self.schedule(Tensor(samples, ms.int32)) if self._of_tensor else self.schedule(samples)
         value = float(value.asnumpy()) if isinstance(value, Tensor) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"For 'SamplesLR', the schedule must give a finite learning rate, but at {samples} samples "
-                             f"it gave {value!r}.")
+            raise ValueError(f"For 'SamplesLR', the schedule must give a finite learning rate, but at {samples} "
+                             f"samples it gave {value!r}.")
         return float(value)
 
     def construct(self, global_step):

@@ -160,8 +160,8 @@ def check_outliers(skip_outliers, outlier_warmup, cls_name: str) -> None:
 
 class NoiseScale:
     r"""
-    The gradient noise scale of McCandlish et al. (2018), B_simple = tr(Σ) / |G|², from the norms accumulation measures
-    for free: the micro-batches' (batch B_small) and the window's (B_big).
+    The gradient noise scale of McCandlish et al. (2018), B_simple = tr(Σ) / |G|², from the norms accumulation
+    measures for free: the micro-batches' (batch B_small) and the window's (B_big).
 
     Per window, with :math:`|G_{small}|^2` the mean of the micro-batches' squared norms and :math:`|G_{big}|^2` the
     window's,

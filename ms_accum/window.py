@@ -25,7 +25,8 @@ class TrainWindowCell(TrainAccumulationCell):
 
     Outputs:
         Tensor of shape :math:`(K,)`, the loss of each micro-batch (under ``"weighted_mean"``, the tuple of the losses
-        and the weights, both :math:`(K,)`).
+        and the weights, both :math:`(K,)`); with a buffer that measures, the tuple of that and the micro-batches'
+        statistics, :math:`(K, 2)`.
 
     Raises:
         TypeError: As `TrainAccumulationCell` raises.

@@ -1,4 +1,5 @@
-"""Batch schedules: K from the samples consumed, exact against fixed-K segments, resumable, learning rates by samples."""
+"""Batch schedules: K from the samples consumed, exact against fixed-K segments, resumable, learning rates by
+samples."""
 import numpy as np
 import pytest
 

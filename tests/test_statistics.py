@@ -22,6 +22,25 @@ def mlp(activation=nn.Tanh):
     return nn.SequentialCell([nn.Dense(6, 8), activation(), nn.Dense(8, 3)])
 
 
+class Tagger(nn.Cell):
+    """A token tagger whose input's last axis holds (token, scale): the scale multiplies the token's embedding."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 5)
+        self.head = nn.Dense(5, vocab)
+
+    def construct(self, inputs):
+        tokens, scale = inputs[..., 0].astype(ms.int32), inputs[..., 1:]
+        return self.head(self.embed(tokens) * scale)
+
+
+def tagger_inputs(tokens, scale=None):
+    """`Tagger`'s input: the tokens beside their scales (1 by default)."""
+    scale = np.ones(tokens.shape, np.float32) if scale is None else scale
+    return np.stack([tokens.astype(np.float32), scale], axis=-1)
+
+
 def numpy_grads(net, loss, x, y):
     """The gradient of `loss` (a mean) on (x, y) with respect to `net`'s parameters, flattened, from a plain
     value_and_grad in PyNative (no accumulation involved)."""
@@ -60,19 +79,8 @@ def test_token_weighted_norms_are_of_each_micro_batchs_mean_over_its_tokens():
     # Micro-batches of 1 and 5 real tokens: the micro-batch norm is of its own token mean's gradient, the window's of
     # the mean over all its tokens.
     ms.set_seed(0)
-    vocab = 7
-
-    class Tagger(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, 5)
-            self.head = nn.Dense(5, vocab)
-
-        def construct(self, tokens):
-            return self.head(self.embed(tokens))
-
-    net, loss = Tagger(), TokenCrossEntropy()
-    tokens = np.array([[1, 2, 3, 4, 5, 6], [2, 3, 0, 0, 0, 0]], np.int32)
+    net, loss = Tagger(7), TokenCrossEntropy()
+    tokens = tagger_inputs(np.array([[1, 2, 3, 4, 5, 6], [2, 3, 0, 0, 0, 0]], np.int32))
     targets = np.array([[2, 3, 4, 5, 6, -100], [3, -100, -100, -100, -100, -100]], np.int32)
     model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), reduction="weighted_mean")
     result = model.train_process(1, ds.NumpySlicesDataset({"x": tokens, "y": targets}, shuffle=False).batch(1), 2,
@@ -220,24 +228,13 @@ def test_a_token_weighted_outlier_is_left_out_with_its_tokens():
     targets = rng.integers(0, vocab, (n, length)).astype(np.int32)
     for i in range(n):
         targets[i, 1 + i % length:] = -100
-    scale = np.ones((n, length, 1), np.float32)
+    scale = np.ones((n, length), np.float32)
     scale[9] = 300.0
-
-    class Tagger(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, 5)
-            self.head = nn.Dense(5, vocab)
-
-        def construct(self, inputs):
-            tokens, scale = inputs[..., 0].astype(ms.int32), inputs[..., 1:]
-            return self.head(self.embed(tokens) * scale)
-
-    inputs = np.concatenate([tokens[..., None].astype(np.float32), scale], axis=-1)
+    inputs = tagger_inputs(tokens, scale)
 
     def run(keep, schedule):
         ms.set_seed(0)
-        net = Tagger()
+        net = Tagger(vocab)
         model = GradientAccumulation(net, TokenCrossEntropy(), nn.SGD(net.trainable_params(), 0.1),
                                      reduction="weighted_mean", skip_outliers=6.0, outlier_warmup=4)
         data = {"x": inputs[keep], "y": targets[keep]}

@@ -93,8 +93,8 @@ def main(global_batch: int, memory, windows: int) -> dict:
     else:
         print(f"   peak {whole.peak_mib:.0f} MiB, {whole.ms_per_window:.0f} ms per step")
         budget = memory if memory is not None else BUDGET_SHARE * whole.peak_mib * 2 ** 20
-    print(f"   budget: {budget / 2 ** 20:.0f} MiB\n\n2. Does accumulating K={VERIFY_K} micro-batches of {VERIFY_B} give "
-          f"the update of one batch of {VERIFY_K * VERIFY_B}?")
+    print(f"   budget: {budget / 2 ** 20:.0f} MiB\n\n2. Does accumulating K={VERIFY_K} micro-batches of {VERIFY_B} "
+          f"give the update of one batch of {VERIFY_K * VERIFY_B}?")
     verify(zoo_model)
     if not verify(exact_model):
         raise SystemExit("the model with GroupNorm should accumulate exactly; see the report above")
@@ -134,7 +134,8 @@ if __name__ == "__main__":
     parser.add_argument("--image-size", type=positive_int, default=IMAGE_SIZE, metavar="S")
     parser.add_argument("--global-batch", type=positive_int, default=GLOBAL_BATCH, metavar="N")
     parser.add_argument("--memory", help="the budget, e.g. 400MiB (default: 3/4 of one global-batch step's peak)")
-    parser.add_argument("--windows", type=positive_int, default=WINDOWS, metavar="W", help="windows trained with the plan")
+    parser.add_argument("--windows", type=positive_int, default=WINDOWS, metavar="W",
+                        help="windows trained with the plan")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
     args = parser.parse_args()
     # For this process and the fresh ones the planner starts: they import this file and read the configuration.
