@@ -511,7 +511,7 @@ class GradientAccumulation:
         noise = None
         if self.noise_scale is not None and applied and micro > 0 and micro / reciprocals < weight:
             noise = self.noise_scale.update(norm_sum / micro, micro / reciprocals, window_sq_norm, weight)
-        outliers = [position.batch - len(losses) + i for i in np.flatnonzero(left_out)]
+        outliers = [position.batch - len(losses) + int(i) for i in np.flatnonzero(left_out)]
         record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
                             float(guard.loss_scale.asnumpy()), k, consumed, float(np.sqrt(window_sq_norm)),
                             [float(n) for n in np.sqrt(norms)], noise, outliers)

@@ -184,6 +184,7 @@ def test_an_outlier_micro_batch_is_left_out_as_if_it_were_not_there(structure):
     x, y = outlier_data()
     net, _, result = train_outliers(x, y, K, structure)
     assert result.outliers == [(1, BAD)] and result.skipped_micro_batches == 1
+    assert all(type(index) is int for index in result.outliers[0])  # plain ints: the CLI's --json prints them
     assert result.steps[BAD // K].outliers == [BAD] and result.steps[BAD // K].micro_batches == K
     keep = np.r_[0:BAD * B, (BAD + 1) * B:N_BATCHES * B]
     reference, _, clean = train_outliers(x[keep], y[keep], WITHOUT_BAD, structure)
