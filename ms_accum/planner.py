@@ -34,6 +34,9 @@ WINDOWS = 4  # per trial: the first compiles, the others are timed
 # A candidate predicted above this multiple of the budget is not measured to confirm it: its trial could take the
 # machine's memory for nothing.
 CONFIRM_UP_TO = 1.5
+# Fresh processes of one configuration peak a few percent apart (measured up to ~3 % here): a plan keeps this much of
+# the budget free, so that training with it stays within the budget.
+HEADROOM = 0.05
 _UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "kb": 10 ** 3, "m": MIB, "mib": MIB, "mb": 10 ** 6,
           "g": 2 ** 30, "gib": 2 ** 30, "gb": 10 ** 9, "t": 2 ** 40, "tib": 2 ** 40, "tb": 10 ** 12}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*")
@@ -174,7 +177,8 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
     one-sample step, often off the line, is left out once two larger sizes are measured). The smallest B is measured
     first, then the middle divisor, then the fit's guess of the largest that fits; the search ends when the chosen B
     was measured within the budget and the next larger divisor was measured above it (or is predicted above
-    `CONFIRM_UP_TO` times it). B comes first: the largest that fits. Then, with a budget, every structure is timed on
+    `CONFIRM_UP_TO` times it). "Within" keeps `HEADROOM` (5 %) of the budget free: fresh processes of one
+    configuration peak a few percent apart. B comes first: the largest that fits. Then, with a budget, every structure is timed on
     windows of that B and the fastest within the budget is chosen; with no budget, the structure is the memory-first
     one, as ``"auto"`` chooses.
 
@@ -229,13 +233,14 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
     from .executor import AUTO_STRUCTURE
     memory_first = AUTO_STRUCTURE if AUTO_STRUCTURE in structures else structures[0]
     batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first, facts["reduction"]),
-                               name, memory is not None)
+                               name, memory is not None, HEADROOM)
     chosen = runner.find(batch_size, memory_first)
     if budget is not None and per_rank // batch_size > 1:  # K = 1: one step, every structure alike
         for structure in structures:
             if structure != memory_first:
                 runner.run(batch_size, per_rank // batch_size, structure, facts["reduction"])
-        timed = [t for t in runner.trials if t.batch_size == batch_size and t.fits(limit) and t.ms_per_window]
+        usable = limit * (1 - HEADROOM)
+        timed = [t for t in runner.trials if t.batch_size == batch_size and t.fits(usable) and t.ms_per_window]
         chosen = min(timed, key=lambda t: t.ms_per_window, default=chosen)
     # The fitted line at B, moved by what the chosen structure measured over the memory-first one at B.
     predicted = line(batch_size) + chosen.peak_mib - runner.find(batch_size, memory_first).peak_mib
@@ -266,9 +271,11 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_steps: int,
     return runner.run(batch_size, accumulate_steps, structure, runner.check()["reduction"])
 
 
-def _search(sizes: List[int], limit: float, measure: Callable[[int], Trial], name: str, given: bool):
-    """The largest of `sizes` measured within `limit` whose next larger size is measured (or predicted far) above it,
-    and the line fitted through every measurement."""
+def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], name: str, given: bool,
+            headroom: float = 0.0):
+    """The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
+    (or predicted far) above it, and the line fitted through every measurement."""
+    limit = budget * (1 - headroom)
     peaks: Dict[int, Optional[float]] = {}
 
     def run(b: int) -> Trial:
@@ -281,9 +288,10 @@ def _search(sizes: List[int], limit: float, measure: Callable[[int], Trial], nam
         raise ValueError(f"For '{name}', a micro-batch of {sizes[0]} sample(s) could not be trained: {first.error}.")
     if first.peak_mib > limit:
         what = "the argument 'memory'" if given else "the device's free memory"
-        raise ValueError(f"For '{name}', {what} ({limit:.0f} MiB) is below the step of one micro-batch of {sizes[0]} "
-                         f"sample(s), which peaked at {first.peak_mib:.0f} MiB: the smallest budget that works is "
-                         f"{math.ceil(first.peak_mib)} MiB.")
+        raise ValueError(f"For '{name}', {what} ({budget:.0f} MiB) is below the step of one micro-batch of "
+                         f"{sizes[0]} sample(s), which peaked at {first.peak_mib:.0f} MiB: the smallest budget that "
+                         f"works is {math.ceil(first.peak_mib / (1 - headroom))} MiB (with {headroom:.0%} kept "
+                         f"free).")
     if len(sizes) > 1:
         run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
     while True:

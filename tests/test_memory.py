@@ -25,7 +25,10 @@ def peak(contender: str) -> int:
 
 @pytest.fixture(scope="module")
 def peaks():
-    return {name: peak(name) for name in ("one_b", "one_kb", "executor")}
+    # The median of 3 fresh processes for the two figures compared within 1.3x: one process's peak moves by up to
+    # about 0.15x one B step (README, "Memory").
+    return {name: sorted(peak(name) for _ in range(1 if name == "one_kb" else 3))[0 if name == "one_kb" else 1]
+            for name in ("one_b", "one_kb", "executor")}
 
 
 def test_default_executor_costs_about_one_micro_batch_not_the_window(peaks):

@@ -64,8 +64,10 @@ def test_search_treats_a_killed_trial_as_over_the_budget_and_refuses_a_budget_be
     measure, _ = linear(100, 10)
     with pytest.raises(ValueError, match=r"For 'plan', the argument 'memory' \(50 MiB\) is below the step of one "
                                          r"micro-batch of 1 sample\(s\), which peaked at 110 MiB: the smallest budget "
-                                         r"that works is 110 MiB\."):
+                                         r"that works is 110 MiB \(with 0% kept free\)\."):
         _search([1, 2, 4], 50, measure, "plan", True)
+    with pytest.raises(ValueError, match=r"the smallest budget that works is 116 MiB \(with 5% kept free\)\."):
+        _search([1, 2, 4], 50, measure, "plan", True, 0.05)  # 110 / 0.95
 
 
 def test_search_does_not_try_a_size_predicted_far_above_the_budget():
@@ -115,14 +117,15 @@ def test_plan_takes_the_largest_micro_batch_within_a_budget_between_measured_pea
     spec = f"benchmarks.activation_memory:{net}_model"
     reduction = "mean" if net == "conv" else "weighted_mean"
     peak_8, peak_16 = (measured_peak(spec, b, 32 // b, "three_graphs", reduction) for b in (8, 16))
-    assert peak_16 > peak_8 * 1.1, (peak_8, peak_16)  # the activations grow with B, well beyond the noise
+    # The activations grow with B, well beyond the noise, and B=8 fits with the plan's 5 % headroom.
+    assert peak_16 > peak_8 * 1.2, (peak_8, peak_16)
     budget = (peak_8 + peak_16) / 2
     result = plan(spec, 32, f"{budget}MiB")
     assert (result.batch_size, result.accumulate_steps, result.reduction) == (8, 4, reduction), str(result)
     assert {t.batch_size for t in result.trials if t.structure == "three_graphs"} >= {8, 16}
     timed = [t for t in result.trials if t.batch_size == 8]
     assert {t.structure for t in timed} == {"three_graphs", "fused", "window"}
-    fastest = min((t for t in timed if t.peak_mib <= budget), key=lambda t: t.ms_per_window)
+    fastest = min((t for t in timed if t.peak_mib <= 0.95 * budget), key=lambda t: t.ms_per_window)  # 5 % kept free
     assert result.structure == fastest.structure
     # The executor built from the plan, over a dataset of the factory's samples, in a fresh process.
     path = result.save(str(tmp_path / "plan.json"))
