@@ -21,6 +21,7 @@ from . import _ops
 from ._validation import check_positive_float, check_positive_int
 
 OUTLIER_BETA = 0.99  # the running statistics of `OutlierFilter` forget with this decay once past 100 micro-batches
+MIN_OUTLIER_WARMUP = 8  # micro-batches taken in before `OutlierFilter` judges any, whatever its warm-up
 
 
 _hyper_map = ops.HyperMap()
@@ -104,9 +105,9 @@ class OutlierFilter(Statistics):
     statistics say so.
 
     The running mean and variance are exponentially weighted (`OUTLIER_BETA`): a plain mean over the first
-    micro-batches, then one that forgets (weight ``max(1 / n, 1 - β)`` for the n-th), updated by the micro-batches
-    kept and finite. No micro-batch is judged before `warmup` have been taken in. They are Parameters of the training
-    state, so a resumed run decides as the uninterrupted one. In data parallel each rank judges its own micro-batches;
+    micro-batches, then one that forgets (weight ``max(1 / n, 1 - β)`` for the n-th), updated by every finite
+    micro-batch, an outlier clipped to the threshold. No micro-batch is judged before `warmup` (at least `MIN_OUTLIER_WARMUP`) have been taken in. They are Parameters of
+    the training state, so a resumed run decides as the uninterrupted one. In data parallel each rank judges its own micro-batches;
     the window's sums are all-reduced, so the ranks stay identical.
 
     Args:
@@ -119,7 +120,8 @@ class OutlierFilter(Statistics):
     def __init__(self, z: float, warmup: int, skipped, prefix: str = "accumulate") -> None:
         super().__init__(prefix)
         self.z = z
-        self.warmup = warmup
+        # A variance of a few micro-batches is no basis to judge: near 0, it would leave out nearly every later one.
+        self.warmup = max(warmup, MIN_OUTLIER_WARMUP)
         self.skipped = skipped
         self.seen = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.outlier_seen", requires_grad=False)
         self.mean = Parameter(Tensor([0.0, 0.0], ms.float32), name=f"{prefix}.outlier_mean", requires_grad=False)
@@ -130,10 +132,14 @@ class OutlierFilter(Statistics):
         value = ops.stack([ops.cast(loss, ms.float32), ops.sqrt(sq)])  # [loss, gradient norm]
         deviation = value - self.mean
         judged = self.seen >= self.warmup
-        outlier = ops.logical_and(judged, (ops.abs(deviation) > self.z * ops.sqrt(self.var)).any())
+        bound = self.z * ops.sqrt(self.var)
+        outlier = ops.logical_and(judged, (ops.abs(deviation) > bound).any())
         keep = ops.logical_not(outlier)
-        # The running statistics take in kept, finite micro-batches only.
-        take = ops.logical_and(keep, ops.isfinite(value).all())
+        # Every finite micro-batch updates the statistics, an outlier only as far as the threshold (winsorized): a
+        # spike barely moves them, and a lasting shift of the loss is followed instead of locking every later
+        # micro-batch out.
+        take = ops.isfinite(value).all()
+        deviation = ops.select(judged, ops.clip_by_value(deviation, -bound, bound), deviation)
         rate = ops.maximum(1.0 / (self.seen + 1.0), 1.0 - OUTLIER_BETA)
         mean = self.mean + rate * deviation
         var = (1.0 - rate) * (self.var + rate * deviation * deviation)

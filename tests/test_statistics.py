@@ -251,6 +251,31 @@ def test_a_token_weighted_outlier_is_left_out_with_its_tokens():
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_a_warmup_of_zero_judges_only_after_eight_micro_batches():
+    x, y = outlier_data()
+    net = mlp(nn.ReLU)
+    model = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                 nn.Momentum(net.trainable_params(), 0.05, 0.9), skip_outliers=6.0, outlier_warmup=0)
+    result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K,
+                                 ckpt_dir=None, verbose=False)
+    assert result.outliers == [(1, BAD)]  # not every micro-batch, as a variance of 0 or of two would make them
+
+
+def test_a_lasting_shift_is_followed_not_locked_out():
+    # From batch 12 on, every input is 30 times larger: the first shifted micro-batches are outliers, but the clipped
+    # updates carry the statistics to the new level, so training goes on with the later ones.
+    x, y = outlier_data()
+    x, y = x[:N_BATCHES * B].copy(), y.copy()
+    x[12 * B:] *= 30
+    net = mlp(nn.ReLU)
+    model = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                 nn.SGD(net.trainable_params(), 0.0), skip_outliers=6.0, outlier_warmup=8)
+    result = model.train_process(3, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K,
+                                 ckpt_dir=None, verbose=False)
+    assert result.outliers and result.outliers[0] == (1, 12)
+    assert result.steps[-1].outliers == [] and not result.steps[-1].skipped  # the last window is whole again
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"skip_outliers": 0}, ValueError, "the argument 'skip_outliers' must be a positive float, but got 0"),
     ({"skip_outliers": -6.0}, ValueError, "the argument 'skip_outliers' must be a positive float"),
