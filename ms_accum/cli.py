@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave out of its window a micro-batch whose loss or gradient norm lies beyond Z standard "
                             "deviations of the recent ones (a loss spike); reported with its epoch and batch")
     train.add_argument("--outlier-warmup", type=non_negative_int, default=100, metavar="N",
-                       help="micro-batches seen before any is judged an outlier (default 100)")
+                       help="micro-batches seen before any is judged an outlier (default 100, at least 8)")
     train.add_argument("--policy", choices=("skip_window", "skip_microbatch"), default="skip_window",
                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")

@@ -200,7 +200,8 @@ class GradientAccumulation:
             ``policy="skip_microbatch"`` leaves out a non-finite one: the divisor corrected, counted in
             `TrainResult.skipped_micro_batches`, its epoch and batch index in `TrainResult.outliers`
             (`ms_accum.statistics.OutlierFilter`). Default: ``None``, none left out.
-        outlier_warmup (int): Micro-batches taken into the running statistics before any is judged. Default: ``100``.
+        outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
+            Default: ``100``.
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
