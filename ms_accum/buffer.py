@@ -191,7 +191,8 @@ class AccumulationBuffer:
         skip_outliers (float, optional): Leave out a micro-batch whose loss or gradient norm lies beyond this many
             standard deviations of the running statistics (`ms_accum.statistics.OutlierFilter`; implies
             `statistics`). Default: ``None``.
-        outlier_warmup (int): Micro-batches taken into the running statistics before any is judged. Default: ``0``.
+        outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
+            Default: ``0``.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
@@ -202,6 +203,8 @@ class AccumulationBuffer:
             micro-batch weighs and what the window is divided by.
         reducer (Union[LocalSums, AllReduceSums]): The window's communication, chosen from MindSpore's parallel
             mode when the buffer is built.
+        statistics (Union[NoStatistics, Statistics, OutlierFilter]): What each micro-batch's graph measures of its
+            gradient (`ms_accum.statistics`), chosen from `statistics` and `skip_outliers`.
 
     Raises:
         TypeError: If `params` is not a sequence of Parameters, or `loss_scaler` is not a MindSpore loss scaler.

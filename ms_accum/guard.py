@@ -187,7 +187,8 @@ class WindowGuard:
     Attributes:
         loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
         skipped_windows (Parameter): int32, windows not applied because they were not finite.
-        skipped_micro_batches (Parameter): int32, micro-batches left out by ``"skip_microbatch"``.
+        skipped_micro_batches (Parameter): int32, micro-batches left out by ``"skip_microbatch"`` (and by the
+            buffer's outlier filter, `ms_accum.statistics.OutlierFilter`, which counts here too).
         window_bad (Parameter): float32, non-finite micro-batches in the open window.
 
     Raises:
