@@ -319,6 +319,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     from .data import dataset_for
     from .evaluation import evaluate_checkpoint, recorded_data_dir
     from .executor import GradientAccumulation, count_windows
+    from .schedule import pairs_text
     from .models import build_model, make_optimizer
 
     settings = _optimizer_settings(args)
@@ -336,7 +337,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
                           seed=args.seed, num_samples=num_samples, **shards)
     mini_steps = args.accumulate_schedule or args.accumulate_steps
-    k_text = _schedule_text(args.accumulate_schedule) if args.accumulate_schedule else args.accumulate_steps
+    k_text = pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_steps
     windows = count_windows(dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
                             args.partial_window)
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
@@ -393,10 +394,6 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         if not args.json:
             print(_accuracy_line(evaluation, synthetic))
     return summary
-
-
-def _schedule_text(schedule: dict) -> str:
-    return ",".join(f"{samples}:{k}" for samples, k in schedule.items())
 
 
 def _apply_plan(args: argparse.Namespace) -> Optional[int]:

@@ -491,7 +491,7 @@ class GradientAccumulation:
                 applied: bool, log_every: int, verbose: bool, on_step, k: int, consumed: int) -> None:
         # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
         pairs = self.buffer.reduction.loss_weights(losses, samples)
-        values, weights = (np.asarray([_value(x) for x in column], np.float64) for column in zip(*pairs))
+        values, weights = (np.asarray([_values(x) for x in column], np.float64) for column in zip(*pairs))
         norms, left_out = np.asarray(norms, np.float64).reshape(-1, 2).T
         left_out = left_out > 0
         # Left out of the window: a non-finite micro-batch (which would make the figures nan) and an outlier.
@@ -593,11 +593,6 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
             yield k, size, itertools.islice(batches, size), opened_at
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
-
-
-def _value(x) -> float:
-    """A graph output (a Tensor) or a host number, as a float."""
-    return float(x.asnumpy()) if isinstance(x, Tensor) else float(x)
 
 
 def _values(x) -> np.ndarray:

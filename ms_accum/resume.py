@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
-from .schedule import AccumulationSchedule
+from .schedule import AccumulationSchedule, pairs_text
 from .checkpoint import CheckpointError, MetaValue, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
     save_checkpoint
 
@@ -146,7 +146,7 @@ class StateCheckpoints:
             return
         self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
                   {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),
-                   "batch_history": ",".join(f"{s}:{b}" for s, b in self.history), **self.extra()})
+                   "batch_history": pairs_text(self.history), **self.extra()})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
 
@@ -165,7 +165,7 @@ class StateCheckpoints:
 
 
 def _pairs(text: str) -> List[Tuple[int, int]]:
-    """``"0:64,4096:128"`` as [(0, 64), (4096, 128)] (a callable's table, ``"callable"``, has none)."""
+    """``"0:64,4096:128"`` (`pairs_text`) as [(0, 64), (4096, 128)] (a callable's table, ``"callable"``, has none)."""
     if text in ("", "callable"):
         return []
     return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(","))]

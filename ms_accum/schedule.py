@@ -78,12 +78,17 @@ class AccumulationSchedule:
         training state records (a callable's is known only where evaluated: ``"callable"``)."""
         if self.steps is None:
             return "callable"
-        return ",".join(f"{start}:{k * per_batch}" for start, k in self.steps)
+        return pairs_text((start, k * per_batch) for start, k in self.steps)
 
     def __repr__(self) -> str:
         if self.steps is None:
             return f"AccumulationSchedule({self._function!r})"
         return "AccumulationSchedule({" + ", ".join(f"{s}: {k}" for s, k in self.steps) + "})"
+
+
+def pairs_text(pairs) -> str:
+    """``(samples, value)`` pairs as the command line and the training states write them: ``"0:2,4096:4"``."""
+    return ",".join(f"{samples}:{value}" for samples, value in pairs)
 
 
 def parse_schedule(text: str, arg_name: str = "--accumulate-schedule", cls_name: str = "ms-accum train") -> dict:
