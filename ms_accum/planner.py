@@ -394,12 +394,12 @@ class _Trials:
 
 
 # ------------------------------------------------------------------------------------------------ in the fresh process
-def _status(key: str) -> float:
-    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak so far)."""
+def process_status(key: str) -> int:
+    """A /proc/self/status figure in bytes (VmRSS: resident now; VmHWM: the peak so far), as section m reads them."""
     with open("/proc/self/status", encoding="utf-8") as handle:
         for line in handle:
             if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
+                return int(line.split()[1]) * 1024
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
@@ -436,14 +436,14 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
                                                                                           drop_remainder=True)
     on_cpu = device == "CPU"
     if on_cpu:
-        start = _status("VmRSS")
+        start = process_status("VmRSS")
     else:
         ms.runtime.reset_peak_memory_stats()
     closed = []
     GradientAccumulation(user.network, user.loss_fn, user.optimizer, reduction=reduction,
                          structure=structure).train_process(1, dataset, steps, ckpt_dir=None, verbose=False,
                                                             on_step=lambda _: closed.append(time.perf_counter()))
-    peak = _status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated() / MIB
+    peak = (process_status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated()) / MIB
     return {"peak_mib": round(peak, 1),
             "ms_per_window": round(statistics.median(b - a for a, b in zip(closed, closed[1:])) * 1e3, 2)}
 

@@ -14,15 +14,15 @@ import mindspore.dataset as ds
 
 from ms_accum import GradientAccumulation, Plan
 from ms_accum.factory import load_model
-from ms_accum.planner import WINDOWS, _status
+from ms_accum.planner import MIB, WINDOWS, process_status
 
 ms.set_context(mode=ms.GRAPH_MODE)
 plan = Plan.load(sys.argv[1])
 user = load_model(plan.model)
 data, label = user.sample(plan.global_batch // plan.ranks * WINDOWS)
 dataset = ds.NumpySlicesDataset({"data": data, "label": label}, shuffle=False).batch(plan.batch_size)
-start = _status("VmRSS")
+start = process_status("VmRSS")
 executor = GradientAccumulation.from_plan(plan, user.network, user.loss_fn, user.optimizer)
 result = executor.train_process(1, dataset, ckpt_dir=None, verbose=False)
-print(json.dumps({"peak_mib": _status("VmHWM") - start, "mini_steps": result.steps[0].micro_batches,
+print(json.dumps({"peak_mib": (process_status("VmHWM") - start) / MIB, "mini_steps": result.steps[0].micro_batches,
                   "structure": executor.structure, "windows": len(result.steps)}))
