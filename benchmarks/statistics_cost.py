@@ -1,15 +1,18 @@
 """Section s: what measuring the window costs per micro-batch (ms_accum.statistics).
 
-    python -m benchmarks.statistics_cost [--rounds N]
+    python -m benchmarks.statistics_cost [--rounds N] [--data DIR]
 
-The executor's buffer measures every micro-batch's gradient norm in its graph (one sum of squares per parameter
-tensor, added); an outlier filter also keeps running statistics and masks the gradient. Each table times one
-`TrainAccumulationCell` micro-step (K=4, Momentum) on pre-loaded tensors with the buffer's statistics off (the
-baseline), on, and with `skip_outliers`, interleaved in rounds. Target: at most 1.02x. Networks: LeNet5 on b32 (the
-tutorial's) and section m's activation-heavy conv net on b8 (3x96x96).
+With statistics on, every micro-batch's graph also measures its gradient's squared norm (one sum of squares per
+parameter tensor: an L2Loss kernel for a small tensor, Mul and ReduceSum for a large one); an outlier filter also
+keeps running statistics and masks the gradient. Tables, each interleaved in rounds against statistics off:
 
-Memory: statistics add no buffer, a scalar Parameter (the window's squared norm; the outlier filter's running
-statistics are 5 more floats), counted in `tests/test_statistics.py`.
+- s0: what users run, `GradientAccumulation.train_process` (default structure, K=4, LeNet5 b32) over real MNIST
+  (2048 images per round), `statistics=False` against `statistics=True`;
+- s1, s2: one `TrainAccumulationCell` micro-step on pre-loaded tensors, LeNet5 b32 and section m's activation-heavy
+  conv net b8 (3x96x96), the buffer's statistics off, on, and with `skip_outliers`.
+
+Target: at most 1.02x. Memory: statistics add no buffer, a scalar Parameter (the window's squared norm; the outlier
+filter's running statistics are 5 more floats), counted in `tests/test_statistics.py`.
 """
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ import argparse
 
 import numpy as np
 
-from .common import BATCH, K, Table, cycle_calls, interleave, lenet, setup_mindspore
+from .common import BATCH, K, Table, cycle_calls, interleave, lenet, mnist_dir, setup_mindspore
 
-CONTENDERS = {"statistics off (AccumulationBuffer's default)": {},
-              "statistics on (the executor's)": {"statistics": True},
+CONTENDERS = {"statistics off (the default)": {},
+              "statistics on": {"statistics": True},
               "statistics and skip_outliers=6": {"skip_outliers": 6.0, "outlier_warmup": 10 ** 6}}
 BASELINE = next(iter(CONTENDERS))
+EXECUTOR_IMAGES = 2048
 
 
 def _cell(build, settings):
@@ -45,33 +49,64 @@ def _conv():
     return net, loss, nn.Momentum(net.trainable_params(), 0.01, 0.9)
 
 
-def cost(rounds: int, calls: int):
-    """The two tables: LeNet5 b32 and the conv net b8."""
+def _paired_note(table: Table) -> None:
+    base = np.asarray(table.rows[BASELINE])
+    table.notes.append("median of per-round ratios: " + "; ".join(
+        f"{name}: {np.median(np.asarray(values) / base):.3f}" for name, values in table.rows.items()
+        if name != BASELINE))
+
+
+def executor(rounds: int, data_dir: str) -> Table:
+    """s0: train_process over real MNIST, statistics off and on."""
+    from ms_accum import GradientAccumulation
+    from ms_accum.data import create_dataset
+    dataset = create_dataset(data_dir, BATCH, num_samples=EXECUTOR_IMAGES, seed=0)
+    contenders = {}
+    for name, settings in CONTENDERS.items():
+        net, loss, opt = lenet()
+        model = GradientAccumulation(net, loss, opt, **settings)
+        contenders[name] = (lambda m: lambda _n: m.train_process(1, dataset, mini_steps=K, ckpt_dir=None,
+                                                                  verbose=False))(model)
+    table = Table("s0", f"statistics in the executor: train_process over real MNIST ({EXECUTOR_IMAGES} images per "
+                  "round, LeNet5 b32, K=4, the default structure)", "one micro-batch of 32", BATCH, BASELINE,
+                  "<= 1.02", [name for name in CONTENDERS if name != BASELINE])
+    table.rows = interleave(contenders, rounds, EXECUTOR_IMAGES // BATCH)
+    _paired_note(table)
+    return table
+
+
+def cells(rounds: int):
+    """s1, s2: one TrainAccumulationCell micro-step, LeNet5 b32 and the conv net b8."""
     from mindspore import Tensor
     rng = np.random.default_rng(0)
     tables = []
-    for key, title, build, shape, batch in (
-            ("s1", "statistics per micro-batch, LeNet5 b32", lenet, (1, 32, 32), BATCH),
-            ("s2", "statistics per micro-batch, section m's conv net b8 (3x96x96)", _conv, (3, 96, 96), 8)):
+    for key, title, build, shape, batch, calls, table_rounds in (
+            ("s1", "statistics per micro-batch, LeNet5 b32", lenet, (1, 32, 32), BATCH, 32, rounds),
+            ("s2", "statistics per micro-batch, section m's conv net b8 (3x96x96)", _conv, (3, 96, 96), 8, 8,
+             max(rounds // 4, 5))):
         inputs = [(Tensor(rng.standard_normal((batch, *shape)).astype(np.float32)),
                    Tensor(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(8)]
         table = Table(key, title, f"one micro-batch of {batch}", batch, BASELINE, "<= 1.02",
                       [name for name in CONTENDERS if name != BASELINE])
         table.rows = interleave({name: cycle_calls(_cell(build, settings), inputs)
-                                 for name, settings in CONTENDERS.items()}, rounds, calls)
+                                 for name, settings in CONTENDERS.items()}, table_rounds, calls)
         table.notes.append("TrainAccumulationCell (structure 'fused'), K=4, one call per micro-batch; the outlier "
                            "filter judges every micro-batch but, with its warm-up never reached, leaves none out.")
+        _paired_note(table)
         tables.append(table)
     return tables
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=21)
-    parser.add_argument("--calls", type=int, default=32, help="micro-batches per round")
+    parser.add_argument("--rounds", type=int, default=161, help="rounds of s0 and s1 (s2: a quarter)")
+    parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
     args = parser.parse_args(argv)
     setup_mindspore()
-    for table in cost(args.rounds, args.calls):
+    data_dir = mnist_dir(args.data)
+    if data_dir is not None:
+        print(executor(max(args.rounds // 8, 5), data_dir).render(), flush=True)
+    for table in cells(args.rounds):
         print(table.render(), flush=True)
 
 

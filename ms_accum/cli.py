@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--structure", choices=("auto", "window", "fused", "three_graphs"), default="auto",
                        help="how micro-batches run (default auto: three_graphs, the least memory; window and "
                             "fused are faster and keep more activations alive)")
+    train.add_argument("--statistics", action="store_true",
+                       help="measure each window's and each micro-batch's gradient norm, listed in --json (a few "
+                            "percent of a small network's step; implied by --noise-scale and --skip-outliers)")
     train.add_argument("--noise-scale", action="store_true",
                        help="estimate the gradient noise scale (the critical batch size) from the micro-batches' and "
                             "the windows' gradient norms; shown per step, in --json and in the loss plot")
@@ -343,7 +346,8 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
                                     policy=args.policy, loss_scaler=_loss_scaler(args),
                                     stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute,
-                                    noise_scale=args.noise_scale, skip_outliers=args.skip_outliers,
+                                    statistics=args.statistics, noise_scale=args.noise_scale,
+                                    skip_outliers=args.skip_outliers,
                                     outlier_warmup=args.outlier_warmup)
     label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if synthetic else "")
@@ -373,7 +377,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
                "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
                "accumulate_steps": [record.accumulate_steps for record in result.steps],
-               "grad_norm": [record.grad_norm for record in result.steps],
+               "grad_norm": [record.grad_norm for record in result.steps] if executor.statistics else None,
                "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
                "outliers": result.outliers,
                "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}

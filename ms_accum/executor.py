@@ -22,7 +22,7 @@ from .parallel import check_same_on_all_ranks, data_parallel_info, gather_ints
 from .recompute import recompute_cells
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule, ScheduleLike
-from .statistics import NoiseScale, check_outliers
+from .statistics import UNMEASURED, NoiseScale, check_outliers
 from .runtime import check_cpu_kernels
 from .window import TrainWindowCell
 
@@ -48,6 +48,7 @@ class StepRecord:
     loss_scale: float = 1.0
     accumulate_steps: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
     samples_consumed: int = 0  # global samples read when the window closed (`ms_accum.schedule`)
+    # With statistics measured (`GradientAccumulation(statistics=True)`), else nan and empty:
     grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
     micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
@@ -94,19 +95,22 @@ class ThreeGraphsRunner:
                  clear: nn.Cell) -> None:
         self.forward_backward, self.check, self.step, self.clear = forward_backward, check, step, clear
         self.reduction = buffer.reduction
+        self.split = buffer.statistics.split
         self.skipped_windows = buffer.guard.skipped_windows
         self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
 
     def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[float], List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
 
-        Returns `(their outputs, their statistics (squared gradient norm, left out), their sample counts, whether the
-        optimizer was applied)`.
+        Returns `(their outputs, their statistics (squared gradient norm, left out; `UNMEASURED` with statistics off),
+        their sample counts, whether the optimizer was applied)`.
         """
         samples = []
         outputs, applied = self.run(_noting_sizes(window, samples), size)
         self.skipped += int(not applied)
-        return [out for out, _ in outputs], [_values(stat) for _, stat in outputs], samples, applied
+        outputs = [self.split(output) for output in outputs]
+        return ([out for out, _ in outputs], [UNMEASURED if stat is None else _values(stat) for _, stat in outputs],
+                samples, applied)
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         """The outputs of the `size` micro-batches of `window`, and whether the window was applied."""
@@ -146,8 +150,10 @@ class WindowRunner(FusedRunner):
         if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphsRunner.run(self, window, size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
-        out, norms = self.cell(*stacked)
-        return self._closed_in_graph(list(zip(self.reduction.unstack(out), norms.asnumpy())))
+        out, norms = self.split(self.cell(*stacked))
+        outputs = self.reduction.unstack(out)
+        # Per micro-batch, as the other Cells return them: with its statistics when they were measured.
+        return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy())))
 
 
 class GradientAccumulation:
@@ -192,9 +198,13 @@ class GradientAccumulation:
             Gradients are unchanged. Default: ``None``.
         buffer_dtype (mindspore.dtype, optional): The accumulation buffer's dtype. Default: ``None``, float32 for
             float16 and bfloat16 parameters, else theirs.
+        statistics (bool): Measure each micro-batch's and each window's gradient norm in the graph
+            (`ms_accum.statistics`), in `StepRecord.grad_norm` and `StepRecord.micro_batch_grad_norms`. A norm, not a
+            copy, but one sum of squares per parameter tensor per micro-batch: a few percent of a small network's
+            step (README, "What is in the window"). Default: ``False``; on whenever `noise_scale` or `skip_outliers`
+            is set.
         noise_scale (bool): Estimate the gradient noise scale B_simple from the micro-batches' and the windows'
-            gradient norms (`ms_accum.statistics.NoiseScale`), in `StepRecord.noise_scale`. Every `StepRecord`
-            carries the window's gradient norm and its micro-batches' anyway. Default: ``False``.
+            gradient norms (`ms_accum.statistics.NoiseScale`), in `StepRecord.noise_scale`. Default: ``False``.
         skip_outliers (float, optional): Leave out of its window a micro-batch whose loss or gradient norm lies beyond
             this many standard deviations of the running statistics of recent micro-batches (a loss spike), as
             ``policy="skip_microbatch"`` leaves out a non-finite one: the divisor corrected, counted in
@@ -226,8 +236,8 @@ class GradientAccumulation:
                  clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "auto",
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
-                 buffer_dtype=None, noise_scale: bool = False, skip_outliers: Optional[float] = None,
-                 outlier_warmup: int = 100) -> None:
+                 buffer_dtype=None, statistics: bool = False, noise_scale: bool = False,
+                 skip_outliers: Optional[float] = None, outlier_warmup: int = 100) -> None:
         name = "GradientAccumulation"
         check_cpu_kernels(name)
         self._network = check_isinstance(network, "network", nn.Cell, name)
@@ -245,6 +255,8 @@ class GradientAccumulation:
                              f"'weighted_mean'), but got reduction 'sum'.")
         self.noise_scale = NoiseScale() if noise_scale else None  # the estimator, `ms_accum.statistics`
         check_outliers(skip_outliers, outlier_warmup, name)
+        self.statistics = (check_isinstance(statistics, "statistics", bool, name) or noise_scale
+                           or skip_outliers is not None)  # whether the gradient norms are measured
         self._parallel = data_parallel_info(name)  # None when stand-alone
         self._writes = self._parallel is None or self._parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
@@ -252,7 +264,7 @@ class GradientAccumulation:
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                         reduction=reduction, dtype=buffer_dtype, statistics=True,
+                                         reduction=reduction, dtype=buffer_dtype, statistics=self.statistics,
                                          skip_outliers=skip_outliers, outlier_warmup=outlier_warmup)
         self._clear = TrainClear(self.buffer).set_train()
         self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
@@ -504,7 +516,7 @@ class GradientAccumulation:
         total, weight, all_samples, norm_sum, micro, reciprocals = self.buffer.reducer.total(
             Tensor(np.asarray(local, np.float32))).asnumpy().astype(np.float64)
         loss = float(total / weight) if weight > 0 else np.nan
-        window_sq_norm = float(self.buffer.statistics.window_sq_norm.asnumpy())
+        window_sq_norm = float(self.buffer.statistics.window_sq_norm.asnumpy()) if self.statistics else np.nan
         guard = self.buffer.guard
         result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
@@ -515,7 +527,7 @@ class GradientAccumulation:
         outliers = [position.batch - len(losses) + int(i) for i in np.flatnonzero(left_out)]
         record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
                             float(guard.loss_scale.asnumpy()), k, consumed, float(np.sqrt(window_sq_norm)),
-                            [float(n) for n in np.sqrt(norms)], noise, outliers)
+                            [float(n) for n in np.sqrt(norms)] if self.statistics else [], noise, outliers)
         result.steps.append(record)
         result.outliers += [(epoch, batch) for batch in outliers]
         for batch, i in zip(outliers, np.flatnonzero(left_out)):

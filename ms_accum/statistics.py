@@ -1,11 +1,11 @@
 """What is in the window: each micro-batch's gradient norm, measured in the graph, and the gradient noise scale.
 
-Accumulation sees each micro-batch's gradient on its own before summing it. With statistics on (the executor's
-buffers), every micro-batch's graph also returns the squared norm of the micro-batch's own mean gradient, unscaled and
-unweighted (the buffer receives it times the backward pass's sensitivity, weight x loss scale, which is divided out),
-and the window's check writes the squared norm of the window's mean gradient before clipping. A norm, not a copy: no
-buffer is added. With statistics off (the default of `AccumulationBuffer`) nothing is computed and every Cell's output
-is as before.
+Accumulation sees each micro-batch's gradient on its own before summing it. With statistics on
+(``AccumulationBuffer(statistics=True)``, ``GradientAccumulation(statistics=True)``), every micro-batch's graph also
+returns the squared norm of the micro-batch's own mean gradient, unscaled and unweighted (the buffer receives it times
+the backward pass's sensitivity, weight x loss scale, which is divided out), and the window's check writes the squared
+norm of the window's mean gradient before clipping. A norm, not a copy: no buffer is added. With statistics off (the
+default) nothing is computed and every Cell's output is as before.
 
 `NoiseScale` turns both into McCandlish et al.'s simple noise scale B_simple = tr(Σ) / |G|² (README, "Statistics").
 """
@@ -20,6 +20,7 @@ from mindspore import Parameter, Tensor, ops
 from . import _ops
 from ._validation import check_positive_float, check_positive_int
 
+UNMEASURED = (0.0, 0.0)  # host side, a micro-batch's [squared norm, left out] with statistics off: kept, not measured
 OUTLIER_BETA = 0.99  # the running statistics of `OutlierFilter` forget with this decay once past 100 micro-batches
 MIN_OUTLIER_WARMUP = 8  # micro-batches taken in before `OutlierFilter` judges any, whatever its warm-up
 
@@ -45,6 +46,10 @@ class NoStatistics:
     def output(self, out, stats):
         """The Cell's output: the network's output alone."""
         return out
+
+    def split(self, output):
+        """Host side: a Cell's output as `(the network's output, statistics)`; None: nothing measured."""
+        return output, None
 
     def collect(self, collected, at, stats):
         """`TrainWindowCell`'s running record of its micro-batches' statistics: nothing."""
@@ -85,6 +90,9 @@ class Statistics(NoStatistics):
 
     def output(self, out, stats):
         return out, stats
+
+    def split(self, output):
+        return output
 
     def collect(self, collected, at, stats):
         return ops.tensor_scatter_update(collected, at, ops.reshape(stats, (1, 2)))

@@ -198,14 +198,18 @@ def test_executor_owns_one_buffer_per_parameter_plus_scalars():
     owned = ex.buffer.parameters()
     assert len(owned) == len(params) + 6  # two window counters, the guard's loss scale and three counters
     assert sum(p.size for p in ex.buffer.grad_sum) == sum(p.size for p in params)
-    # every graph the executor builds shares that one buffer: no Parameter outside network, optimizer, buffer (and
-    # the statistics' one scratch scalar, the window's squared norm, not saved)
-    runner = ex.runner(4)
-    [scratch] = ex.buffer.statistics.parameters()
-    assert scratch.size == 1 and scratch.name not in {p.name for p in owned}
-    known = {id(p) for _, p in ex._optimizer.parameters_and_names()} | {id(p) for p in owned} | {id(scratch)}
-    for cell in (runner.forward_backward, runner.check, runner.step, runner.clear, runner.cell):
-        assert {id(p) for _, p in cell.parameters_and_names()} <= known
+    # every graph the executor builds shares that one buffer: no Parameter outside network, optimizer, buffer (and,
+    # measuring, the statistics' one scratch scalar, the window's squared norm, not saved)
+    assert ex.buffer.statistics.parameters() == []  # statistics off by default
+    measuring = GradientAccumulation(net, loss_fn(), ex._optimizer, structure="fused", statistics=True)
+    [scratch] = measuring.buffer.statistics.parameters()
+    assert scratch.size == 1 and scratch.name not in {p.name for p in measuring.buffer.parameters()}
+    for model, extra in ((ex, set()), (measuring, {id(scratch)})):
+        runner = model.runner(4)
+        known = ({id(p) for _, p in model._optimizer.parameters_and_names()}
+                 | {id(p) for p in model.buffer.parameters()} | extra)
+        for cell in (runner.forward_backward, runner.check, runner.step, runner.clear, runner.cell):
+            assert {id(p) for _, p in cell.parameters_and_names()} <= known
 
 
 def test_optimizer_over_another_network_is_refused():

@@ -64,7 +64,7 @@ def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(s
     x, y = rng.standard_normal((24, 6)).astype(np.float32), rng.integers(0, 3, 24).astype(np.int32)
     net, loss = mlp(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), clip_norm=1e-3,
-                                 structure=structure, loss_scaler=amp.StaticLossScaler(1024.0))
+                                 structure=structure, loss_scaler=amp.StaticLossScaler(1024.0), statistics=True)
     result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4), 3,
                                  ckpt_dir=None, verbose=False)
     for w, record in enumerate(result.steps):
@@ -75,6 +75,30 @@ def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(s
         assert record.noise_scale is None  # not asked for
 
 
+@pytest.mark.parametrize("structure", ["three_graphs", "window"])
+def test_statistics_are_off_by_default_and_measuring_changes_no_update(structure):
+    # Off, nothing is measured (nan, no norms); on, the same windows train bit for bit the same weights and losses.
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((24, 6)).astype(np.float32), rng.integers(0, 3, 24).astype(np.int32)
+    runs = []
+    for statistics in (False, True):
+        ms.set_seed(0)
+        net = mlp()
+        model = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                     nn.Momentum(net.trainable_params(), 0.1, 0.9), structure=structure,
+                                     statistics=statistics)
+        assert model.statistics is statistics
+        result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4), 3,
+                                     ckpt_dir=None, verbose=False)
+        runs.append((result, [p.asnumpy() for p in net.trainable_params()]))
+    (off, off_weights), (on, on_weights) = runs
+    assert all(np.isnan(r.grad_norm) and r.micro_batch_grad_norms == [] for r in off.steps)
+    assert all(np.isfinite(r.grad_norm) and len(r.micro_batch_grad_norms) == 3 for r in on.steps)
+    assert off.losses == on.losses
+    for a, b in zip(off_weights, on_weights):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_token_weighted_norms_are_of_each_micro_batchs_mean_over_its_tokens():
     # Micro-batches of 1 and 5 real tokens: the micro-batch norm is of its own token mean's gradient, the window's of
     # the mean over all its tokens.
@@ -82,7 +106,8 @@ def test_token_weighted_norms_are_of_each_micro_batchs_mean_over_its_tokens():
     net, loss = Tagger(7), TokenCrossEntropy()
     tokens = tagger_inputs(np.array([[1, 2, 3, 4, 5, 6], [2, 3, 0, 0, 0, 0]], np.int32))
     targets = np.array([[2, 3, 4, 5, 6, -100], [3, -100, -100, -100, -100, -100]], np.int32)
-    model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), reduction="weighted_mean")
+    model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), reduction="weighted_mean",
+                                 statistics=True)
     result = model.train_process(1, ds.NumpySlicesDataset({"x": tokens, "y": targets}, shuffle=False).batch(1), 2,
                                  ckpt_dir=None, verbose=False)
 
@@ -139,6 +164,8 @@ def test_noise_scale_needs_two_batch_sizes_and_a_mean():
                              noise_scale=True)
     with pytest.raises(TypeError, match="the argument 'noise_scale' must be bool"):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=1)
+    with pytest.raises(TypeError, match="For 'GradientAccumulation', the argument 'statistics' must be bool"):
+        GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), statistics="yes")
 
 
 def test_noise_scale_estimator_by_hand():
