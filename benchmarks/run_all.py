@@ -34,6 +34,8 @@ def parse_args(argv=None):
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections to run")
     parser.add_argument("--memory-repeats", type=int, default=3, metavar="N",
                         help="processes per figure in section m, whose median is shown (default 3; 1 with --quick)")
+    parser.add_argument("--reverse-build", action="store_true",
+                        help="section b builds (compiles) its contenders in the opposite order: run b both ways")
     parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
     args = parser.parse_args(argv)
     args.only = set(args.only.split(","))
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
     section("a", "micro-step and executor loop", lambda: [steps.micro_step(batches, rounds, calls),
                                                            steps.executor_loop(batches * 2, max(3, rounds // 2))])
     # b: twice the rounds, for its 2 % targets; b2 times fixed costs on a tiny network, many windows per round
-    section("b", "documentation implementations", lambda: [steps.documentation(batches, 2 * rounds, calls),
+    section("b", "documentation implementations", lambda: [steps.documentation(batches, 2 * rounds, calls,
+                                                                                       args.reverse_build),
                                                            launches.launches(2 * rounds, 4 * windows)])
     section("c", "window vs b128", lambda: steps.window(batches, rounds, windows)[0])
     # d: longer blocks, because each worker process wakes from idle at the start of its block

@@ -154,8 +154,11 @@ def _three_graphs(net, loss_fn, opt, inputs):
     return run
 
 
-def documentation(batches, rounds: int, calls: int) -> Table:
+def documentation(batches, rounds: int, calls: int, reverse_build: bool = False) -> Table:
     """b: ms per micro-batch of ms_accum's structures vs the documentation's two implementations.
+
+    Which graph a process compiles first moves its speed by up to about 5 % (seen in section s), so run it twice, the
+    second time with `reverse_build` (the contenders built, and compiled, in the opposite order), and read both.
 
     Every contender trains its own copy from the same initial weights on the same micro-batches, so the exact
     ones (all but the tutorial's, whose step is K times larger, and the plain step) must end with equal weights:
@@ -183,9 +186,11 @@ def documentation(batches, rounds: int, calls: int) -> Table:
             nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train(), inputs),
     }
     contenders, optimizers = {}, {}
-    for name, build in builders.items():
+    for name, build in (reversed if reverse_build else iter)(list(builders.items())):
         net, loss, opt = lenet()
         contenders[name], optimizers[name] = build(net, loss, opt), opt
+        contenders[name](len(inputs))  # compiled now, in this order (whole windows, every input once)
+    contenders = {name: contenders[name] for name in builders}  # timed in the table's order either way
 
     table = Table("b", "ms_accum vs MindSpore's documented implementations (LeNet5 b32, K=4, own copies)",
                   "one micro-batch of 32", BATCH, "docs page: @jit_class Accumulator + @ms.jit step")

@@ -43,7 +43,7 @@ def test_train_then_eval_on_real_mnist(tmp_path):
     assert out.returncode == 0, out.stderr
     trained = json.loads(out.stdout.strip().splitlines()[-1])
     assert trained["accuracy"] >= 0.90 and not trained["synthetic"]
-    assert trained["optimizer_steps"] == 128
+    assert trained["optimizer_steps"] == 128 and trained["grad_norm"] is None  # not measured unless asked
     ckpt = tmp_path / "lenet5.ckpt"
     assert trained["checkpoint"] == str(ckpt)
     assert (tmp_path / "lenet5_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -289,9 +289,10 @@ def test_loss_scale_policy_and_recompute_flags(tmp_path, synthetic, capsys):
     assert cli.main(["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "16",
                      "--num-samples", "64", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
                      "--json", "--loss-scale", "dynamic", "--loss-scale-value", "1024", "--policy", "skip_microbatch",
-                     "--recompute", "conv1", "conv2", "--structure", "fused"]) == 0
+                     "--recompute", "conv1", "conv2", "--structure", "fused", "--statistics"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["optimizer_steps"] == 2 and summary["skipped_windows"] == 0
+    assert len(summary["grad_norm"]) == 2 and all(np.isfinite(summary["grad_norm"]))  # measured, unscaled
     _, meta = load_checkpoint(str(tmp_path / "lenet5.ckpt"))
     assert meta["step"] == 2
     assert cli.main(["train", "--recompute", "conv9", "--data", synthetic, "--ckpt-dir", str(tmp_path),

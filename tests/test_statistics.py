@@ -22,6 +22,13 @@ def mlp(activation=nn.Tanh):
     return nn.SequentialCell([nn.Dense(6, 8), activation(), nn.Dense(8, 3)])
 
 
+def wide_mlp():
+    """An MLP with a tensor above `_ops.SMALL_TENSOR` (300 x 256 = 76800 elements) and small ones: both ways of summing
+    squares."""
+    ms.set_seed(0)
+    return nn.SequentialCell([nn.Dense(6, 300), nn.Tanh(), nn.Dense(300, 256), nn.Tanh(), nn.Dense(256, 3)])
+
+
 class Tagger(nn.Cell):
     """A token tagger whose input's last axis holds (token, scale): the scale multiplies the token's embedding."""
 
@@ -62,7 +69,7 @@ def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(s
     # and clipping must change none of the norms (unscaled, before clipping).
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((24, 6)).astype(np.float32), rng.integers(0, 3, 24).astype(np.int32)
-    net, loss = mlp(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    net, loss = wide_mlp(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.0), clip_norm=1e-3,
                                  structure=structure, loss_scaler=amp.StaticLossScaler(1024.0), statistics=True)
     result = model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4), 3,
@@ -75,15 +82,16 @@ def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(s
         assert record.noise_scale is None  # not asked for
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
 def test_statistics_are_off_by_default_and_measuring_changes_no_update(structure):
-    # Off, nothing is measured (nan, no norms); on, the same windows train bit for bit the same weights and losses.
+    # Off, nothing is measured (nan, no norms); on, the same windows train bit for bit the same weights and losses
+    # (the fused and window Cells' optimizer step sits in a tensor `if` after the measuring: README, "Known MindSpore
+    # behaviour", a constant if/else).
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((24, 6)).astype(np.float32), rng.integers(0, 3, 24).astype(np.int32)
     runs = []
     for statistics in (False, True):
-        ms.set_seed(0)
-        net = mlp()
+        net = wide_mlp()
         model = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                                      nn.Momentum(net.trainable_params(), 0.1, 0.9), structure=structure,
                                      statistics=statistics)
