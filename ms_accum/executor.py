@@ -535,8 +535,10 @@ class GradientAccumulation:
                 print(f"epoch: {epoch} batch: {batch} left out as an outlier (loss {values[i]:.6g}, gradient norm "
                       f"{np.sqrt(norms[i]):.6g})", flush=True)
         if not applied:
-            what = (f"epoch {epoch} step {step}: the window's gradient or loss is not finite, so it was skipped "
-                    f"(parameters unchanged; {result.skipped_windows} window(s) skipped so far)")
+            why = ("every micro-batch of the window was left out as an outlier" if left_out.all() else
+                   "the window's gradient or loss is not finite")
+            what = (f"epoch {epoch} step {step}: {why}, so it was skipped (parameters unchanged; "
+                    f"{result.skipped_windows} window(s) skipped so far)")
             if self._stop_on_nonfinite:
                 raise NonFiniteError(f"For 'GradientAccumulation.train_process', {what}; stopping, as "
                                      f"'stop_on_nonfinite' is True.")
