@@ -6,7 +6,8 @@ Sections (LeNet5, Momentum(0.01, 0.9), micro-batch 32, K = 4; contenders interle
 excluded, median ms and the ratio to a baseline):
   a  ms_accum's micro-step and executor loop vs nn.TrainOneStepCell (target <= 1.02)
   b  ms_accum vs the documentation's two implementations (the benchmark's own copies; target <= 1.02 each);
-     b2 what each launch of the window's bookkeeping is worth (a tiny network, one choice changed per row)
+     b2 what each launch of the window's bookkeeping is worth (a tiny network, one choice changed per row);
+     b3 b's two comparisons with one process per contender (no graph's compilation moves another's speed)
   c  a window of 4 x b32 vs one b128 step (target <= 1.00), with TrainWindowCell (one call per window)
   d  vs the equivalent PyTorch CPU loop (target throughput >= 1.0x), and MindSpore thread settings
   e  the tutorial's epoch end to end (real MNIST pipeline) vs the step alone
@@ -83,10 +84,12 @@ def main(argv=None) -> int:
 
     section("a", "micro-step and executor loop", lambda: [steps.micro_step(batches, rounds, calls),
                                                            steps.executor_loop(batches * 2, max(3, rounds // 2))])
-    # b: twice the rounds, for its 2 % targets; b2 times fixed costs on a tiny network, many windows per round
+    # b: twice the rounds, for its 2 % targets; b2 times fixed costs on a tiny network, many windows per round; b3 is
+    # b's two comparisons with one process per contender (longer blocks: a worker wakes from idle at each block)
     section("b", "documentation implementations", lambda: [steps.documentation(batches, 2 * rounds, calls,
                                                                                        args.reverse_build),
-                                                           launches.launches(2 * rounds, 4 * windows)])
+                                                           launches.launches(2 * rounds, 4 * windows),
+                                                           steps.documentation_processes(2 * rounds, 2 * calls)])
     section("c", "window vs b128", lambda: steps.window(batches, rounds, windows)[0])
     # d: longer blocks, because each worker process wakes from idle at the start of its block
     section("d", "torch and thread settings", lambda: threads.torch_vs_mindspore(max(3, rounds * 3 // 4), 2 * calls,

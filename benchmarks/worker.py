@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 CONTENDERS = ("torch", "ms_cell", "ms_jit", "ms_window", "ms_one_step", "torch_loader", "ms_executor",
-              "ms_executor_fused", "ms_executor_window", "ms_loop_one_step")
+              "ms_executor_fused", "ms_executor_window", "ms_loop_one_step", "doc_page", "doc_tutorial",
+              "ms_three_graphs")
 SETTINGS = ("default", "threads_num=1", "threads_num=2", "dispatch_threads_num=1", "cpu_affinity", "env")
 
 
@@ -115,6 +116,16 @@ def mindspore_contender(name: str, batches, k: int):
     from .common import cycle_calls, lenet, tensors, window_tensors
     from .steps import jit_accumulator_step
     net, loss_fn, opt = lenet()
+    if name == "doc_page":
+        from .doc_impls import accumulator_page_train_step
+        return cycle_calls(accumulator_page_train_step(net, loss_fn, opt, k)[0], tensors(batches))
+    if name == "doc_tutorial":
+        from .doc_impls import DocGradientAccumulation
+        from .steps import _cell_graph_tutorial
+        return _cell_graph_tutorial(DocGradientAccumulation(net, loss_fn, opt), tensors(batches))
+    if name == "ms_three_graphs":
+        from .steps import _three_graphs
+        return _three_graphs(net, loss_fn, opt, tensors(batches))
     if name == "ms_cell":
         return cycle_calls(TrainAccumulationCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(), tensors(batches))
     if name == "ms_one_step":

@@ -17,8 +17,8 @@ pass's sensitivity stays a compile-time constant. In data parallel the counts th
 all-reduced, so every rank decides alike.
 
 The window's check is `mindspore.amp.all_finite` on GPU and Ascend (where it reads the device's overflow status)
-and for half-precision buffers; on CPU a float32 buffer is checked through each tensor's sum of squares, one L2Loss
-kernel per tensor instead of three (README, "Performance").
+and for half-precision buffers; on CPU a float32 buffer is checked through each tensor's sum, one ReduceSum kernel
+per tensor instead of three (README, "Performance").
 """
 from __future__ import annotations
 
@@ -76,16 +76,23 @@ def _no_loss(loss, weight, window_bad):
 
 
 @_count_bad_loss_op.register("Tensor", "Tensor", "Tensor")
+def _mark_bad_loss(loss, weight, window_bad):
+    # `loss - loss` is 0 for a finite loss and nan for any other: one kernel where counting took three (IsFinite,
+    # LogicalNot, Cast), and a window marked nan is ruled out by `_KeepAll.spoiled`.
+    return ops.depend(weight, ops.assign_add(window_bad, ops.cast(loss - loss, ms.float32)))
+
+
 @_count_bad_loss_op.register("Tensor", "Number", "Tensor")
-def _count_bad_loss(loss, weight, window_bad):
-    bad = ops.cast(ops.logical_not(ops.isfinite(loss)), ms.float32)
-    return ops.depend(weight, ops.assign_add(window_bad, bad))
+def _mark_bad_loss_constant_weight(loss, weight, window_bad):
+    # Made a tensor before the Depend, a constant weight stays a compile-time constant; a Python number passed through
+    # the Depend cost two kernels a call (ScalarToTensor and Cast).
+    return _mark_bad_loss(loss, ops.scalar_to_tensor(weight, ms.float32), window_bad)
 
 
 @ms.jit_class
 class _SumIsFinite:
-    """Whether a float32 window is finite, from one sum of squares per tensor (`_ops.sums_finite`): finite elements
-    squaring past float32's range are counted as an overflow."""
+    """Whether a float32 window is finite, from one sum per tensor (`_ops.sums_finite`): finite elements adding up
+    past float32's range are counted as an overflow."""
 
     def __call__(self, grads):
         return _ops.sums_finite(grads)
@@ -142,13 +149,15 @@ class _Scaled:
 
 @ms.jit_class
 class _KeepAll:
-    """skip_window: accumulate everything; a non-finite loss marks the window (its gradient shows by itself)."""
+    """skip_window: accumulate everything; a non-finite loss marks the window, `window_bad` turns nan (its gradient
+    shows by itself)."""
 
     def __call__(self, loss, grads, weight, window_bad, skipped_micro_batches):
         return grads, _count_bad_loss_op(loss, weight, window_bad)
 
-    def spoiled(self, bad, seen):  # whether `bad` non-finite micro-batches of the `seen` rule the window out
-        return ops.logical_or(bad > 0.0, bad >= seen)
+    def spoiled(self, bad, seen):  # whether the window's mark `bad` (all ranks') of `seen` micro-batches rules it out
+        # nan is not equal to 0 (nor is a count from an older state); an empty window is never applied
+        return ops.logical_or(ops.not_equal(bad, 0.0), bad >= seen)
 
 
 @ms.jit_class
@@ -189,7 +198,8 @@ class WindowGuard:
         skipped_windows (Parameter): int32, windows not applied because they were not finite.
         skipped_micro_batches (Parameter): int32, micro-batches left out by ``"skip_microbatch"`` (and by the
             buffer's outlier filter, `ms_accum.statistics.OutlierFilter`, which counts here too).
-        window_bad (Parameter): float32, non-finite micro-batches in the open window.
+        window_bad (Parameter): float32, the open window's mark: under ``"skip_microbatch"`` the micro-batches left
+            out as not finite, under ``"skip_window"`` 0 until a micro-batch's loss is not finite, then nan.
 
     Raises:
         TypeError: If `loss_scaler` is not a MindSpore loss scaler.
