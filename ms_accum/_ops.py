@@ -17,11 +17,15 @@ _scale_in_place_op = ops.MultitypeFuncGraph("ms_accum_scale_in_place")
 _clear_op = ops.MultitypeFuncGraph("ms_accum_clear")
 _zero_in_place_op = ops.MultitypeFuncGraph("ms_accum_zero_in_place")
 _finite_probe_op = ops.MultitypeFuncGraph("ms_accum_finite_probe")
-_sum_of_squares_op = ops.MultitypeFuncGraph("ms_accum_sum_of_squares")
+_square_sum_op = ops.MultitypeFuncGraph("ms_accum_square_sum")
+_half_sum_of_squares_op = ops.MultitypeFuncGraph("ms_accum_half_sum_of_squares")
 _clip_in_place_op = ops.MultitypeFuncGraph("ms_accum_clip_in_place")
 _assign_op = ops.MultitypeFuncGraph("ms_accum_assign")
 _dense_shape_op = ops.MultitypeFuncGraph("ms_accum_dense_shape")
 _count_op = ops.MultitypeFuncGraph("ms_accum_count")
+_l2_loss = ops.L2Loss()
+
+SMALL_TENSOR = 1 << 16  # elements: up to this a tensor's sum of squares is one L2Loss kernel (`squared_norm`)
 
 
 def _densify(grad):
@@ -112,7 +116,7 @@ def _clear(grad_sum):
 
 @_finite_probe_op.register("Tensor")
 def _finite_probe(grad_sum):
-    return grad_sum.sum()  # one ReduceSum: only finiteness is read (README, "Known MindSpore behaviour")
+    return _l2_loss(grad_sum)  # one kernel, a quarter of ReduceSum's time on CPU: only finiteness is read
 
 
 def accumulate(grad_sum, mini_step, num_samples, grads, weight):
@@ -153,26 +157,34 @@ def weigh(grads, weight):
     return _hyper_map(ops.partial(_weigh_op, weight), grads)
 
 
-@_sum_of_squares_op.register("Tensor")
-def _sum_of_squares(grad):
-    # Mul and ReduceSum: on CPU `Square` and `L2Loss` each cost several times as much, and L2Loss sums element after
-    # element, drifting over large tensors (README, "Known MindSpore behaviour").
-    grad = ops.cast(grad, ms.float32)  # a half-precision square overflows from 256 on
-    return (grad * grad).sum()
+@_square_sum_op.register("Tensor")
+def _square_sum(grad):
+    return ops.cast(ops.reduce_sum(ops.square(grad)), ms.float32)
 
 
-@_sum_of_squares_op.register("RowTensor")
-def _sum_of_squares_row_tensor(grad):
-    return _sum_of_squares(_densify(grad))  # rows may repeat: their sum is the gradient
+@_half_sum_of_squares_op.register("Tensor")
+def _half_sum_of_squares(grad):
+    grad = ops.cast(grad, ms.float32)
+    # A small tensor's time is its launches: L2Loss (sum(x²) / 2) is one kernel, on CPU a quarter of ReduceSum's time.
+    # It sums element after element, so a large tensor's sum drifts (3.5e-3 relative at 4M elements): there the
+    # launch is nothing beside the work, and Mul and ReduceSum sum accurately (README, "Known MindSpore behaviour").
+    if ops.size(grad) <= SMALL_TENSOR:
+        return _l2_loss(grad)
+    return (grad * grad).sum() * 0.5
+
+
+@_half_sum_of_squares_op.register("RowTensor")
+def _half_sum_of_squares_row_tensor(grad):
+    return _half_sum_of_squares(_densify(grad))  # rows may repeat: their sum is the gradient
 
 
 def squared_norm(tensors):
     """The squared global norm of `tensors`, in float32: one sum of squares per tensor, added."""
-    sums = _hyper_map(_sum_of_squares_op, tensors)
-    total = sums[0]
-    for value in sums[1:]:  # not AddN (nor Stack): with a sparse gradient among them it fails to compile
+    halves = _hyper_map(_half_sum_of_squares_op, tensors)
+    total = halves[0]
+    for value in halves[1:]:  # not AddN (nor Stack): with a sparse gradient among them it fails to compile
         total = total + value
-    return total
+    return total * 2.0
 
 
 @_clip_in_place_op.register("Tensor", "Tensor", "Tensor")
@@ -184,7 +196,7 @@ def _clip_in_place(clip_norm, global_norm, grad):
 def clip_in_place(grads, clip_norm: float):
     """`grads` clipped to the global norm `clip_norm` in place, with the arithmetic of `ops.clip_by_global_norm`."""
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
-    global_norm = ops.sqrt(ops.addn(_hyper_map(_sum_of_squares_op, grads)))  # AddN, as clip_by_global_norm sums
+    global_norm = ops.sqrt(ops.addn(_hyper_map(_square_sum_op, grads)))  # AddN, as clip_by_global_norm sums
     global_norm = ops.select(global_norm >= clip, global_norm, clip)
     return _hyper_map(ops.partial(_clip_in_place_op, clip, global_norm), grads)
 
@@ -228,9 +240,9 @@ def in_place_arithmetic():
 
 
 def sums_finite(tensors):
-    """Whether every element of float32 `tensors` is finite, from one sum per tensor: it is finite exactly when the
-    elements are, unless they add up past float32's range (elements near 3.4e38 / their count, which no clipping
-    survives either: the global norm would be infinite long before)."""
+    """Whether every element of float32 `tensors` is finite, from one L2Loss (half the sum of squares) per tensor: it
+    is finite exactly when the elements are, unless they square past float32's range (an element beyond about
+    1.8e19, which no clipping survives either: the global norm would be infinite)."""
     return ops.isfinite(ops.addn(_hyper_map(_finite_probe_op, tensors)))
 
 

@@ -17,8 +17,8 @@ pass's sensitivity stays a compile-time constant. In data parallel the counts th
 all-reduced, so every rank decides alike.
 
 The window's check is `mindspore.amp.all_finite` on GPU and Ascend (where it reads the device's overflow status)
-and for half-precision buffers; on CPU a float32 buffer is checked through each tensor's sum, one ReduceSum kernel
-per tensor instead of three (README, "Performance").
+and for half-precision buffers; on CPU a float32 buffer is checked through each tensor's sum of squares, one L2Loss
+kernel per tensor instead of three (README, "Performance").
 """
 from __future__ import annotations
 
@@ -91,8 +91,8 @@ def _mark_bad_loss_constant_weight(loss, weight, window_bad):
 
 @ms.jit_class
 class _SumIsFinite:
-    """Whether a float32 window is finite, from one sum per tensor (`_ops.sums_finite`): finite elements adding up
-    past float32's range are counted as an overflow."""
+    """Whether a float32 window is finite, from one sum of squares per tensor (`_ops.sums_finite`): finite elements
+    squaring past float32's range are counted as an overflow."""
 
     def __call__(self, grads):
         return _ops.sums_finite(grads)

@@ -23,7 +23,8 @@ def mlp(activation=nn.Tanh):
 
 
 def wide_mlp():
-    """An MLP with a large tensor (300 x 256 = 76800 elements, where a sequential sum would drift) and small ones."""
+    """An MLP with a tensor above `_ops.SMALL_TENSOR` (300 x 256 = 76800 elements) and small ones: both ways of summing
+    squares."""
     ms.set_seed(0)
     return nn.SequentialCell([nn.Dense(6, 300), nn.Tanh(), nn.Dense(300, 256), nn.Tanh(), nn.Dense(256, 3)])
 
