@@ -221,15 +221,8 @@ def documentation_processes(rounds: int, calls: int) -> Table:
     compiles one contender, and the parent asks them in turn (order rotating each round) to run a block of
     micro-batches, so they are still measured side by side.
     """
-    from .threads import Worker
-    workers = {name: Worker(contender, "default", {}) for name, contender in PROCESS_ROWS}
-    try:
-        for worker in workers.values():
-            worker.wait_ready()
-        samples = interleave(workers, rounds, calls, warmup=1)
-    finally:
-        for worker in workers.values():
-            worker.close()
+    from .threads import timed_workers
+    samples = timed_workers({name: (contender, "default", {}) for name, contender in PROCESS_ROWS}, rounds, calls)
     table = Table("b3", "section b's comparisons, one process per contender (LeNet5 b32, K=4)",
                   "one micro-batch of 32", BATCH, PROCESS_ROWS[0][0])
     table.rows = samples

@@ -66,6 +66,19 @@ class Worker:
             self.proc.wait(timeout=30)
 
 
+def timed_workers(rows: dict, rounds: int, calls: int) -> dict:
+    """{name: (contender, setting, env)} -> {name: ms per micro-batch, one sample per round}: one worker process each,
+    all started and warmed up first, then timed side by side (`interleave`), then closed."""
+    workers = {name: Worker(*row) for name, row in rows.items()}
+    try:
+        for worker in workers.values():
+            worker.wait_ready()
+        return interleave(workers, rounds, calls, warmup=1)
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
 def torch_vs_mindspore(rounds: int, calls: int, quick: bool = False) -> Table:
     have_torch = version("torch") != "absent"
     rows = WORKERS[:QUICK_WORKERS] if quick else WORKERS
@@ -73,14 +86,7 @@ def torch_vs_mindspore(rounds: int, calls: int, quick: bool = False) -> Table:
         log("   torch is not installed: section d measures MindSpore's settings only "
             "(pip install torch==2.13.0 to compare)")
         rows = [row for row in rows if not row[1].startswith("torch")]
-    workers = {name: Worker(contender, setting, env) for name, contender, setting, env in rows}
-    try:
-        for worker in workers.values():
-            worker.wait_ready()
-        samples = interleave(workers, rounds, calls, warmup=1)
-    finally:
-        for worker in workers.values():
-            worker.close()
+    samples = timed_workers({name: (contender, setting, env) for name, contender, setting, env in rows}, rounds, calls)
     baseline = rows[0][0]
     table = Table("d", "LeNet5 b32, K=4: MindSpore vs the PyTorch CPU loop, and MindSpore thread settings "
                   "(one process per row)", "one micro-batch of 32", BATCH, baseline,

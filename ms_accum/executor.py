@@ -128,6 +128,7 @@ class ThreeGraphsRunner:
         # A Cell that closed the window in its graph says whether it applied it through the guard's count of skips.
         return outputs, int(self.skipped_windows.asnumpy()) == self.skipped
 
+
 class FusedRunner(ThreeGraphsRunner):
     """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
 
