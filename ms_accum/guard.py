@@ -35,7 +35,7 @@ LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 
 _hyper_map = ops.HyperMap()
 _keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
-_count_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_count_bad_loss")
+_mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
 
 
 def check_policy_fits(network, policy: str, cls_name: str, outliers: bool = False) -> None:
@@ -69,20 +69,20 @@ def _keep_dense(finite, grad):
     return ops.select(finite, grad, ops.zeros_like(grad))
 
 
-@_count_bad_loss_op.register("None", "Tensor", "Tensor")
-@_count_bad_loss_op.register("None", "Number", "Tensor")
+@_mark_bad_loss_op.register("None", "Tensor", "Tensor")
+@_mark_bad_loss_op.register("None", "Number", "Tensor")
 def _no_loss(loss, weight, window_bad):
     return weight  # the Accumulator has no loss to test: its window's gradient check finds what is not finite
 
 
-@_count_bad_loss_op.register("Tensor", "Tensor", "Tensor")
+@_mark_bad_loss_op.register("Tensor", "Tensor", "Tensor")
 def _mark_bad_loss(loss, weight, window_bad):
     # `loss - loss` is 0 for a finite loss and nan for any other: one kernel where counting took three (IsFinite,
     # LogicalNot, Cast), and a window marked nan is ruled out by `_KeepAll.spoiled`.
     return ops.depend(weight, ops.assign_add(window_bad, ops.cast(loss - loss, ms.float32)))
 
 
-@_count_bad_loss_op.register("Tensor", "Number", "Tensor")
+@_mark_bad_loss_op.register("Tensor", "Number", "Tensor")
 def _mark_bad_loss_constant_weight(loss, weight, window_bad):
     # Made a tensor before the Depend, a constant weight stays a compile-time constant; a Python number passed through
     # the Depend cost two kernels a call (ScalarToTensor and Cast).
@@ -153,7 +153,7 @@ class _KeepAll:
     shows by itself)."""
 
     def __call__(self, loss, grads, weight, window_bad, skipped_micro_batches):
-        return grads, _count_bad_loss_op(loss, weight, window_bad)
+        return grads, _mark_bad_loss_op(loss, weight, window_bad)
 
     def spoiled(self, bad, seen):  # whether the window's mark `bad` (all ranks') of `seen` micro-batches rules it out
         # nan is not equal to 0 (nor is a count from an older state); an empty window is never applied
