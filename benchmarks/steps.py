@@ -154,6 +154,13 @@ def _three_graphs(net, loss_fn, opt, inputs):
     return run
 
 
+# The rows of b and b3 that compare ours with the documentation implementation it replaces (`_replacement_ratios`)
+DOC_PAGE = "docs page: @jit_class Accumulator + @ms.jit step"
+OURS_ACCUMULATOR = "ms_accum Accumulator + @ms.jit step"
+DOC_TUTORIAL = "docs tutorial: 3 Cells + Python loop"
+OURS_THREE_GRAPHS = "ms_accum three graphs (the executor's default)"
+
+
 def documentation(batches, rounds: int, calls: int, reverse_build: bool = False) -> Table:
     """b: ms per micro-batch of ms_accum's structures vs the documentation's two implementations.
 
@@ -170,14 +177,12 @@ def documentation(batches, rounds: int, calls: int, reverse_build: bool = False)
 
     inputs = tensors(batches)
     builders = {  # name -> (net, loss, opt) -> fn(n)
-        "docs page: @jit_class Accumulator + @ms.jit step":
+        DOC_PAGE:
             lambda net, loss, opt: cycle_calls(doc_impls.accumulator_page_train_step(net, loss, opt, K)[0], inputs),
-        "docs tutorial: 3 Cells + Python loop":
+        DOC_TUTORIAL:
             lambda net, loss, opt: _cell_graph_tutorial(doc_impls.DocGradientAccumulation(net, loss, opt), inputs),
-        "ms_accum Accumulator + @ms.jit step":
-            lambda net, loss, opt: cycle_calls(jit_accumulator_step(net, loss, opt), inputs),
-        "ms_accum three graphs (the executor's default)":
-            lambda net, loss, opt: _three_graphs(net, loss, opt, inputs),
+        OURS_ACCUMULATOR: lambda net, loss, opt: cycle_calls(jit_accumulator_step(net, loss, opt), inputs),
+        OURS_THREE_GRAPHS: lambda net, loss, opt: _three_graphs(net, loss, opt, inputs),
         "ms_accum TrainAccumulationCell (structure='fused')": lambda net, loss, opt: cycle_calls(
             TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K).set_train(), inputs),
         "ms_accum TrainWindowCell (structure='window')": lambda net, loss, opt: per_micro_batch(cycle_calls(
@@ -193,7 +198,7 @@ def documentation(batches, rounds: int, calls: int, reverse_build: bool = False)
     contenders = {name: contenders[name] for name in builders}  # timed in the table's order either way
 
     table = Table("b", "ms_accum vs MindSpore's documented implementations (LeNet5 b32, K=4, own copies)",
-                  "one micro-batch of 32", BATCH, "docs page: @jit_class Accumulator + @ms.jit step")
+                  "one micro-batch of 32", BATCH, DOC_PAGE)
     table.rows = interleave(contenders, rounds, calls)
     reference = optimizers["ms_accum TrainAccumulationCell (structure='fused')"].parameters
     diffs = {name: max(float(np.abs(a.asnumpy() - b.asnumpy()).max()) for a, b in zip(opt.parameters, reference))
@@ -207,11 +212,9 @@ def documentation(batches, rounds: int, calls: int, reverse_build: bool = False)
     return table
 
 
-# b3: (row name, worker.py contender); each pair is ours and the documentation implementation it replaces
-PROCESS_ROWS = [("docs page: @jit_class Accumulator + @ms.jit step", "doc_page"),
-                ("ms_accum Accumulator + @ms.jit step", "ms_jit"),
-                ("docs tutorial: 3 Cells + Python loop", "doc_tutorial"),
-                ("ms_accum three graphs (the executor's default)", "ms_three_graphs")]
+# b3: (row name, worker.py contender)
+PROCESS_ROWS = [(DOC_PAGE, "doc_page"), (OURS_ACCUMULATOR, "ms_jit"), (DOC_TUTORIAL, "doc_tutorial"),
+                (OURS_THREE_GRAPHS, "ms_three_graphs")]
 
 
 def documentation_processes(rounds: int, calls: int) -> Table:
@@ -224,7 +227,7 @@ def documentation_processes(rounds: int, calls: int) -> Table:
     from .threads import timed_workers
     samples = timed_workers({name: (contender, "default", {}) for name, contender in PROCESS_ROWS}, rounds, calls)
     table = Table("b3", "section b's comparisons, one process per contender (LeNet5 b32, K=4)",
-                  "one micro-batch of 32", BATCH, PROCESS_ROWS[0][0])
+                  "one micro-batch of 32", BATCH, DOC_PAGE)
     table.rows = samples
     _replacement_ratios(table)
     return table
@@ -233,7 +236,7 @@ def documentation_processes(rounds: int, calls: int) -> Table:
 def _replacement_ratios(table: Table) -> None:
     """Notes ours / the documentation's implementation it replaces, for both pairs, against the 1.02 target."""
     medians = {name: np.median(values) for name, values in table.rows.items()}
-    for (theirs, _), (ours, _) in (PROCESS_ROWS[:2], PROCESS_ROWS[2:]):
+    for theirs, ours in ((DOC_PAGE, OURS_ACCUMULATOR), (DOC_TUTORIAL, OURS_THREE_GRAPHS)):
         ratio = medians[ours] / medians[theirs]
         paired = np.median(np.asarray(table.rows[ours]) / np.asarray(table.rows[theirs]))
         table.notes.append(f"{ours.split(' (')[0]} / {theirs.split(':')[0]}, the implementation it replaces: "

@@ -179,9 +179,9 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
     first, then the middle divisor, then the fit's guess of the largest that fits; the search ends when the chosen B
     was measured within the budget and the next larger divisor was measured above it (or is predicted above
     `CONFIRM_UP_TO` times it). "Within" keeps `HEADROOM` (10 %) of the budget free: fresh processes of one
-    configuration peak up to about 10 % apart. B comes first: the largest that fits. Then, with a budget, every structure is timed on
-    windows of that B and the fastest within the budget is chosen; with no budget, the structure is the memory-first
-    one, as ``"auto"`` chooses.
+    configuration peak up to about 10 % apart. B comes first: the largest that fits. Then, with a budget, every
+    structure is timed on windows of that B and the fastest within the budget is chosen; with no budget, the
+    structure is the memory-first one, as ``"auto"`` chooses.
 
     Args:
         model (Union[str, Callable]): A factory, ``package.module:function`` (or the function itself, defined at a
