@@ -92,6 +92,7 @@ def render(rows, trainable: int) -> str:
 # (row name, peak_memory.py contender)
 PEAK_ROWS = [("nn.TrainOneStepCell, 4 steps (no accumulation)", "one_step"),
              ("ms_accum three graphs (the executor's default), 4 + 2 calls", "three_graphs"),
+             ("ms_accum three graphs, statistics=True", "three_graphs_statistics"),
              ("ms_accum TrainAccumulationCell, 4 calls", "fused"),
              ("ms_accum TrainWindowCell, 1 call", "window"),
              ("ms_accum Accumulator in an @ms.jit step, 4 calls", "accumulator")]

@@ -167,10 +167,11 @@ def _half_sum_of_squares(grad):
     grad = ops.cast(grad, ms.float32)
     # A small tensor's time is its launches: L2Loss (sum(x²) / 2) is one kernel, on CPU a quarter of ReduceSum's time.
     # It sums element after element, so a large tensor's sum drifts (3.5e-3 relative at 4M elements): there the
-    # launch is nothing beside the work, and Mul and ReduceSum sum accurately (README, "Known MindSpore behaviour").
+    # launch is nothing beside the work, and the tensor's dot product with itself, one MatMul, sums accurately with
+    # no temporary (`Mul` then `ReduceSum` would hold a copy of the tensor; README, "Known MindSpore behaviour").
     if ops.size(grad) <= SMALL_TENSOR:
         return _l2_loss(grad)
-    return (grad * grad).sum() * 0.5
+    return ops.reshape(ops.matmul(ops.reshape(grad, (1, -1)), ops.reshape(grad, (-1, 1))), ()) * 0.5
 
 
 @_half_sum_of_squares_op.register("RowTensor")
