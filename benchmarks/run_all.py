@@ -7,7 +7,7 @@ excluded, median ms and the ratio to a baseline):
   a  ms_accum's micro-step and executor loop vs nn.TrainOneStepCell (target <= 1.02)
   b  ms_accum vs the documentation's two implementations (the benchmark's own copies; target <= 1.02 each);
      b2 what each launch of the window's bookkeeping is worth (a tiny network, one choice changed per row);
-     b3 b's two comparisons with one process per contender (no graph's compilation moves another's speed)
+     b3 b's two comparisons with three processes per contender (no graph's compilation moves another's speed)
   c  a window of 4 x b32 vs one b128 step (target <= 1.00), with TrainWindowCell (one call per window)
   d  vs the equivalent PyTorch CPU loop (target throughput >= 1.0x), and MindSpore thread settings
   e  the tutorial's epoch end to end (real MNIST pipeline) vs the step alone
