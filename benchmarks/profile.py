@@ -66,14 +66,16 @@ def breakdown(n: int, quick: bool = False) -> str:
         for op, value in sorted(ops.items(), key=lambda item: -item[1])[:8]:
             lines.append(f"      {op:<36}{value:>8.3f} ms  {value / total:>5.1%}")
     dnn_total = 0.0
-    lines.append(f"   oneDNN primitives (ONEDNN_VERBOSE=1, TrainAccumulationCell; wall {dnn_wall:.2f} ms with verbose):")
+    lines.append(f"   oneDNN primitives (ONEDNN_VERBOSE=1, TrainAccumulationCell; wall {dnn_wall:.2f} ms with "
+                 "verbose):")
     for (prim, impl, prop, shape), value in _onednn(dnn_lines, n):
         dnn_total += value
         lines.append(f"      {prim:<12}{impl:<16}{prop:<17}{shape:<48}{value:>7.3f} ms")
     lines.append(f"      {'total oneDNN':<93}{dnn_total:>7.3f} ms")
     if have_torch:
         total = sum(torch_ops.values())
-        lines.append(f"   torch.profiler, same step in PyTorch: wall {torch_wall:.2f} ms/micro-batch, self CPU {total:.2f} ms")
+        lines.append(f"   torch.profiler, same step in PyTorch: wall {torch_wall:.2f} ms/micro-batch, "
+                     f"self CPU {total:.2f} ms")
         for op, value in sorted(torch_ops.items(), key=lambda item: -item[1])[:8]:
             lines.append(f"      {op:<44}{value:>8.3f} ms  {value / total:>5.1%}")
     ms_cat, torch_cat = _categorize(ms_ops, 1), _categorize(torch_ops, 2)

@@ -13,7 +13,8 @@ excluded, median ms and the ratio to a baseline):
   e  the tutorial's epoch end to end (real MNIST pipeline) vs the step alone
   f  memory the accumulator adds, as a multiple of the parameters (Parameters counted; peak RSS per structure)
   m  activation memory: every structure's peak RSS over a dataset as a multiple of one micro-batch's step, for an
-     activation-heavy conv net and the Shakespeare tutorial's transformer, K in {4, 8, 16} (one fresh process per figure)
+     activation-heavy conv net and the Shakespeare tutorial's transformer, K in {4, 8, 16} (one fresh process per
+     figure)
   profile  where the time goes: MindSpore profiler, ONEDNN_VERBOSE=1, torch.profiler; max-pooling rewrites
   g  DIR/ratios.png; DIR/report.txt and DIR/results.json hold the tables.
 --quick is a ~1-2 minute smoke run (few rounds, fewer contenders): a check that everything runs, not a measurement.

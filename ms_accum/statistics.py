@@ -114,9 +114,10 @@ class OutlierFilter(Statistics):
 
     The running mean and variance are exponentially weighted (`OUTLIER_BETA`): a plain mean over the first
     micro-batches, then one that forgets (weight ``max(1 / n, 1 - β)`` for the n-th), updated by every finite
-    micro-batch, an outlier clipped to the threshold. No micro-batch is judged before `warmup` (at least `MIN_OUTLIER_WARMUP`) have been taken in. They are Parameters of
-    the training state, so a resumed run decides as the uninterrupted one. In data parallel each rank judges its own micro-batches;
-    the window's sums are all-reduced, so the ranks stay identical.
+    micro-batch, an outlier clipped to the threshold. No micro-batch is judged before `warmup` (at least
+    `MIN_OUTLIER_WARMUP`) have been taken in. They are Parameters of the training state, so a resumed run decides as
+    the uninterrupted one. In data parallel each rank judges its own micro-batches; the window's sums are all-reduced,
+    so the ranks stay identical.
 
     Args:
         z (float): The threshold in standard deviations.

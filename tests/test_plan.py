@@ -111,7 +111,7 @@ def measured_peak(spec, batch_size, k, structure, reduction):
 
 
 @pytest.mark.parametrize("net", ["conv", "transformer"])
-def test_plan_takes_the_largest_micro_batch_within_a_budget_between_measured_peaks(net, in_repo, tmp_path):
+def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, in_repo, tmp_path):
     # Section m's activation-heavy networks at a global batch of 32. The budget lets the fresh-process peak of B=8 (the
     # memory-first structure) fit with the plan's headroom and 4 % to spare, and lies below the peak of B=16, so the
     # plan must take B=8, K=4.

@@ -71,7 +71,8 @@ def test_a_mean_of_micro_batch_means_would_differ():
     x, y = token_batches(8)
     expected, _ = big_batch([slice(0, 8)], x, y)
     network = net()
-    executor = GradientAccumulation(network, LossOnly(TokenCrossEntropy(PAD)), nn.Momentum(network.trainable_params(), 0.1, 0.9))
+    executor = GradientAccumulation(network, LossOnly(TokenCrossEntropy(PAD)),
+                                    nn.Momentum(network.trainable_params(), 0.1, 0.9))
     executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(B), K, ckpt_dir=None,
                            verbose=False)
     differences = [np.abs(p.asnumpy() - e).max() for p, e in zip(network.trainable_params(), expected)]

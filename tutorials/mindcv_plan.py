@@ -89,20 +89,20 @@ def main(global_batch: int, memory, windows: int) -> dict:
     whole = measure(exact_model, global_batch, 1)
     if whole.peak_mib is None:
         print(f"   it failed ({whole.error}): accumulation is the only way to train this global batch.")
-        budget = memory
+        budget = memory  # None: the planner's own default, the device's free memory
     else:
         print(f"   peak {whole.peak_mib:.0f} MiB, {whole.ms_per_window:.0f} ms per step")
-        budget = memory if memory is not None else BUDGET_SHARE * whole.peak_mib * 2 ** 20
-    print(f"   budget: {budget / 2 ** 20:.0f} MiB\n\n2. Does accumulating K={VERIFY_K} micro-batches of {VERIFY_B} "
+        budget = memory if memory is not None else int(BUDGET_SHARE * whole.peak_mib * 2 ** 20)
+    within = "the device's free memory" if budget is None else f"{budget / 2 ** 20:.0f} MiB"
+    print(f"   budget: {within}\n\n2. Does accumulating K={VERIFY_K} micro-batches of {VERIFY_B} "
           f"give the update of one batch of {VERIFY_K * VERIFY_B}?")
     verify(zoo_model)
     if not verify(exact_model):
         raise SystemExit("the model with GroupNorm should accumulate exactly; see the report above")
 
-    print(f"3. The plan for a global batch of {global_batch} within {budget / 2 ** 20:.0f} MiB (each trial in a "
-          f"fresh process)")
+    print(f"3. The plan for a global batch of {global_batch} within {within} (each trial in a fresh process)")
     try:
-        chosen = plan(exact_model, global_batch, int(budget), log=lambda line: print(f"   {line}", flush=True))
+        chosen = plan(exact_model, global_batch, budget, log=lambda line: print(f"   {line}", flush=True))
     except ValueError as err:  # e.g. a budget below one image's step: the message gives the smallest that works
         raise SystemExit(f"mindcv_plan: error: {err}") from None
     print(f"{chosen}\n\n4. Training {windows} windows with the plan in this process")
@@ -118,7 +118,7 @@ def main(global_batch: int, memory, windows: int) -> dict:
     summary = {"batch_size": chosen.batch_size, "accumulate_steps": chosen.accumulate_steps,
                "structure": chosen.structure, "peak_mib": used.peak_mib, "ms_per_window": used.ms_per_window,
                "global_step_peak_mib": whole.peak_mib, "global_step_ms": whole.ms_per_window,
-               "budget_mib": round(budget / 2 ** 20, 1),
+               "budget_mib": None if budget is None else round(budget / 2 ** 20, 1),
                "losses": result.losses}
     print("\n5. What accumulation saved and what it cost (fresh-process trials)")
     if whole.peak_mib is not None:
@@ -126,6 +126,9 @@ def main(global_batch: int, memory, windows: int) -> dict:
               f"{whole.peak_mib - used.peak_mib:.0f} MiB ({1 - used.peak_mib / whole.peak_mib:.0%}) saved")
         print(f"   time per update of {global_batch}: {used.ms_per_window:.0f} ms instead of "
               f"{whole.ms_per_window:.0f} ms ({used.ms_per_window / whole.ms_per_window:.2f}x)")
+    else:
+        print(f"   memory: {used.peak_mib:.0f} MiB, where one step of the global batch failed; "
+              f"{used.ms_per_window:.0f} ms per update of {global_batch}")
     return summary
 
 
