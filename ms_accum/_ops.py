@@ -179,13 +179,19 @@ def _half_sum_of_squares_row_tensor(grad):
     return _half_sum_of_squares(_densify(grad))  # rows may repeat: their sum is the gradient
 
 
-def squared_norm(tensors):
-    """The squared global norm of `tensors`, in float32: one sum of squares per tensor, added."""
+def half_squared_norm(tensors):
+    """Half the squared global norm of `tensors`, in float32: one sum of squares per tensor, added (a caller
+    multiplies by 2 together with its own factor, one kernel)."""
     halves = _hyper_map(_half_sum_of_squares_op, tensors)
     total = halves[0]
     for value in halves[1:]:  # not AddN (nor Stack): with a sparse gradient among them it fails to compile
         total = total + value
-    return total * 2.0
+    return total
+
+
+def squared_norm(tensors):
+    """The squared global norm of `tensors`, in float32."""
+    return half_squared_norm(tensors) * 2.0
 
 
 @_clip_in_place_op.register("Tensor", "Tensor", "Tensor")

@@ -11,7 +11,8 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, amp, nn
 
-from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward
+from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, \
+    TrainOptim
 from ms_accum.statistics import NoiseScale, harmonic_mean
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,6 +150,29 @@ def test_the_cells_return_the_norm_only_when_the_buffer_measures():
     base = nbytes(AccumulationBuffer(opt.parameters))
     assert nbytes(AccumulationBuffer(opt.parameters, statistics=True)) - base == 4
     assert nbytes(AccumulationBuffer(opt.parameters, skip_outliers=6.0)) - base == 4 * 6
+
+
+@pytest.mark.parametrize("statistics", [False, True])
+def test_a_window_that_is_not_finite_is_skipped_whether_its_norm_is_measured_or_not(statistics):
+    # Measuring reads the window before the guard's check does: the check must still find an infinite element that
+    # the loss test cannot see, after a finite window (whose norm a wrong read would find).
+    net = nn.WithLossCell(mlp(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    buffer = AccumulationBuffer(opt.parameters, statistics=statistics)
+    forward_backward, close = TrainForwardBackward(net, opt, buffer), TrainOptim(opt, buffer, clear=True)
+    x, y = Tensor(np.ones((4, 6), np.float32)), Tensor(np.zeros(4, np.int32))
+    forward_backward(x, y)
+    assert bool(close().asnumpy())
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    forward_backward(x, y)
+    grad = buffer.grad_sum[0].asnumpy().copy()
+    grad[0, 0] = np.inf  # the loss stays finite: only the window's check can find it
+    buffer.grad_sum[0].set_data(Tensor(grad))
+    assert not bool(close().asnumpy())
+    assert int(buffer.guard.skipped_windows.asnumpy()) == 1
+    for param, old in zip(net.trainable_params(), before):
+        np.testing.assert_array_equal(param.asnumpy(), old)
+    assert not buffer.grad_sum[0].asnumpy().any()  # cleared for the next window
 
 
 def test_measuring_costs_no_copy_of_a_tensor_while_training():
