@@ -9,7 +9,9 @@ keeps running statistics and masks the gradient. Tables, each interleaved in rou
 - s0: what users run, `GradientAccumulation.train_process` (default structure, K=4, LeNet5 b32) over real MNIST
   (2048 images per round), `statistics=False` against `statistics=True`;
 - s1, s2: one `TrainAccumulationCell` micro-step on pre-loaded tensors, LeNet5 b32 and section m's activation-heavy
-  conv net b8 (3x96x96), the buffer's statistics off, on, and with `skip_outliers`.
+  conv net b8 (3x96x96), the buffer's statistics off, on, and with `skip_outliers`;
+- s3: s1's first two rows with each contender in three processes of its own (over MNIST batches), which no build
+  order can move.
 
 Target: at most 1.02x. Memory: statistics add no buffer, a scalar Parameter (the window's squared norm; the outlier
 filter's running statistics are 5 more floats), counted in `tests/test_statistics.py`.
@@ -97,6 +99,21 @@ def cells(rounds: int):
     return tables
 
 
+def cells_processes(rounds: int, calls: int, replicas: int = 3) -> Table:
+    """s3: s1 with each contender in `replicas` processes of its own (`threads.replicated_workers`): in one process
+    the contender built second measured 1.06-1.11 where the other order measured 1.02-1.04."""
+    from .threads import replicated_workers
+    table = Table("s3", f"s1 with {replicas} processes per contender (LeNet5 b32, K=4, TrainAccumulationCell)",
+                  "one micro-batch of 32, the mean of a contender's processes", BATCH, BASELINE, "<= 1.02",
+                  ["statistics on"])
+    table.rows, note = replicated_workers({BASELINE: ("ms_cell", "default", {}),
+                                           "statistics on": ("ms_cell_statistics", "default", {})},
+                                          rounds, calls, replicas)
+    table.notes.append(note)
+    _paired_note(table)
+    return table
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=161, help="rounds of s0 and s1 (s2: a quarter)")
@@ -108,6 +125,7 @@ def main(argv=None) -> None:
         print(executor(max(args.rounds // 8, 5), data_dir).render(), flush=True)
     for table in cells(args.rounds):
         print(table.render(), flush=True)
+    print(cells_processes(max(args.rounds // 4, 5), 2 * BATCH).render(), flush=True)
 
 
 if __name__ == "__main__":

@@ -222,21 +222,14 @@ def documentation_processes(rounds: int, calls: int, replicas: int = 3) -> Table
 
     In one process, which graph compiles first moves the speed of the others by up to about 5 %; here each process
     compiles one contender, and the parent asks them in turn (order rotating each round) to run a block of
-    micro-batches, so they are still measured side by side. A process keeps its own speed for its whole life (a
-    contender's process measured 0.96 in one run and 1.10 in the next), so each contender runs in `replicas`
-    processes and a round's figure is their mean.
+    micro-batches, so they are still measured side by side (`threads.replicated_workers`).
     """
-    from .threads import timed_workers
-    samples = timed_workers({(name, r): (contender, "default", {}) for name, contender in PROCESS_ROWS
-                             for r in range(replicas)}, rounds, calls)
+    from .threads import replicated_workers
     table = Table("b3", f"section b's comparisons, {replicas} processes per contender (LeNet5 b32, K=4)",
                   "one micro-batch of 32, the mean of a contender's processes", BATCH, DOC_PAGE)
-    table.rows = {name: [float(v) for v in np.mean([samples[(name, r)] for r in range(replicas)], axis=0)]
-                  for name, _ in PROCESS_ROWS}
-    table.notes.append("each process's median over the rounds, ms: " + "; ".join(
-        f"{name.split(' (')[0].split(':')[0]}: " + ", ".join(f"{np.median(samples[(name, r)]):.2f}"
-                                                            for r in range(replicas))
-        for name, _ in PROCESS_ROWS))
+    table.rows, note = replicated_workers({name: (contender, "default", {}) for name, contender in PROCESS_ROWS},
+                                          rounds, calls, replicas)
+    table.notes.append(note)
     _replacement_ratios(table)
     return table
 

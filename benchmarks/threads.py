@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from .common import BATCH, REPO, Table, interleave, log, version
 
 # (row name, contender, setting, extra environment)
@@ -64,6 +66,20 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+
+
+def replicated_workers(rows: dict, rounds: int, calls: int, replicas: int):
+    """{name: (contender, setting, env)} -> ({name: one sample per round, the mean of its processes}, a note giving
+    each process's median): `replicas` worker processes per row, all timed side by side (`timed_workers`).
+
+    A process keeps its own speed for its whole life (the same contender measured 0.96 in one run and 1.10 in the
+    next against the same baseline), so a figure that should resolve a few percent averages several processes."""
+    samples = timed_workers({(name, r): row for name, row in rows.items() for r in range(replicas)}, rounds, calls)
+    means = {name: [float(v) for v in np.mean([samples[(name, r)] for r in range(replicas)], axis=0)] for name in rows}
+    note = "each process's median over the rounds, ms: " + "; ".join(
+        f"{name.split(' (')[0].split(':')[0]}: " + ", ".join(f"{np.median(samples[(name, r)]):.2f}"
+                                                            for r in range(replicas)) for name in rows)
+    return means, note
 
 
 def timed_workers(rows: dict, rounds: int, calls: int) -> dict:

@@ -19,7 +19,7 @@ import numpy as np
 
 CONTENDERS = ("torch", "ms_cell", "ms_jit", "ms_window", "ms_one_step", "torch_loader", "ms_executor",
               "ms_executor_fused", "ms_executor_window", "ms_loop_one_step", "doc_page", "doc_tutorial",
-              "ms_three_graphs")
+              "ms_three_graphs", "ms_cell_statistics")
 SETTINGS = ("default", "threads_num=1", "threads_num=2", "dispatch_threads_num=1", "cpu_affinity", "env")
 
 
@@ -112,7 +112,7 @@ def mindspore_dataset_contender(name: str, batches, k: int):
 
 def mindspore_contender(name: str, batches, k: int):
     from mindspore import nn
-    from ms_accum import TrainAccumulationCell, TrainWindowCell
+    from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainWindowCell
     from .common import cycle_calls, lenet, tensors, window_tensors
     from .steps import jit_accumulator_step
     net, loss_fn, opt = lenet()
@@ -126,8 +126,10 @@ def mindspore_contender(name: str, batches, k: int):
     if name == "ms_three_graphs":
         from .steps import _three_graphs
         return _three_graphs(net, loss_fn, opt, tensors(batches))
-    if name == "ms_cell":
-        return cycle_calls(TrainAccumulationCell(nn.WithLossCell(net, loss_fn), opt, k).set_train(), tensors(batches))
+    if name in ("ms_cell", "ms_cell_statistics"):  # the second measures each micro-batch's norm (section s3)
+        buffer = AccumulationBuffer(opt.parameters, statistics=name == "ms_cell_statistics")
+        return cycle_calls(TrainAccumulationCell(nn.WithLossCell(net, loss_fn), opt, k, buffer=buffer).set_train(),
+                           tensors(batches))
     if name == "ms_one_step":
         return cycle_calls(nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), opt).set_train(), tensors(batches))
     if name == "ms_window":
