@@ -7,8 +7,9 @@ clearing a buffer, dividing the window's sum. So each structure trains a few win
 (3 x 4096^2 weights, 192 MiB) for its parameter-sized tensors to dominate, in a fresh process, and prints
 ``PEAK <bytes> PARAMS <bytes>``: the growth of the process's peak RSS (VmHWM) from just before the Cell is
 built, and the trainable bytes. SGD without momentum, so the optimizer adds no state of its own.
-`three_graphs_statistics` measures each micro-batch's and each window's gradient norm too (`ms_accum.statistics`):
-a norm must not cost a copy of any tensor (each weight is a third of the parameters).
+`three_graphs_statistics` measures each micro-batch's and each window's gradient norm too (`ms_accum.statistics`),
+`three_graphs_clip` clips each window to a global norm of 1: neither may cost a copy of any tensor (each weight is a
+third of the parameters).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from ms_accum.planner import process_status as status  # the peak memory the planner's trials read, read alike
 
-CONTENDERS = ("one_step", "fused", "three_graphs", "three_graphs_statistics", "window", "accumulator")
+CONTENDERS = ("one_step", "fused", "three_graphs", "three_graphs_statistics", "three_graphs_clip", "window",
+              "accumulator")
 K, B, WIDTH, WINDOWS = 4, 8, 4096, 4
 
 
@@ -45,7 +47,8 @@ def measure(contender: str):
         run = lambda: cell(x, y).asnumpy()  # noqa: E731
     elif contender.startswith("three_graphs"):
         runner = GradientAccumulation(net, loss, opt, structure="three_graphs",
-                                      statistics=contender.endswith("statistics")).runner(K)
+                                      statistics=contender.endswith("statistics"),
+                                      clip_norm=1.0 if contender.endswith("clip") else None).runner(K)
         run = lambda: runner.run(micro, K)  # noqa: E731  (closing a window reads its verdict: synchronized)
     elif contender == "accumulator":
         step = jit_accumulator_step(net, loss, opt, K)

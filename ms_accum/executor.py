@@ -314,9 +314,8 @@ class GradientAccumulation:
         of `mini_steps` micro-batches.
 
         Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
-        whose K is a graph
-        constant, built once per K and kept) all share `buffer`; `train_window` trains one window and says whether it
-        was applied.
+        whose K is a graph constant, built once per K and kept) all share `buffer`; `train_window` trains one window
+        and says whether it was applied.
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)

@@ -132,13 +132,19 @@ class _ClipInPlace(nn.Cell):
 
 
 @pytest.mark.parametrize("clip_norm", [0.5, 1e3])  # clipped, and left as it is
-def test_clipping_in_the_buffer_is_mindspores_clip_by_global_norm_bit_for_bit(clip_norm, mode):
-    # The executor clips the window in its buffer, so the graph that steps the optimizer can read it.
+def test_clipping_in_the_buffer_is_mindspores_clip_by_global_norm(clip_norm, mode):
+    # The executor clips the window in its buffer, so the graph that steps the optimizer can read it. It sums the
+    # squares without clip_by_global_norm's squared copy of each tensor (one above `SMALL_TENSOR` elements here, summed
+    # by its other kernel): the global norm differs by float32 rounding, a few ulps, so the clipped values agree to
+    # rtol 1e-6; a window left as it is stays bit for bit.
     rng = np.random.default_rng(0)
-    values = [rng.standard_normal(shape).astype(np.float32) for shape in ((7, 5), (5,), (3, 2, 2))]
+    values = [rng.standard_normal(shape).astype(np.float32) for shape in ((7, 5), (5,), (3, 2, 2), (300, 300))]
     expected = [x.asnumpy() for x in ops.clip_by_global_norm(tuple(Tensor(v) for v in values), clip_norm)]
     params = ParameterTuple([Parameter(Tensor(v), name=f"p{i}") for i, v in enumerate(values)])
     _ClipInPlace(params, clip_norm)()
     for param, want in zip(params, expected):
-        assert np.array_equal(param.asnumpy(), want)
+        if clip_norm > 1.0:
+            np.testing.assert_array_equal(param.asnumpy(), want)
+        else:
+            np.testing.assert_allclose(param.asnumpy(), want, rtol=1e-6, atol=0)
     assert clip_norm > 1.0 or not np.array_equal(params[0].asnumpy(), values[0])  # it did clip

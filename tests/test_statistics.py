@@ -1,7 +1,6 @@
 """What is in the window: each micro-batch's gradient norm and the window's, measured in the graph; the gradient noise
 scale against the exact answer."""
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -173,21 +172,6 @@ def test_a_window_that_is_not_finite_is_skipped_whether_its_norm_is_measured_or_
     for param, old in zip(net.trainable_params(), before):
         np.testing.assert_array_equal(param.asnumpy(), old)
     assert not buffer.grad_sum[0].asnumpy().any()  # cleared for the next window
-
-
-def test_measuring_costs_no_copy_of_a_tensor_while_training():
-    # Peak RSS growth of fresh processes training the executor's default structure on an MLP of three 4096 x 4096
-    # weights (a third of the parameters each; `benchmarks/peak_memory.py`), statistics off and on. Squaring a large
-    # gradient with Mul before ReduceSum held a copy of it: 0.37x the parameters more (measured). Measuring now adds
-    # about 0.05x (the larger graphs' own memory), and never the 0.33x of one weight.
-    def peak(contender):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.peak_memory", contender], cwd=REPO,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        words = done.stdout.split()
-        return int(words[words.index("PEAK") + 1]), int(words[words.index("PARAMS") + 1])
-    (off, params), (on, _) = peak("three_graphs"), peak("three_graphs_statistics")
-    assert on - off < 0.15 * params, f"peak RSS growth MiB: off {off / 2**20:.0f}, on {on / 2**20:.0f}"
 
 
 @pytest.mark.parametrize("k, batch", [(2, 4), (2, 16), (8, 4), (8, 16)])
