@@ -94,6 +94,8 @@ PEAK_ROWS = [("nn.TrainOneStepCell, 4 steps (no accumulation)", "one_step"),
              ("ms_accum three graphs (the executor's default), 4 + 2 calls", "three_graphs"),
              ("ms_accum three graphs, statistics=True", "three_graphs_statistics"),
              ("ms_accum three graphs, clip_norm=1.0", "three_graphs_clip"),
+             ("ms_accum three graphs, policy='skip_microbatch'", "three_graphs_skip_microbatch"),
+             ("ms_accum three graphs, skip_outliers=6", "three_graphs_outliers"),
              ("ms_accum TrainAccumulationCell, 4 calls", "fused"),
              ("ms_accum TrainWindowCell, 1 call", "window"),
              ("ms_accum Accumulator in an @ms.jit step, 4 calls", "accumulator")]

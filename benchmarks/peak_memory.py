@@ -7,9 +7,9 @@ clearing a buffer, dividing the window's sum. So each structure trains a few win
 (3 x 4096^2 weights, 192 MiB) for its parameter-sized tensors to dominate, in a fresh process, and prints
 ``PEAK <bytes> PARAMS <bytes>``: the growth of the process's peak RSS (VmHWM) from just before the Cell is
 built, and the trainable bytes. SGD without momentum, so the optimizer adds no state of its own.
-`three_graphs_statistics` measures each micro-batch's and each window's gradient norm too (`ms_accum.statistics`),
-`three_graphs_clip` clips each window to a global norm of 1: neither may cost a copy of any tensor (each weight is a
-third of the parameters).
+The `three_graphs_*` contenders add one option that touches every gradient (`THREE_GRAPHS`): measuring the norms
+(`ms_accum.statistics`), clipping the window, leaving micro-batches out (`policy="skip_microbatch"`, an outlier
+filter). None may cost a copy of any tensor (each weight is a third of the parameters).
 """
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ import numpy as np
 
 from ms_accum.planner import process_status as status  # the peak memory the planner's trials read, read alike
 
-CONTENDERS = ("one_step", "fused", "three_graphs", "three_graphs_statistics", "three_graphs_clip", "window",
-              "accumulator")
+# The executor's default structure with each of its options that touches every gradient tensor
+THREE_GRAPHS = {"three_graphs": {}, "three_graphs_statistics": {"statistics": True},
+                "three_graphs_clip": {"clip_norm": 1.0}, "three_graphs_skip_microbatch": {"policy": "skip_microbatch"},
+                "three_graphs_outliers": {"skip_outliers": 6.0}}
+CONTENDERS = ("one_step", "fused", *THREE_GRAPHS, "window", "accumulator")
 K, B, WIDTH, WINDOWS = 4, 8, 4096, 4
 
 
@@ -46,9 +49,7 @@ def measure(contender: str):
         cell = TrainWindowCell(net_with_loss, opt, K).set_train()
         run = lambda: cell(x, y).asnumpy()  # noqa: E731
     elif contender.startswith("three_graphs"):
-        runner = GradientAccumulation(net, loss, opt, structure="three_graphs",
-                                      statistics=contender.endswith("statistics"),
-                                      clip_norm=1.0 if contender.endswith("clip") else None).runner(K)
+        runner = GradientAccumulation(net, loss, opt, structure="three_graphs", **THREE_GRAPHS[contender]).runner(K)
         run = lambda: runner.run(micro, K)  # noqa: E731  (closing a window reads its verdict: synchronized)
     elif contender == "accumulator":
         step = jit_accumulator_step(net, loss, opt, K)

@@ -125,6 +125,19 @@ def accumulate(grad_sum, mini_step, num_samples, grads, weight):
     return ops.assign_add(mini_step, ops.ones((), ms.int32))
 
 
+def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
+    """`accumulate` for a micro-batch that a filter may have left out by zeroing its weight: its `grads`, which may
+    not be finite, are added only if it weighs something (one that weighs nothing adds nothing anyway).
+
+    A tensor `if`, not a `select` of each gradient against zeros, which held copies of the gradients (README, "Known
+    MindSpore behaviour": masking a gradient).
+    """
+    if weight > 0:
+        weight = ops.depend(weight, _hyper_map(_accumulate_op, grad_sum, grads))
+    ops.assign_add(num_samples, ops.cast(weight, ms.float32))
+    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+
+
 @_cast_like_op.register("Tensor", "Tensor")
 def _cast_like(grad, param):
     return ops.cast(grad, ops.dtype(param))

@@ -147,6 +147,22 @@ class _ToParamDtype:
         return _ops.cast_like(grads, self.params)
 
 
+@ms.jit_class
+class _AddEvery:
+    """No filter leaves a micro-batch out: each one's gradient is added as it is."""
+
+    def __call__(self, grad_sum, mini_step, num_samples, grads, weight):
+        return _ops.accumulate(grad_sum, mini_step, num_samples, grads, weight)
+
+
+@ms.jit_class
+class _AddUnlessLeftOut(_AddEvery):
+    """``"skip_microbatch"`` or an outlier filter may leave a micro-batch out, by zeroing its weight."""
+
+    def __call__(self, grad_sum, mini_step, num_samples, grads, weight):
+        return _ops.accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight)
+
+
 def check_buffer_dtype(dtype, arg_name: str, cls_name: str) -> None:
     """Refuses a buffer dtype that is not a float `mindspore.dtype` (or None)."""
     if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
@@ -249,6 +265,8 @@ class AccumulationBuffer:
                                             prefix)
         else:
             self.statistics = Statistics(prefix) if statistics else NoStatistics()
+        filtered = policy == "skip_microbatch" or skip_outliers is not None
+        self.adds = _AddUnlessLeftOut() if filtered else _AddEvery()
 
     def parameters(self) -> list:
         """All Parameters of the window's state: the gradient buffers, the two counters, the guard's, then the running
@@ -265,7 +283,7 @@ class AccumulationBuffer:
         ``"skip_microbatch"``.
         """
         grads, weight = self.guard.micro_batch(loss, grads, weight)
-        return _ops.accumulate(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+        return self.adds(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
 
     def _window(self, clip_norm):
         """The window's gradient, made ready in the buffer, and whether the guard lets it be applied."""

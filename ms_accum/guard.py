@@ -33,8 +33,6 @@ from ._validation import check_isinstance, check_value_in
 POLICIES = ("skip_window", "skip_microbatch")
 LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 
-_hyper_map = ops.HyperMap()
-_keep_op = ops.MultitypeFuncGraph("ms_accum_keep_if_finite")
 _mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
 
 
@@ -61,12 +59,6 @@ def sparse_gradient_cell(network) -> Optional[str]:
         if any(isinstance(p, ops.SparseGatherV2) for p in getattr(cell, "_primitives", {}).values()):
             return name or type(cell).__name__
     return None
-
-
-@_keep_op.register("Tensor", "Tensor")
-def _keep_dense(finite, grad):
-    # select, not a multiplication: 0 * inf is nan.
-    return ops.select(finite, grad, ops.zeros_like(grad))
 
 
 @_mark_bad_loss_op.register("None", "Tensor", "Tensor")
@@ -162,14 +154,16 @@ class _KeepAll:
 
 @ms.jit_class
 class _DropNonFinite:
-    """skip_microbatch: a micro-batch with a non-finite loss or gradient adds nothing, not even its samples."""
+    """skip_microbatch: a micro-batch with a non-finite loss or gradient adds nothing, not even its samples: its weight
+    is zeroed, and the buffer adds no gradient of a micro-batch that weighs nothing. One already left out (by the
+    outlier filter) is not judged again."""
 
     def __call__(self, loss, grads, weight, window_bad, skipped_micro_batches):
         finite = ops.logical_and(amp.all_finite(grads), ops.isfinite(loss).all())
-        keep = ops.cast(finite, ms.float32)
-        counted = ops.depend(ops.assign_add(window_bad, 1.0 - keep),
-                             ops.assign_add(skipped_micro_batches, 1 - ops.cast(finite, ms.int32)))
-        return _hyper_map(ops.partial(_keep_op, finite), grads), ops.depend(weight * keep, counted)
+        bad = ops.logical_and(ops.logical_not(finite), weight > 0)
+        counted = ops.depend(ops.assign_add(window_bad, ops.cast(bad, ms.float32)),
+                             ops.assign_add(skipped_micro_batches, ops.cast(bad, ms.int32)))
+        return grads, ops.depend(weight * ops.cast(finite, ms.float32), counted)
 
     def spoiled(self, bad, seen):
         return bad >= seen  # only when no micro-batch is left

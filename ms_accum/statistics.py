@@ -25,15 +25,6 @@ OUTLIER_BETA = 0.99  # the running statistics of `OutlierFilter` forget with thi
 MIN_OUTLIER_WARMUP = 8  # micro-batches taken in before `OutlierFilter` judges any, whatever its warm-up
 
 
-_hyper_map = ops.HyperMap()
-_keep_op = ops.MultitypeFuncGraph("ms_accum_keep_unless_outlier")
-
-
-@_keep_op.register("Tensor", "Tensor")
-def _keep(keep, grad):
-    return ops.select(keep, grad, ops.zeros_like(grad))
-
-
 @ms.jit_class
 class NoStatistics:
     """Statistics off: nothing is computed, the Cells' outputs are unchanged."""
@@ -158,10 +149,10 @@ class OutlierFilter(Statistics):
                              ops.assign_add(self.seen, ops.cast(take, ms.float32)))
         counted = ops.assign_add(self.skipped, ops.cast(outlier, ms.int32))
         left_out = ops.depend(ops.depend(ops.cast(outlier, ms.float32), updated), counted)
-        kept = _hyper_map(ops.partial(_keep_op, keep), grads)
-        # Left out whole: its loss, an infinite one too, is no concern of the guard's.
+        # Left out whole: it weighs nothing, so the buffer adds none of its gradient, and its loss, an infinite one
+        # too, is no concern of the guard's.
         loss = ops.select(keep, loss, ops.zeros_like(loss))
-        return loss, kept, weight * ops.cast(keep, ms.float32), ops.stack([sq, left_out])
+        return loss, grads, weight * ops.cast(keep, ms.float32), ops.stack([sq, left_out])
 
     def state(self) -> list:
         return [self.seen, self.mean, self.var]

@@ -67,9 +67,10 @@ def test_nonfinite_window_is_skipped_with_a_warning():
         np.testing.assert_array_equal(params[name], expected[name])
 
 
-def test_skip_microbatch_leaves_out_the_bad_micro_batch_and_renormalizes():
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+def test_skip_microbatch_leaves_out_the_bad_micro_batch_and_renormalizes(structure):
     items = batches(bad=(1,))
-    result, params, _ = train(items, policy="skip_microbatch")
+    result, params, _ = train(items, policy="skip_microbatch", structure=structure)
     assert result.skipped_windows == 0 and result.skipped_micro_batches == 1
     assert [r.skipped for r in result.steps] == [False, False]
     assert np.isfinite(result.steps[0].loss)  # the window's loss is over the micro-batches it kept
