@@ -98,7 +98,8 @@ PEAK_ROWS = [("nn.TrainOneStepCell, 4 steps (no accumulation)", "one_step"),
              ("ms_accum three graphs, skip_outliers=6", "three_graphs_outliers"),
              ("ms_accum TrainAccumulationCell, 4 calls", "fused"),
              ("ms_accum TrainWindowCell, 1 call", "window"),
-             ("ms_accum Accumulator in an @ms.jit step, 4 calls", "accumulator")]
+             ("ms_accum Accumulator in an @ms.jit step, 4 calls", "accumulator"),
+             ("ms_accum Accumulator, each micro-batch weighted by num_samples", "accumulator_weighted")]
 
 
 def peak_rss():

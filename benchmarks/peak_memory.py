@@ -23,7 +23,7 @@ from ms_accum.planner import process_status as status  # the peak memory the pla
 THREE_GRAPHS = {"three_graphs": {}, "three_graphs_statistics": {"statistics": True},
                 "three_graphs_clip": {"clip_norm": 1.0}, "three_graphs_skip_microbatch": {"policy": "skip_microbatch"},
                 "three_graphs_outliers": {"skip_outliers": 6.0}}
-CONTENDERS = ("one_step", "fused", *THREE_GRAPHS, "window", "accumulator")
+CONTENDERS = ("one_step", "fused", *THREE_GRAPHS, "window", "accumulator", "accumulator_weighted")
 K, B, WIDTH, WINDOWS = 4, 8, 4096, 4
 
 
@@ -51,8 +51,8 @@ def measure(contender: str):
     elif contender.startswith("three_graphs"):
         runner = GradientAccumulation(net, loss, opt, structure="three_graphs", **THREE_GRAPHS[contender]).runner(K)
         run = lambda: runner.run(micro, K)  # noqa: E731  (closing a window reads its verdict: synchronized)
-    elif contender == "accumulator":
-        step = jit_accumulator_step(net, loss, opt, K)
+    elif contender.startswith("accumulator"):
+        step = jit_accumulator_step(net, loss, opt, K, B if contender.endswith("weighted") else None)
         run = lambda: [step(*inputs) for inputs in micro][-1].asnumpy()  # noqa: E731
     else:
         cell = (nn.TrainOneStepCell(net_with_loss, opt) if contender == "one_step"
