@@ -156,7 +156,7 @@ class _AddEvery:
 
 
 @ms.jit_class
-class _AddUnlessLeftOut(_AddEvery):
+class _AddUnlessLeftOut:
     """``"skip_microbatch"`` or an outlier filter may leave a micro-batch out, by zeroing its weight."""
 
     def __call__(self, grad_sum, mini_step, num_samples, grads, weight):
