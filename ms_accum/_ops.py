@@ -211,8 +211,8 @@ def clip_in_place(grads, clip_norm: float):
     """`grads` clipped to the global norm `clip_norm` in place, as `ops.clip_by_global_norm` clips.
 
     The global norm is summed without a temporary (`squared_norm`): `clip_by_global_norm` squares each tensor into a
-    copy first, which raised a window's peak by two of its largest tensors. Its sums differ from ours by float32
-    rounding only.
+    copy first (README, "Known MindSpore behaviour": small reductions). Its sums differ from ours by float32 rounding
+    only.
     """
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
     global_norm = ops.sqrt(squared_norm(grads))
