@@ -118,11 +118,16 @@ def _finite_probe(grad_sum):
     return _l2_loss(grad_sum)  # one kernel, a quarter of ReduceSum's time on CPU: only finiteness is read
 
 
+def _counted(mini_step, num_samples, weight):
+    """Count one micro-batch of float32 `weight` into the window; returns the micro-steps."""
+    ops.assign_add(num_samples, weight)
+    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+
+
 def accumulate(grad_sum, mini_step, num_samples, grads, weight):
     """Add one micro-batch's `grads`, which already carry its weight, and count `weight`; returns the micro-steps."""
     done = _hyper_map(_accumulate_op, grad_sum, grads)
-    ops.assign_add(num_samples, ops.depend(ops.cast(weight, ms.float32), done))
-    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+    return _counted(mini_step, num_samples, ops.depend(ops.cast(weight, ms.float32), done))
 
 
 def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
@@ -134,8 +139,7 @@ def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
     """
     if weight > 0:
         weight = ops.depend(weight, _hyper_map(_accumulate_op, grad_sum, grads))
-    ops.assign_add(num_samples, ops.cast(weight, ms.float32))
-    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+    return _counted(mini_step, num_samples, ops.cast(weight, ms.float32))
 
 
 @_cast_like_op.register("Tensor", "Tensor")
