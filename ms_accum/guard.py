@@ -38,8 +38,9 @@ _mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
 
 def check_policy_fits(network, policy: str, cls_name: str, outliers: bool = False) -> None:
     """Refuses ``"skip_microbatch"`` (and an outlier filter, `outliers`) for a network with sparse gradients, before
-    anything compiles: MindSpore cannot check or mask a micro-batch's RowTensor gradients (README, "Known MindSpore
-    behaviour"); ``"skip_window"`` checks the dense window instead."""
+    anything compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor add them behind the tensor `if`
+    that leaves a micro-batch out (README, "Known MindSpore behaviour"); ``"skip_window"`` checks the dense window
+    instead."""
     if policy != "skip_microbatch" and not outliers:
         return
     sparse = sparse_gradient_cell(network)
@@ -49,7 +50,7 @@ def check_policy_fits(network, policy: str, cls_name: str, outliers: bool = Fals
                          f"sparse gradients one micro-batch at a time.")
     if sparse is not None:
         raise ValueError(f"For '{cls_name}', the argument 'skip_outliers' must be None for a network with sparse "
-                         f"gradients (its cell '{sparse}'): MindSpore 2.10 cannot mask sparse gradients one "
+                         f"gradients (its cell '{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one "
                          f"micro-batch at a time.")
 
 
