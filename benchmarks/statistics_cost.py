@@ -3,8 +3,8 @@
     python -m benchmarks.statistics_cost [--rounds N] [--data DIR]
 
 With statistics on, every micro-batch's graph also measures its gradient's squared norm (one sum of squares per
-parameter tensor: an L2Loss kernel for a small tensor, Mul and ReduceSum for a large one); an outlier filter also
-keeps running statistics and masks the gradient. Tables, each interleaved in rounds against statistics off:
+parameter tensor: an L2Loss kernel for a small tensor, its dot product with itself for a large one); an outlier
+filter also keeps running statistics and adds the gradient behind a tensor `if` on the micro-batch's weight. Tables, each interleaved in rounds against statistics off:
 
 - s0: what users run, `GradientAccumulation.train_process` (default structure, K=4, LeNet5 b32) over real MNIST
   (2048 images per round), `statistics=False` against `statistics=True`;
