@@ -221,6 +221,8 @@ class AccumulationBuffer:
             mode when the buffer is built.
         statistics (Union[NoStatistics, Statistics, OutlierFilter]): What each micro-batch's graph measures of its
             gradient (`ms_accum.statistics`), chosen from `statistics` and `skip_outliers`.
+        leaves_out (bool): Whether a micro-batch may be left out of its window (``"skip_microbatch"`` or
+            `skip_outliers`): its gradient is then added behind a tensor `if` on its weight.
 
     Raises:
         TypeError: If `params` is not a sequence of Parameters, or `loss_scaler` is not a MindSpore loss scaler.
@@ -265,8 +267,8 @@ class AccumulationBuffer:
                                             prefix)
         else:
             self.statistics = Statistics(prefix) if statistics else NoStatistics()
-        filtered = policy == "skip_microbatch" or skip_outliers is not None
-        self.adds = _AddUnlessLeftOut() if filtered else _AddEvery()
+        self.leaves_out = policy == "skip_microbatch" or skip_outliers is not None
+        self.adds = _AddUnlessLeftOut() if self.leaves_out else _AddEvery()
 
     def parameters(self) -> list:
         """All Parameters of the window's state: the gradient buffers, the two counters, the guard's, then the running

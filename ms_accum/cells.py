@@ -73,7 +73,7 @@ class _MicroBatchCell(_BufferCell):
         self.network = check_isinstance(network, "network", nn.Cell, cls_name)
         if not network.trainable_params():
             raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
-        check_policy_fits(network, buffer.guard.policy, cls_name, outliers=bool(buffer.statistics.state()))
+        check_policy_fits(network, buffer.guard.policy, cls_name, buffer.leaves_out)
         self.caller = cls_name  # (nn.Cell has a read-only cls_name)
         self.output_checked = False
         self.network.set_grad()

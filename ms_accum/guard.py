@@ -36,22 +36,21 @@ LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 _mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
 
 
-def check_policy_fits(network, policy: str, cls_name: str, outliers: bool = False) -> None:
-    """Refuses ``"skip_microbatch"`` (and an outlier filter, `outliers`) for a network with sparse gradients, before
-    anything compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor add them behind the tensor `if`
-    that leaves a micro-batch out (README, "Known MindSpore behaviour"); ``"skip_window"`` checks the dense window
-    instead."""
-    if policy != "skip_microbatch" and not outliers:
+def check_policy_fits(network, policy: str, cls_name: str, leaves_out: bool) -> None:
+    """Refuses a buffer that `leaves_out` micro-batches (``"skip_microbatch"``, or an outlier filter) for a network
+    with sparse gradients, before anything compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor
+    add them behind the tensor `if` that leaves a micro-batch out (README, "Known MindSpore behaviour");
+    ``"skip_window"`` checks the dense window instead."""
+    sparse = sparse_gradient_cell(network) if leaves_out else None
+    if sparse is None:
         return
-    sparse = sparse_gradient_cell(network)
-    if sparse is not None and policy == "skip_microbatch":
+    if policy == "skip_microbatch":
         raise ValueError(f"For '{cls_name}', the argument 'policy' must be 'skip_window' for a network with sparse "
                          f"gradients (its cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check "
                          f"sparse gradients one micro-batch at a time.")
-    if sparse is not None:
-        raise ValueError(f"For '{cls_name}', the argument 'skip_outliers' must be None for a network with sparse "
-                         f"gradients (its cell '{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one "
-                         f"micro-batch at a time.")
+    raise ValueError(f"For '{cls_name}', the argument 'skip_outliers' must be None for a network with sparse "
+                     f"gradients (its cell '{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one "
+                     f"micro-batch at a time.")
 
 
 def sparse_gradient_cell(network) -> Optional[str]:

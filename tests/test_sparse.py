@@ -226,3 +226,21 @@ def test_skip_microbatch_is_refused_for_sparse_gradients_before_compiling():
     with pytest.raises(ValueError, match="'skip_outliers' must be None for a network with sparse gradients"):
         GradientAccumulation(sparse, loss_fn(), make_optimizer("momentum", sparse.trainable_params()),
                              skip_outliers=6.0)
+
+
+def test_statistics_of_sparse_gradients_equal_the_dense_twins():
+    # A micro-batch's RowTensor is summed as its dense gradient; the per-tensor sums are added by one AddN, which
+    # refused them when a HyperMap produced them (undetermined types with a RowTensor among the gradients).
+    ids, labels = token_batches()
+    norms = []
+    for net in sparse_and_dense_twin():
+        executor = GradientAccumulation(net, loss_fn(), make_optimizer("momentum", net.trainable_params()),
+                                        structure="three_graphs", statistics=True)
+        dataset = ds.NumpySlicesDataset({"ids": ids, "label": labels}, shuffle=False).batch(B)
+        steps = executor.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False).steps
+        norms.append([(s.micro_batch_grad_norms, s.grad_norm) for s in steps])
+    (sparse, dense) = norms
+    assert len(sparse) == WINDOWS and all(len(micro) == K and window > 0 for micro, window in sparse)
+    for (micro_s, window_s), (micro_d, window_d) in zip(sparse, dense):
+        np.testing.assert_allclose(micro_s, micro_d, rtol=1e-6)
+        np.testing.assert_allclose(window_s, window_d, rtol=1e-6)
