@@ -11,7 +11,9 @@ filter also keeps running statistics and adds the gradient behind a tensor `if` 
 - s1, s2: one `TrainAccumulationCell` micro-step on pre-loaded tensors, LeNet5 b32 and section m's activation-heavy
   conv net b8 (3x96x96), the buffer's statistics off, on, and with `skip_outliers`;
 - s3: s1's first two rows with each contender in three processes of its own (over MNIST batches), which no build
-  order can move.
+  order can move;
+- s4: the kernel time of one tensor's sum of squares by its size, `L2Loss` against the `MatMul` dot, from MindSpore's
+  profiler (no other process or graph moves a kernel's own time): where `_ops.SMALL_TENSOR` comes from.
 
 Target: at most 1.02x. Memory: statistics add no buffer, a scalar Parameter (the window's squared norm; the outlier
 filter's running statistics are 5 more floats), counted in `tests/test_statistics.py`.
@@ -114,6 +116,40 @@ def cells_processes(rounds: int, calls: int, replicas: int = 3) -> Table:
     return table
 
 
+SUM_SIZES = (840, 2400, 4800, 10080, 48000, 480000)  # elements: LeNet5's fc3, conv2, fc2 and fc1 weights among them
+
+
+def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
+    """s4: microseconds of kernel time per sum of squares, by size: each way sums `tensors` distinct tensors in one
+    graph, `calls` times under the profiler."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+    from ms_accum import _ops
+    from .worker import trace_mindspore
+
+    def l2_loss_sums(xs):
+        return ops.addn([_ops._l2_loss(x) for x in xs])
+
+    def dot_sums(xs):
+        return ops.addn([_ops._dot(ops.reshape(x, (1, -1)), ops.reshape(x, (1, -1))) for x in xs])
+
+    rng = np.random.default_rng(0)
+    lines = [f"== s4. one sum of squares, kernel time by size (MindSpore's profiler, {calls} calls x {tensors} tensors)",
+             f"   {'elements':>10}{'L2Loss us':>12}{'MatMul dot us':>15}  cheaper"]
+    for size in SUM_SIZES:
+        xs = ms.mutable(tuple(Tensor(rng.standard_normal(size).astype(np.float32)) for _ in range(tensors)))
+        times = []
+        for kernel, fn in (("L2Loss", l2_loss_sums), ("MatMul", dot_sums)):
+            graph = ms.jit(fn)
+            graph(xs).asnumpy()
+            op_times = dict(trace_mindspore(lambda n: [graph(xs) for _ in range(n)][-1].asnumpy(), calls))
+            times.append(op_times[kernel] / (calls * tensors) * 1e3)
+        lines.append(f"   {size:>10}{times[0]:>12.2f}{times[1]:>15.2f}  {'L2Loss' if times[0] <= times[1] else 'MatMul'}")
+    lines.append(f"   note: ms_accum sums a tensor of up to _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements with L2Loss, a "
+                 "larger one with the MatMul dot.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=161, help="rounds of s0 and s1 (s2: a quarter)")
@@ -126,6 +162,7 @@ def main(argv=None) -> None:
     for table in cells(args.rounds):
         print(table.render(), flush=True)
     print(cells_processes(max(args.rounds // 4, 5), 2 * BATCH).render(), flush=True)
+    print(sum_of_squares_kernels(), flush=True)
 
 
 if __name__ == "__main__":

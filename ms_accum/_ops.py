@@ -23,8 +23,9 @@ _assign_op = ops.MultitypeFuncGraph("ms_accum_assign")
 _dense_shape_op = ops.MultitypeFuncGraph("ms_accum_dense_shape")
 _count_op = ops.MultitypeFuncGraph("ms_accum_count")
 _l2_loss = ops.L2Loss()
+_dot = ops.MatMul(transpose_b=True)  # x @ x.T of a (1, n) row: its dot product with itself
 
-SMALL_TENSOR = 1 << 16  # elements: up to this a tensor's sum of squares is one L2Loss kernel (`squared_norm`)
+SMALL_TENSOR = 1 << 13  # elements: up to this a tensor's sum of squares is one L2Loss kernel, above one MatMul
 
 
 def _densify(grad):
@@ -176,13 +177,14 @@ def weigh(grads, weight):
 @_half_sum_of_squares_op.register("Tensor")
 def _half_sum_of_squares(grad):
     grad = ops.cast(grad, ms.float32)
-    # A small tensor's time is its launches: L2Loss (sum(x²) / 2) is one kernel, on CPU a quarter of ReduceSum's time.
-    # It sums element after element, so a large tensor's sum drifts (3.5e-3 relative at 4M elements): there the
-    # launch is nothing beside the work, and the tensor's dot product with itself, one MatMul, sums accurately with
-    # no temporary (`Mul` then `ReduceSum` would hold a copy of the tensor; README, "Known MindSpore behaviour").
+    # One kernel either way, no temporary (`Mul` then `ReduceSum` would hold a copy of the tensor; README, "Known
+    # MindSpore behaviour"). L2Loss (sum(x²) / 2) adds element after element: the cheaper up to `SMALL_TENSOR`, it
+    # drifts above (3.5e-3 relative at 4M elements), where the tensor's dot product with itself, one MatMul, is
+    # faster and accurate.
     if ops.size(grad) <= SMALL_TENSOR:
         return _l2_loss(grad)
-    return ops.reshape(ops.matmul(ops.reshape(grad, (1, -1)), ops.reshape(grad, (-1, 1))), ()) * 0.5
+    flat = ops.reshape(grad, (1, -1))
+    return ops.reshape(_dot(flat, flat), ()) * 0.5
 
 
 @_half_sum_of_squares_op.register("RowTensor")
@@ -191,11 +193,20 @@ def _half_sum_of_squares_row_tensor(grad):
 
 
 def half_squared_norm(tensors):
-    """Half the squared global norm of `tensors`, in float32: one sum of squares per tensor, added by one `AddN` (a
-    caller multiplies by 2 together with its own factor, one kernel)."""
-    # Unrolled, not `HyperMap`: with a sparse gradient among them HyperMap's outputs are of undetermined type, which
-    # `AddN` refuses; they were added one by one, a kernel each (9 more launches per micro-batch on LeNet5).
-    return ops.addn([_half_sum_of_squares_op(tensor) for tensor in tensors])
+    """Half the squared global norm of dense `tensors` (a buffer's), in float32: one sum of squares per tensor, added
+    by one `AddN` (a caller multiplies by 2 together with its own factor, one kernel)."""
+    return ops.addn(_hyper_map(_half_sum_of_squares_op, tensors))
+
+
+def half_squared_norm_of_grads(grads):
+    """`half_squared_norm` of a micro-batch's `grads`, sparse ones too: the sums are added one by one."""
+    # With a RowTensor among them HyperMap's outputs have undetermined types, which `AddN` refuses; over an unrolled
+    # list it compiles, but the micro-batch graph's peak grew by 0.06x the parameters of section f2's MLP.
+    halves = _hyper_map(_half_sum_of_squares_op, grads)
+    total = halves[0]
+    for value in halves[1:]:
+        total = total + value
+    return total
 
 
 def squared_norm(tensors):

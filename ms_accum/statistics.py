@@ -78,7 +78,7 @@ class Statistics(NoStatistics):
     def _sq_norm(self, grads, sens):
         sens = ops.cast(sens, ms.float32)
         # One factor: for a constant sensitivity it is a compile-time constant, and the norm costs one Mul.
-        return _ops.half_squared_norm(grads) * (2.0 / (sens * sens))
+        return _ops.half_squared_norm_of_grads(grads) * (2.0 / (sens * sens))
 
     def output(self, out, stats):
         return out, stats
