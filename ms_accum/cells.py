@@ -12,9 +12,10 @@ from typing import Optional
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
+from . import _ops
 from ._validation import check_isinstance, check_positive_float, check_positive_int
 from .buffer import AccumulationBuffer
-from .guard import LossScaler, check_policy_fits
+from .guard import LossScaler, check_policy_fits, sparse_gradient_cell
 from .losses import check_loss_output
 from .parallel import data_parallel_info
 from .runtime import check_cpu_kernels
@@ -73,7 +74,9 @@ class _MicroBatchCell(_BufferCell):
         self.network = check_isinstance(network, "network", nn.Cell, cls_name)
         if not network.trainable_params():
             raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
-        check_policy_fits(network, buffer.guard.policy, cls_name, buffer.leaves_out)
+        sparse = sparse_gradient_cell(network)
+        check_policy_fits(sparse, buffer.guard.policy, cls_name, buffer.leaves_out)
+        self.grads_norm = _ops.SparseGradsNorm() if sparse else _ops.DenseGradsNorm()  # for statistics
         self.caller = cls_name  # (nn.Cell has a read-only cls_name)
         self.output_checked = False
         self.network.set_grad()
@@ -106,7 +109,7 @@ class _MicroBatchCell(_BufferCell):
         loss, weight = self.buffer.reduction.split(out, inputs[0])
         scale = self.buffer.guard.scaling.sens(weight)
         grads = self.grad(self.network, self.weights)(*inputs, self.buffer.reduction.sens(out, scale))
-        loss, grads, weight, stats = self.buffer.statistics.micro_batch(loss, grads, weight, scale)
+        loss, grads, weight, stats = self.buffer.statistics.micro_batch(loss, grads, weight, scale, self.grads_norm)
         return out, self.buffer.add(loss, grads, weight), stats
 
 

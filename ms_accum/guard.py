@@ -36,13 +36,13 @@ LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 _mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
 
 
-def check_policy_fits(network, policy: str, cls_name: str, leaves_out: bool) -> None:
+def check_policy_fits(sparse: Optional[str], policy: str, cls_name: str, leaves_out: bool) -> None:
     """Refuses a buffer that `leaves_out` micro-batches (``"skip_microbatch"``, or an outlier filter) for a network
-    with sparse gradients, before anything compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor
-    add them behind the tensor `if` that leaves a micro-batch out (README, "Known MindSpore behaviour");
-    ``"skip_window"`` checks the dense window instead."""
-    sparse = sparse_gradient_cell(network) if leaves_out else None
-    if sparse is None:
+    with sparse gradients (`sparse`: the name of the cell that makes one, `sparse_gradient_cell`), before anything
+    compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor add them behind the tensor `if` that
+    leaves a micro-batch out (README, "Known MindSpore behaviour"); ``"skip_window"`` checks the dense window
+    instead."""
+    if sparse is None or not leaves_out:
         return
     if policy == "skip_microbatch":
         raise ValueError(f"For '{cls_name}', the argument 'policy' must be 'skip_window' for a network with sparse "

@@ -29,9 +29,10 @@ MIN_OUTLIER_WARMUP = 8  # micro-batches taken in before `OutlierFilter` judges a
 class NoStatistics:
     """Statistics off: nothing is computed, the Cells' outputs are unchanged."""
 
-    def micro_batch(self, loss, grads, weight, sens):
+    def micro_batch(self, loss, grads, weight, sens, grads_norm):
         """What a micro-batch adds to the window, `(loss, grads, weight, statistics)`, from its loss and its gradients
-        `grads` (which carry `sens`): everything, and no statistics."""
+        `grads` (which carry `sens`; `grads_norm`, `_ops.DenseGradsNorm` or `_ops.SparseGradsNorm`, sums their
+        squares): everything, and no statistics."""
         return loss, grads, weight, None
 
     def output(self, out, stats):
@@ -72,13 +73,13 @@ class Statistics(NoStatistics):
         self.window_sq_norm = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_sq_norm",
                                         requires_grad=False)
 
-    def micro_batch(self, loss, grads, weight, sens):
-        return loss, grads, weight, ops.stack([self._sq_norm(grads, sens), ops.zeros((), ms.float32)])
+    def micro_batch(self, loss, grads, weight, sens, grads_norm):
+        return loss, grads, weight, ops.stack([self._sq_norm(grads, sens, grads_norm), ops.zeros((), ms.float32)])
 
-    def _sq_norm(self, grads, sens):
+    def _sq_norm(self, grads, sens, grads_norm):
         sens = ops.cast(sens, ms.float32)
         # One factor: for a constant sensitivity it is a compile-time constant, and the norm costs one Mul.
-        return _ops.half_squared_norm_of_grads(grads) * (2.0 / (sens * sens))
+        return grads_norm(grads) * (2.0 / (sens * sens))
 
     def output(self, out, stats):
         return out, stats
@@ -128,8 +129,8 @@ class OutlierFilter(Statistics):
         self.mean = Parameter(Tensor([0.0, 0.0], ms.float32), name=f"{prefix}.outlier_mean", requires_grad=False)
         self.var = Parameter(Tensor([0.0, 0.0], ms.float32), name=f"{prefix}.outlier_var", requires_grad=False)
 
-    def micro_batch(self, loss, grads, weight, sens):
-        sq = self._sq_norm(grads, sens)
+    def micro_batch(self, loss, grads, weight, sens, grads_norm):
+        sq = self._sq_norm(grads, sens, grads_norm)
         value = ops.stack([ops.cast(loss, ms.float32), ops.sqrt(sq)])  # [loss, gradient norm]
         deviation = value - self.mean
         judged = self.seen >= self.warmup

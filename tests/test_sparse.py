@@ -229,8 +229,8 @@ def test_skip_microbatch_is_refused_for_sparse_gradients_before_compiling():
 
 
 def test_statistics_of_sparse_gradients_equal_the_dense_twins():
-    # A micro-batch's RowTensor is summed as its dense gradient. Its per-tensor sums are added one by one: AddN refuses
-    # a HyperMap's outputs with a RowTensor among the gradients (undetermined types).
+    # A micro-batch's RowTensor is summed as its dense gradient. Its per-tensor sums are added one by one
+    # (`_ops.SparseGradsNorm`): AddN refuses a HyperMap's outputs with a RowTensor among them (undetermined types).
     ids, labels = token_batches()
     norms = []
     for net in sparse_and_dense_twin():
