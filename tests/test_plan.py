@@ -113,12 +113,13 @@ def measured_peak(spec, batch_size, k, structure, reduction):
 @pytest.mark.parametrize("net", ["conv", "transformer"])
 def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, in_repo, tmp_path):
     # Section m's activation-heavy networks at a global batch of 32. The budget lets the fresh-process peak of B=8 (the
-    # memory-first structure) fit with the plan's headroom and 4 % to spare, and lies below the peak of B=16, so the
-    # plan must take B=8, K=4.
+    # memory-first structure) fit with the plan's headroom and 8 % to spare, and lies below the peak of B=16, so the
+    # plan must take B=8, K=4. The spare covers the plan measuring B=8 again: two fresh processes of the conv net's
+    # B=8 peaked at 299 and 313 MiB in one CI run (4 % spare failed there).
     spec = f"benchmarks.activation_memory:{net}_model"
     reduction = "mean" if net == "conv" else "weighted_mean"
     peak_8, peak_16 = (measured_peak(spec, b, 32 // b, "three_graphs", reduction) for b in (8, 16))
-    budget = peak_8 / (1 - HEADROOM) * 1.04
+    budget = peak_8 / (1 - HEADROOM) * 1.08
     assert peak_16 > budget, (peak_8, peak_16)  # the activations grow with B, well beyond the noise
     result = plan(spec, 32, f"{budget}MiB")
     assert (result.batch_size, result.accumulate_steps, result.reduction) == (8, 4, reduction), str(result)
