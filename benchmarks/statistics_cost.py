@@ -4,7 +4,8 @@
 
 With statistics on, every micro-batch's graph also measures its gradient's squared norm (one sum of squares per
 parameter tensor: an L2Loss kernel for a small tensor, its dot product with itself for a large one); an outlier
-filter also keeps running statistics and adds the gradient behind a tensor `if` on the micro-batch's weight. Tables, each interleaved in rounds against statistics off:
+filter also keeps running statistics and adds the gradient behind a tensor `if` on the micro-batch's weight. Tables
+s0-s3 are each timed in rounds interleaved against statistics off; s4 is kernel time:
 
 - s0: what users run, `GradientAccumulation.train_process` (default structure, K=4, LeNet5 b32) over real MNIST
   (2048 images per round), `statistics=False` against `statistics=True`;
@@ -134,7 +135,8 @@ def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
         return ops.addn([_ops._dot(ops.reshape(x, (1, -1)), ops.reshape(x, (1, -1))) for x in xs])
 
     rng = np.random.default_rng(0)
-    lines = [f"== s4. one sum of squares, kernel time by size (MindSpore's profiler, {calls} calls x {tensors} tensors)",
+    lines = [f"== s4. one sum of squares, kernel time by size (MindSpore's profiler, {calls} calls x {tensors} "
+             "tensors)",
              f"   {'elements':>10}{'L2Loss us':>12}{'MatMul dot us':>15}  cheaper"]
     for size in SUM_SIZES:
         xs = ms.mutable(tuple(Tensor(rng.standard_normal(size).astype(np.float32)) for _ in range(tensors)))
@@ -144,9 +146,10 @@ def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
             graph(xs).asnumpy()
             op_times = dict(trace_mindspore(lambda n: [graph(xs) for _ in range(n)][-1].asnumpy(), calls))
             times.append(op_times[kernel] / (calls * tensors) * 1e3)
-        lines.append(f"   {size:>10}{times[0]:>12.2f}{times[1]:>15.2f}  {'L2Loss' if times[0] <= times[1] else 'MatMul'}")
-    lines.append(f"   note: ms_accum sums a tensor of up to _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements with L2Loss, a "
-                 "larger one with the MatMul dot.")
+        cheaper = "L2Loss" if times[0] <= times[1] else "MatMul"
+        lines.append(f"   {size:>10}{times[0]:>12.2f}{times[1]:>15.2f}  {cheaper}")
+    lines.append(f"   note: ms_accum sums a tensor of up to _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements with "
+                 "L2Loss, a larger one with the MatMul dot.")
     return "\n".join(lines)
 
 
