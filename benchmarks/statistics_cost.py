@@ -118,38 +118,74 @@ def cells_processes(rounds: int, calls: int, replicas: int = 3) -> Table:
 
 
 SUM_SIZES = (840, 2400, 4800, 10080, 48000, 480000)  # elements: LeNet5's fc3, conv2, fc2 and fc1 weights among them
+LENET5_SHAPES = ((6, 1, 5, 5), (16, 6, 5, 5), (120, 400), (120,), (84, 120), (84,), (10, 84), (10,))
+
+
+def _kernels(graph, args, calls: int) -> dict:
+    """{op type: (ms, launches)} of `calls` calls of the compiled `graph`, from MindSpore's profiler."""
+    from .worker import mindspore_kernels
+    graph(args).asnumpy()
+    return mindspore_kernels(lambda n: [graph(args) for _ in range(n)][-1].asnumpy(), calls)
+
+
+def _sum_ways() -> dict:
+    """The ways to sum squares that s4 and s5 time, each a function of a tuple of tensors to compile."""
+    from mindspore import ops
+    from ms_accum import _ops
+    l2_loss = ops.L2Loss()
+
+    def l2_loss_sums(xs):
+        return ops.addn([l2_loss(x) for x in xs])
+
+    def dot_sums(xs):
+        return ops.addn([_ops._row_sum_of_squares(_ops._row(x)) for x in xs])
+
+    return {"one L2Loss per tensor, one AddN": l2_loss_sums, "one MatMul dot per tensor, one AddN": dot_sums,
+            "_ops.squared_norm: small ones concatenated": _ops.squared_norm}
 
 
 def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
     """s4: microseconds of kernel time per sum of squares, by size: each way sums `tensors` distinct tensors in one
     graph, `calls` times under the profiler."""
     import mindspore as ms
-    from mindspore import Tensor, ops
+    from mindspore import Tensor
     from ms_accum import _ops
-    from .worker import trace_mindspore
-
-    def l2_loss_sums(xs):
-        return ops.addn([_ops._l2_loss(x) for x in xs])
-
-    def dot_sums(xs):
-        return ops.addn([_ops._dot(ops.reshape(x, (1, -1)), ops.reshape(x, (1, -1))) for x in xs])
-
     rng = np.random.default_rng(0)
     lines = [f"== s4. one sum of squares, kernel time by size (MindSpore's profiler, {calls} calls x {tensors} "
              "tensors)",
              f"   {'elements':>10}{'L2Loss us':>12}{'MatMul dot us':>15}  cheaper"]
+    ways = list(_sum_ways().values())[:2]
     for size in SUM_SIZES:
         xs = ms.mutable(tuple(Tensor(rng.standard_normal(size).astype(np.float32)) for _ in range(tensors)))
-        times = []
-        for kernel, fn in (("L2Loss", l2_loss_sums), ("MatMul", dot_sums)):
-            graph = ms.jit(fn)
-            graph(xs).asnumpy()
-            op_times = dict(trace_mindspore(lambda n: [graph(xs) for _ in range(n)][-1].asnumpy(), calls))
-            times.append(op_times[kernel] / (calls * tensors) * 1e3)
+        times = [_kernels(ms.jit(fn), xs, calls)[kernel][0] / (calls * tensors) * 1e3
+                 for kernel, fn in zip(("L2Loss", "MatMul"), ways)]
         cheaper = "L2Loss" if times[0] <= times[1] else "MatMul"
         lines.append(f"   {size:>10}{times[0]:>12.2f}{times[1]:>15.2f}  {cheaper}")
-    lines.append(f"   note: ms_accum sums a tensor of up to _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements with "
-                 "L2Loss, a larger one with the MatMul dot.")
+    lines.append(f"   note: ms_accum sums a tensor of more than _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements with "
+                 "its own dot, and the smaller ones concatenated, with one dot for all (s5).")
+    return "\n".join(lines)
+
+
+def lenet5_norm_kernels(calls: int = 200, rounds: int = 41) -> str:
+    """s5: the squared norm of LeNet5's 8 gradient shapes, three ways, each its own graph: kernel launches and kernel
+    time per norm (profiler), and wall time per graph call (interleaved rounds, median)."""
+    import mindspore as ms
+    from mindspore import Tensor
+    rng = np.random.default_rng(0)
+    xs = ms.mutable(tuple(Tensor(rng.standard_normal(shape).astype(np.float32)) for shape in LENET5_SHAPES))
+    graphs = {name: ms.jit(fn) for name, fn in _sum_ways().items()}
+    walls = interleave({name: cycle_calls(graph, [(xs,)]) for name, graph in graphs.items()}, rounds, calls)
+    lines = [f"== s5. the squared norm of LeNet5's 8 gradient tensors, one graph per way ({calls} calls; wall: median "
+             f"of {rounds} interleaved rounds)",
+             f"   {'way':<44}{'launches':>9}{'kernel us':>10}{'wall us':>9}   kernels (launches, us)"]
+    for name, graph in graphs.items():
+        kernels = _kernels(graph, xs, calls)
+        launches = sum(count for _, count in kernels.values()) / calls
+        total = sum(ms_ for ms_, _ in kernels.values()) / calls * 1e3
+        lines.append(f"   {name:<44}{launches:>9.0f}{total:>10.1f}{np.median(walls[name]) * 1e3:>9.1f}   " + ", ".join(
+            f"{op} x{count // calls} {ms_ / calls * 1e3:.1f}" for op, (ms_, count) in sorted(kernels.items())))
+    lines.append("   wall: a whole graph call, its fixed cost included; kernel time leaves out what each launch costs "
+                 "the runtime on the host.")
     return "\n".join(lines)
 
 
@@ -166,6 +202,7 @@ def main(argv=None) -> None:
         print(table.render(), flush=True)
     print(cells_processes(max(args.rounds // 4, 5), 2 * BATCH).render(), flush=True)
     print(sum_of_squares_kernels(), flush=True)
+    print(lenet5_norm_kernels(), flush=True)
 
 
 if __name__ == "__main__":

@@ -164,8 +164,8 @@ def build(contender: str, setting: str):
     return mindspore_contender(contender, micro_batches(16, mnist_dir()), K)
 
 
-def trace_mindspore(run, n: int):
-    """(op type, total ms) over n micro-batches from MindSpore's profiler (CPU op times)."""
+def mindspore_kernels(run, n: int) -> dict:
+    """{op type: (total ms, launches)} over n micro-batches from MindSpore's profiler (CPU op times)."""
     import csv
     import glob
     import tempfile
@@ -178,7 +178,13 @@ def trace_mindspore(run, n: int):
         run(n)
         prof.stop()
         with open(glob.glob(f"{out}/*/FRAMEWORK/cpu_op_type_info_0.csv")[0], encoding="utf-8") as handle:
-            return [(row["op_type"], float(row["total_compute_time"])) for row in csv.DictReader(handle)]
+            return {row["op_type"]: (float(row["total_compute_time"]), int(row["type_occurrences"]))
+                    for row in csv.DictReader(handle)}
+
+
+def trace_mindspore(run, n: int):
+    """(op type, total ms) over n micro-batches from MindSpore's profiler (CPU op times)."""
+    return [(op, total) for op, (total, _) in mindspore_kernels(run, n).items()]
 
 
 def trace_torch(run, n: int):

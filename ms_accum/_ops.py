@@ -198,26 +198,56 @@ def half_squared_norm(tensors):
     return ops.addn(_hyper_map(_half_sum_of_squares_op, tensors))
 
 
+def _row(tensor):
+    return ops.reshape(ops.cast(tensor, ms.float32), (1, -1))
+
+
+def _row_sum_of_squares(row):
+    return ops.reshape(_dot(row, row), ())
+
+
+def grads_squared_norm(grads):
+    """The squared global norm of a micro-batch's dense gradients, in float32, in few kernels: a tensor of more than
+    `SMALL_TENSOR` elements is one dot, the smaller ones are concatenated into one row, a copy no larger than they are,
+    and summed by one dot, and one `AddN` adds the sums. On a small network every kernel costs about its launch.
+
+    For intermediate tensors only: flattening a Parameter (a buffer's tensor) is a copy kernel in MindSpore 2.10's
+    graphs, so a buffer is summed by `half_squared_norm`, which flattens only its large tensors (benchmark section s5).
+    """
+    small, sums = (), ()
+    for grad in grads:  # unrolled when the graph compiles: the sizes are constants
+        if ops.size(grad) <= SMALL_TENSOR:
+            small = small + (_row(grad),)
+        else:
+            sums = sums + (_row_sum_of_squares(_row(grad)),)
+    if len(small) > 1:
+        sums = sums + (_row_sum_of_squares(ops.concat(small, 1)),)
+    elif small:
+        sums = sums + (_row_sum_of_squares(small[0]),)
+    return ops.addn(sums)
+
+
 @ms.jit_class
 class DenseGradsNorm:
-    """Half the squared norm of a micro-batch's dense gradients: `half_squared_norm`, one `AddN`."""
+    """The squared norm of a micro-batch's dense gradients: `grads_squared_norm`."""
 
     def __call__(self, grads):
-        return half_squared_norm(grads)
+        return grads_squared_norm(grads)
 
 
 @ms.jit_class
 class SparseGradsNorm:
-    """Half the squared norm of a micro-batch's gradients with a sparse one among them: the sums added one by one."""
+    """The squared norm of a micro-batch's gradients with a sparse one among them: the sums added one by one."""
 
     def __call__(self, grads):
-        # `AddN` refuses HyperMap's outputs here (undetermined types); over an unrolled list it compiles, but the
-        # graph's peak grew by 0.06x the parameters of section f2's MLP.
+        # A RowTensor among them makes the gradients' types undetermined: `grads_squared_norm`'s grouping and `AddN`
+        # refuse them, a `HyperMap` and `Add`s take them. Over an unrolled list `AddN` compiles, but the graph's peak
+        # grew by 0.06x the parameters of section f2's MLP.
         halves = _hyper_map(_half_sum_of_squares_op, grads)
         total = halves[0]
         for value in halves[1:]:
             total = total + value
-        return total
+        return total * 2.0
 
 
 def squared_norm(tensors):
@@ -245,12 +275,13 @@ def clip_in_place(grads, clip_norm: float):
 
 
 def window_grads(grad_sum, divisor, clip_norm, statistics):
-    """The gradient a window applies: `grad_sum` divided by `divisor` (noted by `statistics`) and clipped to
-    `clip_norm` if given, both in place, so the buffer holds it afterwards (a graph launched next can apply it)."""
-    grads = statistics.window(_hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum))
+    """The gradient a window applies: `grad_sum` divided by `divisor` and clipped to `clip_norm` if given, both in
+    place, so the buffer holds it afterwards (a graph launched next can apply it); and its squared norm before
+    clipping, if `statistics` measure it (else None)."""
+    grads, sq_norm = statistics.window(_hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum))
     if clip_norm is not None:
         grads = clip_in_place(grads, clip_norm)
-    return grads
+    return grads, sq_norm
 
 
 @_assign_op.register("Tensor", "Tensor")

@@ -258,10 +258,11 @@ class AccumulationBuffer:
         self.to_params = _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
-        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum])
-        self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
         check_isinstance(statistics, "statistics", bool, "AccumulationBuffer")
         check_outliers(skip_outliers, outlier_warmup, "AccumulationBuffer")
+        measured = statistics or skip_outliers is not None
+        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum], measured)
+        self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
         if skip_outliers is not None:
             self.statistics = OutlierFilter(float(skip_outliers), outlier_warmup, self.guard.skipped_micro_batches,
                                             prefix)
@@ -293,10 +294,10 @@ class AccumulationBuffer:
         divisor = self.reduction.divisor(samples, self.reducer.sum_divisor)
         # A tensor divisor: an in-place multiplication by a Python constant leaves MindSpore 2.10 unable to infer the
         # buffer's type (the "sum" rule's divisor is one).
-        grads = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32), clip_norm,
-                                  self.statistics)
+        grads, sq_norm = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32),
+                                           clip_norm, self.statistics)
         grads = self.in_place(self.grad_sum, grads)
-        return grads, self.guard.close(grads, self.reducer, self.mini_step)
+        return grads, self.guard.close(grads, self.reducer, self.mini_step, sq_norm)
 
     def check(self, clip_norm):
         """Makes the window's gradient ready in the buffer and judges it; returns whether it may be applied.

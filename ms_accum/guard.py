@@ -86,7 +86,7 @@ class _SumIsFinite:
     """Whether a float32 window is finite, from one sum of squares per tensor (`_ops.sums_finite`): finite elements
     squaring past float32's range are counted as an overflow."""
 
-    def __call__(self, grads):
+    def __call__(self, grads, sq_norm):
         return _ops.sums_finite(grads)
 
 
@@ -94,12 +94,25 @@ class _SumIsFinite:
 class _AllFinite:
     """MindSpore's check: the device's overflow status on Ascend, a test of every element elsewhere."""
 
-    def __call__(self, grads):
+    def __call__(self, grads, sq_norm):
         return amp.all_finite(grads)
 
 
-def _window_check(dtypes):
+@ms.jit_class
+class _NormIsFinite:
+    """Statistics on: the window's squared norm, measured before clipping in float32, is finite exactly when the
+    elements are (then the clipped window is too), with `_SumIsFinite`'s one exception. Reading it spares a second
+    pass over the window, and MindSpore's copy of each buffer tensor before that second read (README, "Known
+    MindSpore behaviour")."""
+
+    def __call__(self, grads, sq_norm):
+        return ops.isfinite(sq_norm)
+
+
+def _window_check(dtypes, measured: bool):
     """The window's finiteness check for buffers of `dtypes`, chosen once (see the module's docstring)."""
+    if measured:
+        return _NormIsFinite()
     cpu = ms.get_context("device_target") == "CPU"
     # AddN sums one dtype, and a float16 sum would overflow long before its elements do: float32 buffers only.
     return _SumIsFinite() if cpu and all(dtype == ms.float32 for dtype in dtypes) else _AllFinite()
@@ -186,6 +199,8 @@ class WindowGuard:
         prefix (str): Name prefix of the Parameters. Default: ``"guard"``.
         dtypes (Sequence[mindspore.dtype], optional): The dtypes of the window's buffers, which choose its
             finiteness check. Default: ``None``, float32.
+        measured (bool): Whether `close` is given the window's squared norm (statistics on): its finiteness is then
+            the check, whatever the dtypes. Default: ``False``.
 
     Attributes:
         loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
@@ -204,14 +219,14 @@ class WindowGuard:
     """
 
     def __init__(self, policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
-                 prefix: str = "guard", dtypes: Optional[Sequence] = None) -> None:
+                 prefix: str = "guard", dtypes: Optional[Sequence] = None, measured: bool = False) -> None:
         self.policy = check_value_in(policy, "policy", POLICIES, "WindowGuard")
         if loss_scaler is not None:
             check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler),
                              "WindowGuard")
         # Chosen here, not by flags in the graph (README, "Known MindSpore behaviour": constant if/else).
         self.scaling = _Unscaled() if loss_scaler is None else _Scaled(loss_scaler)
-        self.window_finite = _window_check(dtypes or (ms.float32,))
+        self.window_finite = _window_check(dtypes or (ms.float32,), measured)
         if loss_scaler is None:
             loss_scaler = amp.StaticLossScaler(1.0)  # unused, but its scale is saved: every state has one layout
         self.loss_scale = loss_scaler.scale_value
@@ -235,13 +250,14 @@ class WindowGuard:
         """What one micro-batch adds to the window, `(grads, weight)`, after the policy; counts a bad one."""
         return self.filter(loss, grads, weight, self.window_bad, self.skipped_micro_batches)
 
-    def close(self, grads, reducer, micro_batches):
+    def close(self, grads, reducer, micro_batches, sq_norm):
         """Whether the window's unscaled, reduced `grads` may be applied; adjusts the scale and the counters.
 
-        `micro_batches` is this rank's micro-step count; `reducer` sums the counts over the ranks.
+        `micro_batches` is this rank's micro-step count; `reducer` sums the counts over the ranks. `sq_norm` is the
+        window's squared norm before clipping, measured by statistics (None when off).
         """
         bad, seen = reducer.totals(self.window_bad, ops.cast(micro_batches, ms.float32))
-        apply = ops.logical_and(self.window_finite(grads), ops.logical_not(self.filter.spoiled(bad, seen)))
+        apply = ops.logical_and(self.window_finite(grads, sq_norm), ops.logical_not(self.filter.spoiled(bad, seen)))
         # Every result is used (README, "Known MindSpore behaviour": discarded results of functions with side effects).
         adjusted = self.scaling.adjust(apply, bad)
         counted = ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))

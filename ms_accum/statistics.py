@@ -48,8 +48,9 @@ class NoStatistics:
         return collected
 
     def window(self, grads):
-        """Notes the window's mean gradient before clipping: nothing."""
-        return grads
+        """Notes the window's mean gradient before clipping: `(grads, its squared norm)`; here nothing is measured
+        (None)."""
+        return grads, None
 
     def parameters(self) -> list:
         """Scratch Parameters, rewritten every window and never saved."""
@@ -79,7 +80,7 @@ class Statistics(NoStatistics):
     def _sq_norm(self, grads, sens, grads_norm):
         sens = ops.cast(sens, ms.float32)
         # One factor: for a constant sensitivity it is a compile-time constant, and the norm costs one Mul.
-        return grads_norm(grads) * (2.0 / (sens * sens))
+        return grads_norm(grads) * (1.0 / (sens * sens))
 
     def output(self, out, stats):
         return out, stats
@@ -91,7 +92,8 @@ class Statistics(NoStatistics):
         return ops.tensor_scatter_update(collected, at, ops.reshape(stats, (1, 2)))
 
     def window(self, grads):
-        return ops.depend(grads, ops.assign(self.window_sq_norm, _ops.squared_norm(grads)))
+        sq_norm = _ops.squared_norm(grads)
+        return ops.depend(grads, ops.assign(self.window_sq_norm, sq_norm)), sq_norm
 
     def parameters(self) -> list:
         return [self.window_sq_norm]

@@ -188,3 +188,23 @@ def test_a_half_precision_window_whose_sum_would_overflow_is_still_applied():
     ms.ops.assign(buffer.mini_step, ms.Tensor(1, ms.int32))
     assert bool(TrainOptim(optimizer, buffer)().asnumpy())
     assert int(buffer.guard.skipped_windows.asnumpy()) == 0
+
+
+@pytest.mark.parametrize("statistics", [False, True])
+@pytest.mark.parametrize("value", [None, np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("tensor", ["0.weight", "0.bias", "1.weight"])
+def test_the_window_check_finds_a_nonfinite_element_in_any_tensor(tensor, value, statistics):
+    # The float32 window's check sums each tensor's squares with L2Loss; with statistics on it reads the window's
+    # squared norm instead, where a tensor above `_ops.SMALL_TENSOR` elements (0.weight, 100 x 100) is a dot. Either
+    # way, one element that is not finite rules the window out.
+    net = nn.SequentialCell(nn.Dense(100, 100), nn.Dense(100, 3))
+    optimizer = nn.SGD(net.trainable_params(), 0.0)  # lr 0: only whether the step ran matters
+    buffer = AccumulationBuffer(optimizer.parameters, reduction="sum", statistics=statistics)
+    for g in buffer.grad_sum:
+        data = np.full(g.shape, 0.5, np.float32)
+        if value is not None and g.name == f"accumulate.{tensor}":
+            data.flat[data.size // 2] = value
+        g.set_data(ms.Tensor(data))
+    ms.ops.assign(buffer.mini_step, ms.Tensor(1, ms.int32))
+    assert bool(TrainOptim(optimizer, buffer)().asnumpy()) == (value is None)
+    assert int(buffer.guard.skipped_windows.asnumpy()) == (value is not None)
