@@ -2,10 +2,11 @@
 
     python -m benchmarks.statistics_cost [--rounds N] [--data DIR]
 
-With statistics on, every micro-batch's graph also measures its gradient's squared norm (one sum of squares per
-parameter tensor: an L2Loss kernel for a small tensor, its dot product with itself for a large one); an outlier
-filter also keeps running statistics and adds the gradient behind a tensor `if` on the micro-batch's weight. Tables
-s0-s3 are each timed in rounds interleaved against statistics off; s4 is kernel time:
+With statistics on, every micro-batch's graph also measures its gradient's squared norm (a large tensor's dot product
+with itself, the small tensors concatenated and summed by one dot), and the window's check its own, which the guard
+then reads for finiteness; an outlier filter also keeps running statistics and adds the gradient behind a tensor `if`
+on the micro-batch's weight. Tables s0-s3 are each timed in rounds interleaved against statistics off; s4 and s5 are
+read from MindSpore's profiler:
 
 - s0: what users run, `GradientAccumulation.train_process` (default structure, K=4, LeNet5 b32) over real MNIST
   (2048 images per round), `statistics=False` against `statistics=True`;
@@ -13,8 +14,9 @@ s0-s3 are each timed in rounds interleaved against statistics off; s4 is kernel 
   conv net b8 (3x96x96), the buffer's statistics off, on, and with `skip_outliers`;
 - s3: s1's first two rows with each contender in three processes of its own (over MNIST batches), which no build
   order can move;
-- s4: the kernel time of one tensor's sum of squares by its size, `L2Loss` against the `MatMul` dot, from MindSpore's
-  profiler (no other process or graph moves a kernel's own time): where `_ops.SMALL_TENSOR` comes from.
+- s4: the kernel time of one tensor's sum of squares by its size, `L2Loss` against the `MatMul` dot (no other process
+  or graph moves a kernel's own time): where `_ops.SMALL_TENSOR` comes from;
+- s5: the kernels statistics add to a LeNet5 micro-batch of s1, launches and kernel time.
 
 Target: at most 1.02x. Memory: statistics add no buffer, a scalar Parameter (the window's squared norm; the outlier
 filter's running statistics are 5 more floats), counted in `tests/test_statistics.py`.
@@ -118,7 +120,6 @@ def cells_processes(rounds: int, calls: int, replicas: int = 3) -> Table:
 
 
 SUM_SIZES = (840, 2400, 4800, 10080, 48000, 480000)  # elements: LeNet5's fc3, conv2, fc2 and fc1 weights among them
-LENET5_SHAPES = ((6, 1, 5, 5), (16, 6, 5, 5), (120, 400), (120,), (84, 120), (84,), (10, 84), (10,))
 
 
 def _kernels(graph, args, calls: int) -> dict:
@@ -128,8 +129,8 @@ def _kernels(graph, args, calls: int) -> dict:
     return mindspore_kernels(lambda n: [graph(args) for _ in range(n)][-1].asnumpy(), calls)
 
 
-def _sum_ways() -> dict:
-    """The ways to sum squares that s4 and s5 time, each a function of a tuple of tensors to compile."""
+def _sum_ways() -> tuple:
+    """s4's two ways to sum squares, each a function of a tuple of tensors to compile: `L2Loss`, and the dot."""
     from mindspore import ops
     from ms_accum import _ops
     l2_loss = ops.L2Loss()
@@ -140,8 +141,7 @@ def _sum_ways() -> dict:
     def dot_sums(xs):
         return ops.addn([_ops._row_sum_of_squares(_ops._row(x)) for x in xs])
 
-    return {"one L2Loss per tensor, one AddN": l2_loss_sums, "one MatMul dot per tensor, one AddN": dot_sums,
-            "_ops.squared_norm: small ones concatenated": _ops.squared_norm}
+    return l2_loss_sums, dot_sums
 
 
 def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
@@ -154,38 +154,40 @@ def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
     lines = [f"== s4. one sum of squares, kernel time by size (MindSpore's profiler, {calls} calls x {tensors} "
              "tensors)",
              f"   {'elements':>10}{'L2Loss us':>12}{'MatMul dot us':>15}  cheaper"]
-    ways = list(_sum_ways().values())[:2]
+    ways = _sum_ways()
     for size in SUM_SIZES:
         xs = ms.mutable(tuple(Tensor(rng.standard_normal(size).astype(np.float32)) for _ in range(tensors)))
         times = [_kernels(ms.jit(fn), xs, calls)[kernel][0] / (calls * tensors) * 1e3
                  for kernel, fn in zip(("L2Loss", "MatMul"), ways)]
         cheaper = "L2Loss" if times[0] <= times[1] else "MatMul"
         lines.append(f"   {size:>10}{times[0]:>12.2f}{times[1]:>15.2f}  {cheaper}")
-    lines.append(f"   note: ms_accum sums a tensor of more than _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements with "
-                 "its own dot, and the smaller ones concatenated, with one dot for all (s5).")
+    lines.append(f"   note: a tensor of more than _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements is summed with its own "
+                 "dot; the smaller ones with L2Loss in the window, concatenated and summed by one dot in a micro-batch.")
     return "\n".join(lines)
 
 
-def lenet5_norm_kernels(calls: int = 200, rounds: int = 41) -> str:
-    """s5: the squared norm of LeNet5's 8 gradient shapes, three ways, each its own graph: kernel launches and kernel
-    time per norm (profiler), and wall time per graph call (interleaved rounds, median)."""
-    import mindspore as ms
-    from mindspore import Tensor
-    rng = np.random.default_rng(0)
-    xs = ms.mutable(tuple(Tensor(rng.standard_normal(shape).astype(np.float32)) for shape in LENET5_SHAPES))
-    graphs = {name: ms.jit(fn) for name, fn in _sum_ways().items()}
-    walls = interleave({name: cycle_calls(graph, [(xs,)]) for name, graph in graphs.items()}, rounds, calls)
-    lines = [f"== s5. the squared norm of LeNet5's 8 gradient tensors, one graph per way ({calls} calls; wall: median "
-             f"of {rounds} interleaved rounds)",
-             f"   {'way':<44}{'launches':>9}{'kernel us':>10}{'wall us':>9}   kernels (launches, us)"]
-    for name, graph in graphs.items():
-        kernels = _kernels(graph, xs, calls)
-        launches = sum(count for _, count in kernels.values()) / calls
-        total = sum(ms_ for ms_, _ in kernels.values()) / calls * 1e3
-        lines.append(f"   {name:<44}{launches:>9.0f}{total:>10.1f}{np.median(walls[name]) * 1e3:>9.1f}   " + ", ".join(
-            f"{op} x{count // calls} {ms_ / calls * 1e3:.1f}" for op, (ms_, count) in sorted(kernels.items())))
-    lines.append("   wall: a whole graph call, its fixed cost included; kernel time leaves out what each launch costs "
-                 "the runtime on the host.")
+def micro_batch_kernels(calls: int = 256) -> str:
+    """s5: the kernels statistics add, launches and kernel time per LeNet5 micro-batch, from MindSpore's profiler over
+    `calls` micro-batches of s1's `TrainAccumulationCell` (its window's share included, a quarter at K=4)."""
+    from .worker import build, mindspore_kernels
+    per_batch = {}
+    for contender in ("ms_cell", "ms_cell_statistics"):
+        run = build(contender, "default")
+        run(16)
+        run(16)
+        per_batch[contender] = {op: (ms_ / calls * 1e3, count / calls)
+                                for op, (ms_, count) in mindspore_kernels(run, calls).items()}
+    lines = [f"== s5. kernels per LeNet5 micro-batch, statistics off and on (MindSpore's profiler, {calls} micro-batches "
+             "of s1's cell)", f"   {'':<20}{'launches':>9}{'kernel us':>11}"]
+    for contender, kernels in per_batch.items():
+        lines.append(f"   {contender:<20}{sum(n for _, n in kernels.values()):>9.2f}"
+                     f"{sum(us for us, _ in kernels.values()):>11.0f}")
+    off, on = per_batch["ms_cell"], per_batch["ms_cell_statistics"]
+    added = {op: on.get(op, (0.0, 0.0))[1] - off.get(op, (0.0, 0.0))[1] for op in set(off) | set(on)}
+    lines.append("   launches added: " + ", ".join(f"{op} {n:+.2f}" for op, n in sorted(added.items(), key=lambda x: -x[1])
+                                                   if abs(n) >= 0.125))
+    lines.append("   kernel time moves by tens of microseconds between processes (the network's own kernels); each "
+                 "launch also costs the runtime some microseconds on the host, which kernel time leaves out.")
     return "\n".join(lines)
 
 
@@ -202,7 +204,7 @@ def main(argv=None) -> None:
         print(table.render(), flush=True)
     print(cells_processes(max(args.rounds // 4, 5), 2 * BATCH).render(), flush=True)
     print(sum_of_squares_kernels(), flush=True)
-    print(lenet5_norm_kernels(), flush=True)
+    print(micro_batch_kernels(), flush=True)
 
 
 if __name__ == "__main__":

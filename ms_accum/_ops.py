@@ -25,7 +25,7 @@ _count_op = ops.MultitypeFuncGraph("ms_accum_count")
 _l2_loss = ops.L2Loss()
 _dot = ops.MatMul(transpose_b=True)  # x @ x.T of a (1, n) row: its dot product with itself
 
-SMALL_TENSOR = 1 << 13  # elements: up to this a tensor's sum of squares is one L2Loss kernel, above one MatMul
+SMALL_TENSOR = 1 << 13  # elements: up to this a tensor is summed by L2Loss (a buffer) or concatenated (gradients)
 
 
 def _densify(grad):
@@ -174,6 +174,14 @@ def weigh(grads, weight):
     return _hyper_map(ops.partial(_weigh_op, weight), grads)
 
 
+def _row(tensor):
+    return ops.reshape(ops.cast(tensor, ms.float32), (1, -1))
+
+
+def _row_sum_of_squares(row):
+    return ops.reshape(_dot(row, row), ())
+
+
 @_half_sum_of_squares_op.register("Tensor")
 def _half_sum_of_squares(grad):
     grad = ops.cast(grad, ms.float32)
@@ -183,8 +191,7 @@ def _half_sum_of_squares(grad):
     # faster and accurate.
     if ops.size(grad) <= SMALL_TENSOR:
         return _l2_loss(grad)
-    flat = ops.reshape(grad, (1, -1))
-    return ops.reshape(_dot(flat, flat), ()) * 0.5
+    return _row_sum_of_squares(_row(grad)) * 0.5
 
 
 @_half_sum_of_squares_op.register("RowTensor")
@@ -198,33 +205,38 @@ def half_squared_norm(tensors):
     return ops.addn(_hyper_map(_half_sum_of_squares_op, tensors))
 
 
-def _row(tensor):
-    return ops.reshape(ops.cast(tensor, ms.float32), (1, -1))
+_norm_terms_op = ops.MultitypeFuncGraph("ms_accum_norm_terms")
+_norm_weights_op = ops.MultitypeFuncGraph("ms_accum_norm_weights")
 
 
-def _row_sum_of_squares(row):
-    return ops.reshape(_dot(row, row), ())
+@_norm_terms_op.register("Tensor")
+def _norm_terms(grad):
+    row = _row(grad)
+    if ops.size(grad) <= SMALL_TENSOR:
+        return row
+    return _dot(row, row)
+
+
+@_norm_weights_op.register("Tensor", "Tensor")
+def _norm_weights(grad, terms):
+    if ops.size(grad) <= SMALL_TENSOR:
+        return terms
+    return ops.ones((1, 1), ms.float32)
 
 
 def grads_squared_norm(grads):
-    """The squared global norm of a micro-batch's dense gradients, in float32, in few kernels: a tensor of more than
-    `SMALL_TENSOR` elements is one dot, the smaller ones are concatenated into one row, a copy no larger than they are,
-    and summed by one dot, and one `AddN` adds the sums. On a small network every kernel costs about its launch.
+    """The squared global norm of a micro-batch's dense gradients, in float32, in few kernels: one dot of two rows.
 
-    For intermediate tensors only: flattening a Parameter (a buffer's tensor) is a copy kernel in MindSpore 2.10's
-    graphs, so a buffer is summed by `half_squared_norm`, which flattens only its large tensors (benchmark section s5).
+    The first row holds the small tensors' elements (up to `SMALL_TENSOR` each) and each large tensor's sum of
+    squares, its own dot; the second the same small elements and a 1 for each large sum. Two `Concat`s copy only the
+    small tensors. LeNet5's 8 gradients take 5 kernels (11 as `half_squared_norm` sums them), and a launch is most of
+    what a small kernel costs (benchmark section s5). For intermediate tensors only: flattening a Parameter (a buffer's
+    tensor) is a copy kernel in MindSpore 2.10's graphs, so a buffer is summed by `half_squared_norm`, which flattens
+    only its large tensors.
     """
-    small, sums = (), ()
-    for grad in grads:  # unrolled when the graph compiles: the sizes are constants
-        if ops.size(grad) <= SMALL_TENSOR:
-            small = small + (_row(grad),)
-        else:
-            sums = sums + (_row_sum_of_squares(_row(grad)),)
-    if len(small) > 1:
-        sums = sums + (_row_sum_of_squares(ops.concat(small, 1)),)
-    elif small:
-        sums = sums + (_row_sum_of_squares(small[0]),)
-    return ops.addn(sums)
+    terms = _hyper_map(_norm_terms_op, grads)
+    weights = _hyper_map(_norm_weights_op, grads, terms)
+    return ops.reshape(_dot(ops.concat(terms, 1), ops.concat(weights, 1)), ())
 
 
 @ms.jit_class

@@ -65,6 +65,29 @@ def numpy_grads(net, loss, x, y):
     return np.concatenate([g.asnumpy().ravel() for g in grads]).astype(np.float64)
 
 
+@pytest.mark.parametrize("shapes", [
+    [(), (1,), (3, 4), (100, 100), (8192,), (8193,)],  # scalars, both sides of SMALL_TENSOR
+    [(100, 100), (90, 91)],  # large tensors only
+    [(5,)],  # one small tensor
+])
+def test_both_squared_norms_equal_numpys_on_any_shapes(shapes):
+    # A micro-batch's gradients (`grads_squared_norm`: small ones concatenated, a large one's dot weighted by 1) and a
+    # buffer's (`half_squared_norm`: one sum per tensor) against float64 numpy, within float32 rounding.
+    from ms_accum import _ops
+
+    @ms.jit
+    def norms(tensors):
+        doubled = ms.ops.HyperMap()(ms.ops.partial(ms.ops.mul, 2.0), tensors)  # intermediates, as gradients are
+        return _ops.grads_squared_norm(doubled), _ops.half_squared_norm(tensors)
+
+    rng = np.random.default_rng(1)
+    values = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    grads_sq, buffer_half = (float(v.asnumpy()) for v in norms(tuple(Tensor(v) for v in values)))
+    exact = sum(float((v.astype(np.float64) ** 2).sum()) for v in values)
+    assert grads_sq == pytest.approx(4.0 * exact, rel=2e-6)
+    assert buffer_half == pytest.approx(0.5 * exact, rel=2e-6)
+
+
 @pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
 def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(structure):
     # SGD with lr 0 keeps the parameters, so every window's gradients can be recomputed from the data; a loss scaler
