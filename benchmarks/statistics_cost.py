@@ -186,7 +186,7 @@ def micro_batch_kernels(calls: int = 256) -> str:
     added = {op: on.get(op, (0.0, 0.0))[1] - off.get(op, (0.0, 0.0))[1] for op in set(off) | set(on)}
     lines.append("   launches added: " + ", ".join(f"{op} {n:+.2f}" for op, n in sorted(added.items(), key=lambda x: -x[1])
                                                    if abs(n) >= 0.125))
-    lines.append("   kernel time moves by tens of microseconds between processes (the network's own kernels); each "
+    lines.append("   kernel time moves by hundreds of microseconds between processes (the network's own kernels); each "
                  "launch also costs the runtime some microseconds on the host, which kernel time leaves out.")
     return "\n".join(lines)
 

@@ -252,9 +252,8 @@ class SparseGradsNorm:
     """The squared norm of a micro-batch's gradients with a sparse one among them: the sums added one by one."""
 
     def __call__(self, grads):
-        # A RowTensor among them makes the gradients' types undetermined: `grads_squared_norm`'s grouping and `AddN`
-        # refuse them, a `HyperMap` and `Add`s take them. Over an unrolled list `AddN` compiles, but the graph's peak
-        # grew by 0.06x the parameters of section f2's MLP.
+        # A RowTensor among them makes the sums' types undetermined: `AddN` refuses them, `Add`s take them. Over an
+        # unrolled list `AddN` compiles, but the graph's peak grew by 0.06x the parameters of section f2's MLP.
         halves = _hyper_map(_half_sum_of_squares_op, grads)
         total = halves[0]
         for value in halves[1:]:
