@@ -229,10 +229,9 @@ def grads_squared_norm(grads):
 
     The first row holds the small tensors' elements (up to `SMALL_TENSOR` each) and each large tensor's sum of
     squares, its own dot; the second the same small elements and a 1 for each large sum. Two `Concat`s copy only the
-    small tensors. LeNet5's 8 gradients take 5 kernels (11 as `half_squared_norm` sums them), and a launch is most of
-    what a small kernel costs (benchmark section s5). For intermediate tensors only: flattening a Parameter (a buffer's
-    tensor) is a copy kernel in MindSpore 2.10's graphs, so a buffer is summed by `half_squared_norm`, which flattens
-    only its large tensors.
+    small tensors. LeNet5's 8 gradients take 5 kernels, 11 as `half_squared_norm` sums them (benchmark section s5
+    counts a micro-batch's). For intermediate tensors only: flattening a Parameter (a buffer's tensor) is a copy kernel
+    in MindSpore 2.10's graphs, so a buffer is summed by `half_squared_norm`, which flattens only its large tensors.
     """
     terms = _hyper_map(_norm_terms_op, grads)
     weights = _hyper_map(_norm_weights_op, grads, terms)
