@@ -1,12 +1,12 @@
 """Section s: what measuring the window costs per micro-batch (ms_accum.statistics).
 
-    python -m benchmarks.statistics_cost [--rounds N] [--data DIR]
+    python -m benchmarks.statistics_cost [--rounds N] [--data DIR] [--pair off_first|on_first]
 
 With statistics on, every micro-batch's graph also measures its gradient's squared norm (a large tensor's dot product
 with itself, the small tensors concatenated and summed by one dot), and the window's check its own, which the guard
 then reads for finiteness; an outlier filter also keeps running statistics and adds the gradient behind a tensor `if`
-on the micro-batch's weight. Tables s0-s3 are each timed in rounds interleaved against statistics off; s4 and s5 are
-read from MindSpore's profiler:
+on the micro-batch's weight. Tables s0-s3 and s6 are timed in rounds interleaved against statistics off; s4 and s5
+are read from MindSpore's profiler:
 
 - s0: what users run, `GradientAccumulation.train_process` (default structure, K=4, LeNet5 b32) over real MNIST
   (2048 images per round), `statistics=False` against `statistics=True`;
@@ -16,7 +16,8 @@ read from MindSpore's profiler:
   order can move;
 - s4: the kernel time of one tensor's sum of squares by its size, `L2Loss` against the `MatMul` dot (no other process
   or graph moves a kernel's own time): where `_ops.SMALL_TENSOR` comes from;
-- s5: the kernels statistics add to a LeNet5 micro-batch of s1, launches and kernel time.
+- s5: the kernels statistics add to a LeNet5 micro-batch of s1, launches and kernel time;
+- s6: s1's LeNet5 pair in six fresh processes, each building both, half of them in each order.
 
 Target: at most 1.02x. Memory: statistics add no buffer, a scalar Parameter (the window's squared norm; the outlier
 filter's running statistics are 5 more floats), counted in `tests/test_statistics.py`.
@@ -191,12 +192,58 @@ def micro_batch_kernels(calls: int = 256) -> str:
     return "\n".join(lines)
 
 
+PAIR_ORDERS = ("off_first", "on_first")
+
+
+def one_pair(order: str, rounds: int, calls: int = 2 * BATCH) -> str:
+    """One process of s6: both of s1's LeNet5 contenders (statistics off and on) built in `order`, timed in interleaved
+    rounds; the line ``PAIR <order> <ratio of medians> <median of per-round ratios>``."""
+    from mindspore import Tensor
+    rng = np.random.default_rng(0)
+    inputs = [(Tensor(rng.standard_normal((BATCH, 1, 32, 32)).astype(np.float32)),
+               Tensor(rng.integers(0, 10, BATCH).astype(np.int32))) for _ in range(8)]
+    names = ["statistics off (the default)", "statistics on"]
+    contenders = {}
+    for name in names if order == PAIR_ORDERS[0] else names[::-1]:
+        contenders[name] = cycle_calls(_cell(lenet, CONTENDERS[name]), inputs)
+        contenders[name](8)  # compiled now, in this order
+    rows = interleave(contenders, rounds, calls, warmup=2)
+    off, on = (np.asarray(rows[name]) for name in names)
+    return f"PAIR {order} {np.median(on) / np.median(off):.4f} {np.median(on / off):.4f}"
+
+
+def paired_processes(processes: int = 6, rounds: int = 30) -> str:
+    """s6: s1's LeNet5 pair in `processes` fresh processes, each building both contenders, half of them statistics off
+    first: a process's speed moves both alike, and the build order's effect is taken both ways."""
+    import os
+    import subprocess
+    import sys
+    from .common import REPO
+    lines = [f"== s6. statistics on / off, both in one process, {processes} processes, build order alternating "
+             f"({rounds} rounds each; ratio of medians, median of per-round ratios)"]
+    ratios = []
+    for index in range(processes):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.statistics_cost", "--pair", PAIR_ORDERS[index % 2],
+                              "--rounds", str(rounds)], cwd=REPO, env=os.environ, capture_output=True, text=True,
+                             check=True).stdout.split()
+        at = out.index("PAIR")
+        ratios.append((float(out[at + 2]), float(out[at + 3])))
+        lines.append(f"   {out[at + 1]:<10}{ratios[-1][0]:>8.3f}{ratios[-1][1]:>8.3f}")
+    mean = np.mean(ratios, axis=0)
+    lines.append(f"   {'mean':<10}{mean[0]:>8.3f}{mean[1]:>8.3f}   target <= 1.02")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=161, help="rounds of s0 and s1 (s2: a quarter)")
     parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
+    parser.add_argument("--pair", choices=PAIR_ORDERS, help="run one process of s6 (with --rounds) and stop")
     args = parser.parse_args(argv)
     setup_mindspore()
+    if args.pair:
+        print(one_pair(args.pair, args.rounds), flush=True)
+        return
     data_dir = mnist_dir(args.data)
     if data_dir is not None:
         print(executor(max(args.rounds // 8, 5), data_dir).render(), flush=True)
@@ -205,6 +252,7 @@ def main(argv=None) -> None:
     print(cells_processes(max(args.rounds // 4, 5), 2 * BATCH).render(), flush=True)
     print(sum_of_squares_kernels(), flush=True)
     print(micro_batch_kernels(), flush=True)
+    print(paired_processes(), flush=True)
 
 
 if __name__ == "__main__":
