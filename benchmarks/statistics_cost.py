@@ -162,8 +162,9 @@ def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
                  for kernel, fn in zip(("L2Loss", "MatMul"), ways)]
         cheaper = "L2Loss" if times[0] <= times[1] else "MatMul"
         lines.append(f"   {size:>10}{times[0]:>12.2f}{times[1]:>15.2f}  {cheaper}")
-    lines.append(f"   note: a tensor of more than _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements is summed with its own "
-                 "dot; the smaller ones with L2Loss in the window, concatenated and summed by one dot in a micro-batch.")
+    lines.append(f"   note: a tensor of more than _ops.SMALL_TENSOR = {_ops.SMALL_TENSOR} elements is summed with its "
+                 "own dot; the smaller ones with L2Loss in the window, concatenated and summed by one dot in a "
+                 "micro-batch.")
     return "\n".join(lines)
 
 
@@ -178,15 +179,15 @@ def micro_batch_kernels(calls: int = 256) -> str:
         run(16)
         per_batch[contender] = {op: (ms_ / calls * 1e3, count / calls)
                                 for op, (ms_, count) in mindspore_kernels(run, calls).items()}
-    lines = [f"== s5. kernels per LeNet5 micro-batch, statistics off and on (MindSpore's profiler, {calls} micro-batches "
-             "of s1's cell)", f"   {'':<20}{'launches':>9}{'kernel us':>11}"]
+    lines = [f"== s5. kernels per LeNet5 micro-batch, statistics off and on (MindSpore's profiler, {calls} "
+             "micro-batches of s1's cell)", f"   {'':<20}{'launches':>9}{'kernel us':>11}"]
     for contender, kernels in per_batch.items():
         lines.append(f"   {contender:<20}{sum(n for _, n in kernels.values()):>9.2f}"
                      f"{sum(us for us, _ in kernels.values()):>11.0f}")
     off, on = per_batch["ms_cell"], per_batch["ms_cell_statistics"]
     added = {op: on.get(op, (0.0, 0.0))[1] - off.get(op, (0.0, 0.0))[1] for op in set(off) | set(on)}
-    lines.append("   launches added: " + ", ".join(f"{op} {n:+.2f}" for op, n in sorted(added.items(), key=lambda x: -x[1])
-                                                   if abs(n) >= 0.125))
+    by_count = sorted(added.items(), key=lambda item: -item[1])
+    lines.append("   launches added: " + ", ".join(f"{op} {n:+.2f}" for op, n in by_count if abs(n) >= 0.125))
     lines.append("   kernel time moves by hundreds of microseconds between processes (the network's own kernels); each "
                  "launch also costs the runtime some microseconds on the host, which kernel time leaves out.")
     return "\n".join(lines)
