@@ -1,0 +1,146 @@
+"""Section x: MindSpore's synchronous execution of small graphs, and what a kernel launch costs in each mode.
+
+    python -m benchmarks.execution_mode [--rounds N] [--data DIR]
+
+MindSpore's actor runtime (`GraphScheduler::SetActorExecutionStrategy`, MindSpore 2.10) runs a graph
+synchronously, on the calling thread with its thread pool not spinning, when the graph has no control flow, at most
+`ActorDispatcher::kSingleThreadExecutionActorMaxNum` = 100 kernels, and the runtime has one actor thread: on CPUs
+with fewer than 12 cores at the default `runtime_num_threads` (MindSpore logs "The actor thread number: 1" at INFO
+level). Every graph of the tutorial's three Cells and of ms_accum's three graphs is such a graph for LeNet5 (about
+45-60 kernels); a graph with a tensor `if` ("fused", the Accumulator page's `@ms.jit` step) or with more kernels is
+run by the actor threads instead. `PAD` scalar multiplications past the 100 kernels move a graph to the threaded mode
+without changing what it computes, so each table holds the same graphs in both modes, interleaved in one process:
+
+- x1: one micro-batch (LeNet5 b32) of the tutorial's `TrainForwardBackward` and of ms_accum's, each as it is and
+  padded;
+- x2: what one kernel launch costs in each mode: the tutorial's Cell with 0 and 48 scalar kernels (still
+  synchronous) and with 60 and 240 (threaded); the slope in µs per launch;
+- x3: what users run, `GradientAccumulation.train_process` over real MNIST (default structure, K=4), its
+  `TrainForwardBackward` as it is and padded.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from .common import BATCH, K, Table, cycle_calls, interleave, lenet, micro_batches, mnist_dir, setup_mindspore, \
+    tensors
+
+PAD = 60  # with LeNet5's ~45-60 kernels, past the 100 that a synchronously run graph may have
+EXECUTOR_IMAGES = 2048
+
+
+def _padded(cls):
+    """`cls` (a micro-batch Cell) with `n` chained scalar multiplications of a Parameter of its own added."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, ops
+
+    class Padded(cls):
+        def __init__(self, *args, n: int = PAD) -> None:
+            super().__init__(*args)
+            self.n = n
+            self.scalar = Parameter(Tensor(0.0, ms.float32), name=f"pad{id(self)}", requires_grad=False)
+
+        def construct(self, *inputs):
+            out = super().construct(*inputs)
+            x = self.scalar * 1.0
+            for _ in range(self.n):
+                x = x * 1.0001  # not 1.0, which the compiler may drop; the scalar stays 0
+            return ops.depend(out, ops.assign(self.scalar, x))
+
+    return Padded
+
+
+def _tutorial(n: int):
+    from mindspore import nn
+    from .doc_impls import TrainForwardBackward
+    net, loss, opt = lenet()
+    args = (nn.WithLossCell(net, loss), opt, opt.parameters.clone(prefix=f"grad_sum{n}", init="zeros"), 1.0)
+    return (_padded(TrainForwardBackward)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
+
+
+def _ours(n: int):
+    from mindspore import nn
+    from ms_accum import AccumulationBuffer, TrainForwardBackward
+    net, loss, opt = lenet()
+    args = (nn.WithLossCell(net, loss), opt, AccumulationBuffer(opt.parameters, prefix=f"accumulate{n}"))
+    return (_padded(TrainForwardBackward)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
+
+
+def _ratio_note(table: Table) -> None:
+    base = np.asarray(table.rows[table.baseline])
+    table.notes.append("median of per-round ratios: " + "; ".join(
+        f"{name}: {np.median(np.asarray(values) / base):.3f}" for name, values in table.rows.items()
+        if name != table.baseline))
+
+
+def cells(rounds: int) -> Table:
+    """x1: the micro-batch graphs of the tutorial and of ms_accum, each in both modes."""
+    inputs = tensors(micro_batches(8, None))
+    builds = {"tutorial's TrainForwardBackward (synchronous)": lambda: _tutorial(0),
+              f"the same + {PAD} scalar kernels (threaded)": lambda: _tutorial(PAD),
+              "ms_accum's TrainForwardBackward (synchronous)": lambda: _ours(0),
+              f"ms_accum's + {PAD} scalar kernels (threaded)": lambda: _ours(PAD)}
+    table = Table("x1", "one micro-batch graph in MindSpore's two execution modes (LeNet5 b32)",
+                  f"one micro-batch of {BATCH}", BATCH, next(iter(builds)))
+    table.rows = interleave({name: cycle_calls(build(), inputs) for name, build in builds.items()}, rounds, 32)
+    _ratio_note(table)
+    return table
+
+
+def launch_cost(rounds: int) -> Table:
+    """x2: the tutorial's Cell with more and more scalar kernels; µs per launch in each mode."""
+    inputs = tensors(micro_batches(8, None))
+    counts = (0, 48, PAD, 4 * PAD)
+    table = Table("x2", "what one scalar kernel launch costs (the tutorial's Cell, LeNet5 b32, n kernels added)",
+                  f"one micro-batch of {BATCH}", BATCH, "n=0")
+    table.rows = interleave({f"n={n}": cycle_calls(_tutorial(n), inputs) for n in counts}, rounds, 32)
+
+    def slope(low: int, high: int) -> str:
+        per_round = (np.asarray(table.rows[f"n={high}"]) - np.asarray(table.rows[f"n={low}"])) / (high - low)
+        return f"{np.median(per_round) * 1e3:.1f} µs per launch (n={low} to {high}, median of per-round slopes)"
+
+    table.notes.append(f"synchronous: {slope(0, 48)}; threaded: {slope(PAD, 4 * PAD)}")
+    return table
+
+
+def executor(rounds: int, data_dir: str) -> Table:
+    """x3: train_process over real MNIST, the default structure's micro-batch graph as it is and padded."""
+    from ms_accum import GradientAccumulation
+    from ms_accum.data import create_dataset
+    dataset = create_dataset(data_dir, BATCH, num_samples=EXECUTOR_IMAGES, seed=0)
+    contenders = {}
+    for name, n in (("the executor as it is", 0), (f"its TrainForwardBackward + {PAD} scalar kernels", PAD)):
+        net, loss, opt = lenet()
+        model = GradientAccumulation(net, loss, opt)
+        if n:
+            graphs = model._graphs  # the benchmark swaps in the padded graph on the same buffer
+            model._graphs = (_padded(type(graphs[0]))(model._net_with_loss, opt, model.buffer, n=n).set_train(),
+                             *graphs[1:])
+        contenders[name] = (lambda m: lambda _n: m.train_process(1, dataset, mini_steps=K, ckpt_dir=None,
+                                                                  verbose=False))(model)
+    table = Table("x3", f"train_process over real MNIST ({EXECUTOR_IMAGES} images per round, LeNet5 b32, K={K}, "
+                  "default structure)", f"one micro-batch of {BATCH}", BATCH, next(iter(contenders)))
+    table.rows = interleave(contenders, rounds, EXECUTOR_IMAGES // BATCH)
+    _ratio_note(table)
+    return table
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
+    args = parser.parse_args(argv)
+    setup_mindspore()
+    print(cells(args.rounds).render(), flush=True)
+    print(launch_cost(args.rounds).render(), flush=True)
+    data_dir = mnist_dir(args.data)
+    if data_dir is not None:
+        print(executor(max(args.rounds // 2, 5), data_dir).render(), flush=True)
+
+
+if __name__ == "__main__":
+    from ms_accum.runtime import prefer_fast_cpu_kernels
+    prefer_fast_cpu_kernels()  # before MindSpore loads (see run_all.py)
+    main()
