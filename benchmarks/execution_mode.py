@@ -1,6 +1,6 @@
 """Section x: MindSpore's synchronous execution of small graphs, and what a kernel launch costs in each mode.
 
-    python -m benchmarks.execution_mode [--rounds N] [--data DIR]
+    python -m benchmarks.execution_mode [--rounds N] [--data DIR] [--only x1,x2,x3,x4] [--dispatch-threads N]
 
 MindSpore's actor runtime (`GraphScheduler::SetActorExecutionStrategy`, MindSpore 2.10) runs a graph
 synchronously, on the calling thread with its thread pool not spinning, when the graph has no control flow, at most
@@ -12,11 +12,13 @@ run by the actor threads instead. `PAD` scalar multiplications past the 100 kern
 without changing what it computes, so each table holds the same graphs in both modes, interleaved in one process:
 
 - x1: one micro-batch (LeNet5 b32) of the tutorial's `TrainForwardBackward` and of ms_accum's, each as it is and
-  padded;
+  padded, and ms_accum's with a never-taken tensor `if` instead (control flow is run threaded too);
 - x2: what one kernel launch costs in each mode: the tutorial's Cell with 0 and 48 scalar kernels (still
   synchronous) and with 60 and 240 (threaded); the slope in µs per launch;
 - x3: what users run, `GradientAccumulation.train_process` over real MNIST (default structure, K=4), its
-  `TrainForwardBackward` as it is and padded.
+  `TrainForwardBackward` as it is and padded;
+- x4: the triggers where no graph needs one: the Shakespeare transformer's micro-batch graph (well over 100 kernels)
+  as it is, padded, and with a never-taken tensor `if` instead.
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ PAD = 60  # with LeNet5's ~45-60 kernels, past the 100 that a synchronously run 
 EXECUTOR_IMAGES = 2048
 
 
-def _padded(cls):
-    """`cls` (a micro-batch Cell) with `n` chained scalar multiplications of a Parameter of its own added."""
+def _triggered(cls, trigger: str = "pad"):
+    """`cls` (a micro-batch Cell) with a Parameter of its own that moves it to the threaded mode: ``"pad"``, `n`
+    chained scalar multiplications of it; ``"if"``, a tensor `if` on it that is never taken."""
     import mindspore as ms
     from mindspore import Parameter, Tensor, ops
 
-    class Padded(cls):
+    class Triggered(cls):
         def __init__(self, *args, n: int = PAD) -> None:
             super().__init__(*args)
             self.n = n
@@ -45,11 +48,15 @@ def _padded(cls):
         def construct(self, *inputs):
             out = super().construct(*inputs)
             x = self.scalar * 1.0
-            for _ in range(self.n):
-                x = x * 1.0001  # not 1.0, which the compiler may drop; the scalar stays 0
+            if trigger == "if":
+                if self.scalar > 1.0:
+                    x = x * 2.0
+            else:
+                for _ in range(self.n):
+                    x = x * 1.0001  # not 1.0, which the compiler may drop; the scalar stays 0
             return ops.depend(out, ops.assign(self.scalar, x))
 
-    return Padded
+    return Triggered
 
 
 def _tutorial(n: int):
@@ -57,15 +64,15 @@ def _tutorial(n: int):
     from .doc_impls import TrainForwardBackward
     net, loss, opt = lenet()
     args = (nn.WithLossCell(net, loss), opt, opt.parameters.clone(prefix=f"grad_sum{n}", init="zeros"), 1.0)
-    return (_padded(TrainForwardBackward)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
+    return (_triggered(TrainForwardBackward)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
 
 
-def _ours(n: int):
+def _ours(n: int, trigger: str = "pad"):
     from mindspore import nn
     from ms_accum import AccumulationBuffer, TrainForwardBackward
     net, loss, opt = lenet()
-    args = (nn.WithLossCell(net, loss), opt, AccumulationBuffer(opt.parameters, prefix=f"accumulate{n}"))
-    return (_padded(TrainForwardBackward)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
+    args = (nn.WithLossCell(net, loss), opt, AccumulationBuffer(opt.parameters, prefix=f"accumulate{n}{trigger}"))
+    return (_triggered(TrainForwardBackward, trigger)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
 
 
 def _ratio_note(table: Table) -> None:
@@ -81,7 +88,8 @@ def cells(rounds: int) -> Table:
     builds = {"tutorial's TrainForwardBackward (synchronous)": lambda: _tutorial(0),
               f"the same + {PAD} scalar kernels (threaded)": lambda: _tutorial(PAD),
               "ms_accum's TrainForwardBackward (synchronous)": lambda: _ours(0),
-              f"ms_accum's + {PAD} scalar kernels (threaded)": lambda: _ours(PAD)}
+              f"ms_accum's + {PAD} scalar kernels (threaded)": lambda: _ours(PAD),
+              "ms_accum's + a never-taken tensor if (threaded)": lambda: _ours(1, "if")}
     table = Table("x1", "one micro-batch graph in MindSpore's two execution modes (LeNet5 b32)",
                   f"one micro-batch of {BATCH}", BATCH, next(iter(builds)))
     table.rows = interleave({name: cycle_calls(build(), inputs) for name, build in builds.items()}, rounds, 32)
@@ -116,7 +124,7 @@ def executor(rounds: int, data_dir: str) -> Table:
         model = GradientAccumulation(net, loss, opt)
         if n:
             graphs = model._graphs  # the benchmark swaps in the padded graph on the same buffer
-            model._graphs = (_padded(type(graphs[0]))(model._net_with_loss, opt, model.buffer, n=n).set_train(),
+            model._graphs = (_triggered(type(graphs[0]))(model._net_with_loss, opt, model.buffer, n=n).set_train(),
                              *graphs[1:])
         contenders[name] = (lambda m: lambda _n: m.train_process(1, dataset, mini_steps=K, ckpt_dir=None,
                                                                   verbose=False))(model)
@@ -127,17 +135,54 @@ def executor(rounds: int, data_dir: str) -> Table:
     return table
 
 
+def transformer(rounds: int) -> Table:
+    """x4: what each trigger costs a graph the runtime already threads (the Shakespeare transformer)."""
+    from mindspore import Tensor, nn
+    from ms_accum import CharTransformer, GradientAccumulation, TokenCrossEntropy
+    rng = np.random.default_rng(0)
+    batch, length, vocab = 8, 64, 65  # the tutorial's micro-batch on its shortest bucket
+    inputs = [(Tensor(rng.integers(0, vocab, (batch, length)).astype(np.int32)),
+               Tensor(rng.integers(0, vocab, (batch, length)).astype(np.int32))) for _ in range(4)]
+    contenders = {}
+    for name, trigger in (("the transformer's TrainForwardBackward", None), (f"+ {PAD} scalar kernels", "pad"),
+                          ("+ a tensor if", "if")):
+        net = CharTransformer(vocab, 64, 4, 2, 256)
+        for param in net.trainable_params():  # unique names in one process
+            param.name = f"{trigger}.{param.name}"
+        opt = nn.Adam(net.trainable_params(), 1e-3)
+        model = GradientAccumulation(net, TokenCrossEntropy(), opt, reduction="weighted_mean")
+        graph = model._graphs[0]
+        if trigger:
+            graph = _triggered(type(graph), trigger)(model._net_with_loss, opt, model.buffer).set_train()
+        contenders[name] = cycle_calls(graph, inputs)
+    table = Table("x4", f"the triggers on a graph the runtime already threads: the Shakespeare transformer "
+                  f"(micro-batch {batch} x {length} characters)", f"one micro-batch of {batch}", batch,
+                  next(iter(contenders)))
+    table.rows = interleave(contenders, rounds, 16)
+    _ratio_note(table)
+    return table
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
+    parser.add_argument("--only", default="x1,x2,x3,x4", help="comma-separated tables to run")
+    parser.add_argument("--dispatch-threads", type=int, metavar="N",
+                        help="run with ms.runtime.dispatch_threads_num(N), which gives the runtime N actor threads")
     args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+    if args.dispatch_threads:
+        import mindspore as ms
+        ms.runtime.dispatch_threads_num(args.dispatch_threads)
     setup_mindspore()
-    print(cells(args.rounds).render(), flush=True)
-    print(launch_cost(args.rounds).render(), flush=True)
     data_dir = mnist_dir(args.data)
-    if data_dir is not None:
-        print(executor(max(args.rounds // 2, 5), data_dir).render(), flush=True)
+    for key, table in (("x1", lambda: cells(args.rounds)), ("x2", lambda: launch_cost(args.rounds)),
+                       ("x4", lambda: transformer(args.rounds)),
+                       ("x3", lambda: executor(max(args.rounds // 2, 5), data_dir) if data_dir else None)):
+        result = table() if key in only else None
+        if result is not None:
+            print(result.render(), flush=True)
 
 
 if __name__ == "__main__":
