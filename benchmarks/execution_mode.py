@@ -186,6 +186,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from ms_accum.runtime import prefer_fast_cpu_kernels
-    prefer_fast_cpu_kernels()  # before MindSpore loads (see run_all.py)
     main()
