@@ -5,8 +5,8 @@
 MindSpore's actor runtime (`GraphScheduler::SetActorExecutionStrategy`, MindSpore 2.10) runs a graph
 synchronously, on the calling thread with its thread pool not spinning, when the graph has no control flow, at most
 `ActorDispatcher::kSingleThreadExecutionActorMaxNum` = 100 kernels, and the runtime has one actor thread: on CPUs
-with fewer than 12 cores at the default `runtime_num_threads` (MindSpore logs "The actor thread number: 1" at INFO
-level). Every graph of the tutorial's three Cells and of ms_accum's three graphs is such a graph for LeNet5 (about
+with fewer than 12 cores at the default `runtime_num_threads`, and perhaps more (MindSpore logs "The actor thread
+number: 1" at INFO level). Every graph of the tutorial's three Cells and of ms_accum's three graphs is such a graph for LeNet5 (about
 45-60 kernels); a graph with a tensor `if` ("fused", the Accumulator page's `@ms.jit` step) or with more kernels is
 run by the actor threads instead. `PAD` scalar multiplications past the 100 kernels move a graph to the threaded mode
 without changing what it computes, so each table holds the same graphs in both modes, interleaved in one process:
