@@ -2,14 +2,15 @@
 
     python -m benchmarks.execution_mode [--rounds N] [--data DIR] [--only x1,x2,x3,x4] [--dispatch-threads N]
 
-MindSpore's actor runtime (`GraphScheduler::SetActorExecutionStrategy`, MindSpore 2.10) runs a graph
-synchronously, on the calling thread with its thread pool not spinning, when the graph has no control flow, at most
+MindSpore's actor runtime (`GraphScheduler::SetActorExecutionStrategy`, MindSpore 2.10) runs a graph synchronously,
+on the calling thread with its thread pool not spinning, when the graph has no control flow, at most
 `ActorDispatcher::kSingleThreadExecutionActorMaxNum` = 100 kernels, and the runtime has one actor thread: on CPUs
 with fewer than 12 cores at the default `runtime_num_threads`, and perhaps more (MindSpore logs "The actor thread
-number: 1" at INFO level). Every graph of the tutorial's three Cells and of ms_accum's three graphs is such a graph for LeNet5 (about
-45-60 kernels); a graph with a tensor `if` ("fused", the Accumulator page's `@ms.jit` step) or with more kernels is
-run by the actor threads instead. `PAD` scalar multiplications past the 100 kernels move a graph to the threaded mode
-without changing what it computes, so each table holds the same graphs in both modes, interleaved in one process:
+number: 1" at INFO level). Every graph of the tutorial's three Cells and of ms_accum's three graphs is such a graph
+for LeNet5 (about 45-60 kernels); a graph with a tensor `if` ("fused", the Accumulator page's `@ms.jit` step) or
+with more kernels is run by the actor threads instead. `PAD` scalar multiplications past the 100 kernels move a
+graph to the threaded mode without changing what it computes, so each table holds the same graphs in both modes,
+interleaved in one process:
 
 - x1: one micro-batch (LeNet5 b32) of the tutorial's `TrainForwardBackward` and of ms_accum's, each as it is and
   padded, and ms_accum's with a never-taken tensor `if` instead (control flow is run threaded too);
@@ -57,6 +58,14 @@ def _triggered(cls, trigger: str = "pad"):
             return ops.depend(out, ops.assign(self.scalar, x))
 
     return Triggered
+
+
+def threaded_graph(model, optimizer, trigger: str = "pad"):
+    """The micro-batch graph of `model` (a `GradientAccumulation` with the default structure) with `trigger`, on the
+    same buffer; `model.runner` uses it once it is put in the place of the executor's own."""
+    graph = _triggered(type(model._graphs[0]), trigger)(model._net_with_loss, optimizer, model.buffer).set_train()
+    model._graphs = (graph, *model._graphs[1:])
+    return graph
 
 
 def _tutorial(n: int):
@@ -123,9 +132,7 @@ def executor(rounds: int, data_dir: str) -> Table:
         net, loss, opt = lenet()
         model = GradientAccumulation(net, loss, opt)
         if n:
-            graphs = model._graphs  # the benchmark swaps in the padded graph on the same buffer
-            model._graphs = (_triggered(type(graphs[0]))(model._net_with_loss, opt, model.buffer, n=n).set_train(),
-                             *graphs[1:])
+            threaded_graph(model, opt)
         contenders[name] = (lambda m: lambda _n: m.train_process(1, dataset, mini_steps=K, ckpt_dir=None,
                                                                   verbose=False))(model)
     table = Table("x3", f"train_process over real MNIST ({EXECUTOR_IMAGES} images per round, LeNet5 b32, K={K}, "
@@ -151,10 +158,7 @@ def transformer(rounds: int) -> Table:
             param.name = f"{trigger}.{param.name}"
         opt = nn.Adam(net.trainable_params(), 1e-3)
         model = GradientAccumulation(net, TokenCrossEntropy(), opt, reduction="weighted_mean")
-        graph = model._graphs[0]
-        if trigger:
-            graph = _triggered(type(graph), trigger)(model._net_with_loss, opt, model.buffer).set_train()
-        contenders[name] = cycle_calls(graph, inputs)
+        contenders[name] = cycle_calls(threaded_graph(model, opt, trigger) if trigger else model._graphs[0], inputs)
     table = Table("x4", f"the triggers on a graph the runtime already threads: the Shakespeare transformer "
                   f"(micro-batch {batch} x {length} characters)", f"one micro-batch of {batch}", batch,
                   next(iter(contenders)))

@@ -53,10 +53,8 @@ def measure(contender: str):
     elif contender.startswith("three_graphs"):
         model = GradientAccumulation(net, loss, opt, structure="three_graphs", **THREE_GRAPHS.get(contender, {}))
         if contender == "three_graphs_threaded":  # section x's padded graph: what MindSpore's threaded mode costs
-            from .execution_mode import _triggered
-            graphs = model._graphs
-            model._graphs = (_triggered(type(graphs[0]))(model._net_with_loss, opt, model.buffer).set_train(),
-                             *graphs[1:])
+            from .execution_mode import threaded_graph
+            threaded_graph(model, opt)
         runner = model.runner(K)
         run = lambda: runner.run(micro, K)  # noqa: E731  (closing a window reads its verdict: synchronized)
     elif contender.startswith("accumulator"):
