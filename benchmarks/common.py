@@ -165,6 +165,15 @@ class Table:
                 "samples_ms": self.rows}
 
 
+def note_per_round_ratios(table: Table) -> None:
+    """Adds to `table`'s notes each row's median of per-round ratios to its baseline (rounds are interleaved, so a
+    round's ratio cancels what moved both)."""
+    base = np.asarray(table.rows[table.baseline])
+    table.notes.append("median of per-round ratios: " + "; ".join(
+        f"{name}: {np.median(np.asarray(values) / base):.3f}" for name, values in table.rows.items()
+        if name != table.baseline))
+
+
 def _met(ratio: float, target: Optional[str]) -> Optional[bool]:
     if not target:
         return None
@@ -234,6 +243,12 @@ def window_tensors(batches, k: int = K):
     from mindspore import Tensor
     return [(Tensor(np.stack([x for x, _ in batches[i:i + k]])), Tensor(np.stack([y for _, y in batches[i:i + k]])))
             for i in range(0, len(batches) - k + 1, k)]
+
+
+def epochs(model, dataset):
+    """fn(n) for `interleave`: one epoch of the executor `model` over `dataset` (K micro-batches a window, no
+    checkpoints), whatever n (the dataset fixes the micro-batches)."""
+    return lambda _n: model.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False)
 
 
 def cycle_calls(fn, inputs):

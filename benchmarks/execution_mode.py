@@ -24,11 +24,12 @@ interleaved in one process:
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 import numpy as np
 
-from .common import BATCH, K, Table, cycle_calls, interleave, lenet, micro_batches, mnist_dir, setup_mindspore, \
-    tensors
+from .common import BATCH, K, Table, cycle_calls, epochs, interleave, lenet, micro_batches, mnist_dir, \
+    note_per_round_ratios, setup_mindspore, tensors
 
 PAD = 60  # with LeNet5's ~45-60 kernels, past the 100 that a synchronously run graph may have
 EXECUTOR_IMAGES = 2048
@@ -76,19 +77,13 @@ def _tutorial(n: int):
     return (_triggered(TrainForwardBackward)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
 
 
-def _ours(n: int, trigger: str = "pad"):
+def _ours(trigger: Optional[str] = None):
+    """ms_accum's LeNet5 `TrainForwardBackward`, as it is or with `trigger` (``"pad"``: `PAD` kernels, or ``"if"``)."""
     from mindspore import nn
     from ms_accum import AccumulationBuffer, TrainForwardBackward
     net, loss, opt = lenet()
-    args = (nn.WithLossCell(net, loss), opt, AccumulationBuffer(opt.parameters, prefix=f"accumulate{n}{trigger}"))
-    return (_triggered(TrainForwardBackward, trigger)(*args, n=n) if n else TrainForwardBackward(*args)).set_train()
-
-
-def _ratio_note(table: Table) -> None:
-    base = np.asarray(table.rows[table.baseline])
-    table.notes.append("median of per-round ratios: " + "; ".join(
-        f"{name}: {np.median(np.asarray(values) / base):.3f}" for name, values in table.rows.items()
-        if name != table.baseline))
+    args = (nn.WithLossCell(net, loss), opt, AccumulationBuffer(opt.parameters, prefix=f"accumulate{trigger}"))
+    return (_triggered(TrainForwardBackward, trigger)(*args) if trigger else TrainForwardBackward(*args)).set_train()
 
 
 def cells(rounds: int) -> Table:
@@ -96,13 +91,13 @@ def cells(rounds: int) -> Table:
     inputs = tensors(micro_batches(8, None))
     builds = {"tutorial's TrainForwardBackward (synchronous)": lambda: _tutorial(0),
               f"the same + {PAD} scalar kernels (threaded)": lambda: _tutorial(PAD),
-              "ms_accum's TrainForwardBackward (synchronous)": lambda: _ours(0),
-              f"ms_accum's + {PAD} scalar kernels (threaded)": lambda: _ours(PAD),
-              "ms_accum's + a never-taken tensor if (threaded)": lambda: _ours(1, "if")}
+              "ms_accum's TrainForwardBackward (synchronous)": lambda: _ours(),
+              f"ms_accum's + {PAD} scalar kernels (threaded)": lambda: _ours("pad"),
+              "ms_accum's + a never-taken tensor if (threaded)": lambda: _ours("if")}
     table = Table("x1", "one micro-batch graph in MindSpore's two execution modes (LeNet5 b32)",
                   f"one micro-batch of {BATCH}", BATCH, next(iter(builds)))
     table.rows = interleave({name: cycle_calls(build(), inputs) for name, build in builds.items()}, rounds, 32)
-    _ratio_note(table)
+    note_per_round_ratios(table)
     return table
 
 
@@ -133,12 +128,11 @@ def executor(rounds: int, data_dir: str) -> Table:
         model = GradientAccumulation(net, loss, opt)
         if n:
             threaded_graph(model, opt)
-        contenders[name] = (lambda m: lambda _n: m.train_process(1, dataset, mini_steps=K, ckpt_dir=None,
-                                                                  verbose=False))(model)
+        contenders[name] = epochs(model, dataset)
     table = Table("x3", f"train_process over real MNIST ({EXECUTOR_IMAGES} images per round, LeNet5 b32, K={K}, "
                   "default structure)", f"one micro-batch of {BATCH}", BATCH, next(iter(contenders)))
     table.rows = interleave(contenders, rounds, EXECUTOR_IMAGES // BATCH)
-    _ratio_note(table)
+    note_per_round_ratios(table)
     return table
 
 
@@ -163,7 +157,7 @@ def transformer(rounds: int) -> Table:
                   f"(micro-batch {batch} x {length} characters)", f"one micro-batch of {batch}", batch,
                   next(iter(contenders)))
     table.rows = interleave(contenders, rounds, 16)
-    _ratio_note(table)
+    note_per_round_ratios(table)
     return table
 
 

@@ -28,7 +28,8 @@ import argparse
 
 import numpy as np
 
-from .common import BATCH, K, Table, cycle_calls, interleave, lenet, mnist_dir, setup_mindspore
+from .common import BATCH, K, Table, cycle_calls, epochs, interleave, lenet, mnist_dir, note_per_round_ratios, \
+    setup_mindspore
 
 CONTENDERS = {"statistics off (the default)": {},
               "statistics on": {"statistics": True},
@@ -57,13 +58,6 @@ def _conv():
     return net, loss, nn.Momentum(net.trainable_params(), 0.01, 0.9)
 
 
-def _paired_note(table: Table) -> None:
-    base = np.asarray(table.rows[BASELINE])
-    table.notes.append("median of per-round ratios: " + "; ".join(
-        f"{name}: {np.median(np.asarray(values) / base):.3f}" for name, values in table.rows.items()
-        if name != BASELINE))
-
-
 def executor(rounds: int, data_dir: str) -> Table:
     """s0: train_process over real MNIST, statistics off and on."""
     from ms_accum import GradientAccumulation
@@ -73,13 +67,12 @@ def executor(rounds: int, data_dir: str) -> Table:
     for name, settings in CONTENDERS.items():
         net, loss, opt = lenet()
         model = GradientAccumulation(net, loss, opt, **settings)
-        contenders[name] = (lambda m: lambda _n: m.train_process(1, dataset, mini_steps=K, ckpt_dir=None,
-                                                                  verbose=False))(model)
+        contenders[name] = epochs(model, dataset)
     table = Table("s0", f"statistics in the executor: train_process over real MNIST ({EXECUTOR_IMAGES} images per "
                   "round, LeNet5 b32, K=4, the default structure)", "one micro-batch of 32", BATCH, BASELINE,
                   "<= 1.02", [name for name in CONTENDERS if name != BASELINE])
     table.rows = interleave(contenders, rounds, EXECUTOR_IMAGES // BATCH)
-    _paired_note(table)
+    note_per_round_ratios(table)
     return table
 
 
@@ -100,7 +93,7 @@ def cells(rounds: int):
                                  for name, settings in CONTENDERS.items()}, table_rounds, calls)
         table.notes.append("TrainAccumulationCell (structure 'fused'), K=4, one call per micro-batch; the outlier "
                            "filter judges every micro-batch but, with its warm-up never reached, leaves none out.")
-        _paired_note(table)
+        note_per_round_ratios(table)
         tables.append(table)
     return tables
 
@@ -116,7 +109,7 @@ def cells_processes(rounds: int, calls: int, replicas: int = 3) -> Table:
                                            "statistics on": ("ms_cell_statistics", "default", {})},
                                           rounds, calls, replicas)
     table.notes.append(note)
-    _paired_note(table)
+    note_per_round_ratios(table)
     return table
 
 
