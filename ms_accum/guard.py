@@ -18,7 +18,8 @@ all-reduced, so every rank decides alike.
 
 The window's check is `mindspore.amp.all_finite` on GPU and Ascend (where it reads the device's overflow status)
 and for half-precision buffers; on CPU a float32 buffer is checked through each tensor's sum of squares, one L2Loss
-kernel per tensor instead of three (README, "Performance").
+kernel per tensor instead of three (README, "Performance"). Wherever statistics measure the window's squared norm,
+its finiteness is the check, on any device, and the window is not read a second time.
 """
 from __future__ import annotations
 
