@@ -1,6 +1,6 @@
 """Section m: activation memory. Peak memory of each structure as a multiple of one micro-batch's step.
 
-    python -m benchmarks.activation_memory NET CONTENDER K     (one measurement)
+    python -m benchmarks.activation_memory NET CONTENDER K [--partial] [--ramp]     (one measurement)
 
 Accumulation exists so that a window of K micro-batches of B costs about one B step's memory, not one K·B
 step's. Each measurement runs in a fresh process and prints ``PEAK <bytes> PARAMS <bytes>``: the growth of the
@@ -16,7 +16,9 @@ Networks, both activation-heavy and parameter-light (SGD, graph mode, global bat
 
 Contenders: ``one_b`` / ``one_kb`` (`nn.TrainOneStepCell` on B, on K·B), ``window`` / ``fused`` /
 ``three_graphs`` (the executor forced to that structure), ``executor`` (its default, ``"auto"``), and
-``accumulator`` (the `Accumulator` in an `@ms.jit` step).
+``accumulator`` (the `Accumulator` in an `@ms.jit` step). ``--partial`` adds one micro-batch after the two windows,
+so the run ends with a partial window, as an epoch does whose micro-batches K does not divide; ``--ramp`` gives the
+executor the schedule ``{0: K/2, K·B: K}`` (two windows of K/2, then one of K, a batch ramp-up).
 """
 from __future__ import annotations
 
@@ -91,8 +93,9 @@ def transformer_model():
     return factory("transformer")
 
 
-def measure(net_name: str, contender: str, k: int):
-    """Peak RSS growth (bytes) and trainable bytes of one contender, in this (fresh) process."""
+def measure(net_name: str, contender: str, k: int, partial: bool = False, ramp: bool = False):
+    """Peak RSS growth (bytes) and trainable bytes of one contender, in this (fresh) process; `partial`: one more
+    micro-batch after the two windows; `ramp`: the executor's K ramped from K/2 to K."""
     import mindspore as ms
     import mindspore.dataset as ds
     from mindspore import nn
@@ -105,13 +108,15 @@ def measure(net_name: str, contender: str, k: int):
     opt = nn.SGD(net.trainable_params(), 0.01)
     micro = GLOBAL_BATCH // k
     batch = GLOBAL_BATCH if contender == "one_kb" else micro
+    if partial:
+        x, y = np.concatenate([x, x[:micro]]), np.concatenate([y, y[:micro]])
     dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch, drop_remainder=True)
     start = status("VmRSS")
     if contender in STRUCTURES or contender == "executor":
         from ms_accum import GradientAccumulation
         structure = "auto" if contender == "executor" else contender
         GradientAccumulation(net, loss, opt, reduction=reduction, structure=structure).train_process(
-            1, dataset, k, ckpt_dir=None, verbose=False)
+            1, dataset, {0: k // 2, GLOBAL_BATCH: k} if ramp else k, ckpt_dir=None, verbose=False)
         return status("VmHWM") - start, params
     if reduction == "weighted_mean":  # the plain steps take the loss alone
         from ms_accum import LossOnly
@@ -175,8 +180,10 @@ def main(argv=None) -> None:
     parser.add_argument("net", choices=NETS)
     parser.add_argument("contender", choices=CONTENDERS)
     parser.add_argument("k", type=int)
+    parser.add_argument("--partial", action="store_true", help="end with a partial window of one micro-batch")
+    parser.add_argument("--ramp", action="store_true", help="the executor's K ramped from K/2 to K")
     args = parser.parse_args(argv)
-    peak, params = measure(args.net, args.contender, args.k)
+    peak, params = measure(args.net, args.contender, args.k, args.partial, args.ramp)
     print(f"PEAK {peak} PARAMS {params}", flush=True)
 
 

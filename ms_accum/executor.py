@@ -130,7 +130,10 @@ class ThreeGraphsRunner:
 
 
 class FusedRunner(ThreeGraphsRunner):
-    """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th."""
+    """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th. A shorter
+    window (an epoch's partial one) runs through the same Cell, which then only accumulates, and is closed by the
+    host as the three graphs close theirs: a second graph of the network, `TrainForwardBackward`, would keep
+    activation memory of its own (README, "Known MindSpore behaviour": each graph's memory)."""
 
     def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
                  clear: nn.Cell, cell: nn.Cell) -> None:
@@ -138,9 +141,10 @@ class FusedRunner(ThreeGraphsRunner):
         self.cell = cell
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
+        outputs = [self.cell(*inputs) for inputs in window]
         if size < self.cell.accumulate_step:
-            return super().run(window, size)
-        return self._closed_in_graph([self.cell(*inputs) for inputs in window])
+            return outputs, self.close()
+        return self._closed_in_graph(outputs)
 
 
 class WindowRunner(FusedRunner):
@@ -309,22 +313,26 @@ class GradientAccumulation:
         """The structure that trains every window (``"auto"`` resolved), chosen once when the executor is built."""
         return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
-    def runner(self, mini_steps: int) -> ThreeGraphsRunner:
+    def runner(self, mini_steps: int, largest: Optional[int] = None) -> ThreeGraphsRunner:
         """The runner of the executor's structure (`ThreeGraphsRunner`, `FusedRunner` or `WindowRunner`) for windows
         of `mini_steps` micro-batches.
 
         Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
         whose K is a graph constant, built once per K and kept) all share `buffer`; `train_window` trains one window
-        and says whether it was applied.
+        and says whether it was applied. `largest`, the largest K a run will use when it is known (a schedule's
+        table), gives ``"fused"`` one Cell for all of them, built for it: a window of fewer micro-batches runs
+        through it and is closed on the host. Each Cell is a graph with activation memory of its own (README, "Known
+        MindSpore behaviour": each graph's memory).
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
         cls, runner = (TrainWindowCell, WindowRunner) if self.structure == "window" else (TrainAccumulationCell,
                                                                                           FusedRunner)
-        if mini_steps not in self._cells:
-            self._cells[mini_steps] = cls(self._net_with_loss, self._optimizer, mini_steps, self._clip_norm,
-                                          buffer=self.buffer).set_train()
-        return runner(self.buffer, *self._graphs, self._cells[mini_steps])
+        steps = max(mini_steps, largest) if largest is not None and cls is TrainAccumulationCell else mini_steps
+        if steps not in self._cells:
+            self._cells[steps] = cls(self._net_with_loss, self._optimizer, steps, self._clip_norm,
+                                     buffer=self.buffer).set_train()
+        return runner(self.buffer, *self._graphs, self._cells[steps])
 
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: Optional[ScheduleLike] = None, *,
                       partial_window: str = "apply", ckpt_dir: Optional[str] = "ckpt",
@@ -419,7 +427,7 @@ class GradientAccumulation:
             if n == 0:  # its first micro-batch checks the loss's output, before any graph compiles
                 window = _checking_first(window, self._check_output)
             if k not in runners:
-                runners[k] = self.runner(k)
+                runners[k] = self.runner(k, schedule.largest)
             runner = runners[k]
             if skipped is None:  # earlier runs' skips, as the first runner read them
                 result.skipped_windows = skipped = runner.skipped
