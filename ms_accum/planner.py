@@ -30,7 +30,7 @@ MIB = 2 ** 20
 TIMED_STRUCTURES = ("three_graphs", "fused", "window")
 REDUCTIONS = ("mean", "sum", "weighted_mean")
 DEVICES = ("CPU", "GPU", "Ascend")
-WINDOWS = 4  # per trial: the first compiles, the others are timed
+WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
 # A candidate predicted above this multiple of the budget is not measured to confirm it: its trial could take the
 # machine's memory for nothing.
 CONFIRM_UP_TO = 1.5
@@ -253,8 +253,11 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
 def measure(model: Union[str, Callable], batch_size: int, accumulate_steps: int, structure: str = "three_graphs", *,
             device: str = "CPU", timeout: float = 1800.0) -> Trial:
     """
-    One trial as `plan` makes them: `WINDOWS` windows of `accumulate_steps` micro-batches of `batch_size`, trained by
-    the executor with `structure` over a dataset of the factory's samples, in a fresh process.
+    One trial as `plan` makes them: `WINDOWS` windows of `accumulate_steps` micro-batches of `batch_size`, then a
+    partial window of one, trained by the executor with `structure` over a dataset of the factory's samples, in a fresh
+    process. The peak is the structure's in an epoch that K does not divide: ``"window"`` runs a partial window through
+    a second graph of the network, with activation memory of its own (README, "Memory": a partial window). The time
+    per window is that of the whole windows.
 
     Returns:
         Trial, its peak memory and time per window (or the error that stopped it).
@@ -432,7 +435,7 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
     from .executor import GradientAccumulation
     from .factory import load_model
     user = load_model(spec, "plan")
-    data, label = (getattr(v, "asnumpy", lambda v=v: v)() for v in user.sample(batch_size * steps * WINDOWS))
+    data, label = (getattr(v, "asnumpy", lambda v=v: v)() for v in user.sample(batch_size * (steps * WINDOWS + 1)))
     dataset = ds.NumpySlicesDataset({"data": data, "label": label}, shuffle=False).batch(batch_size,
                                                                                           drop_remainder=True)
     on_cpu = device == "CPU"
@@ -446,7 +449,7 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
                                                             on_step=lambda _: closed.append(time.perf_counter()))
     peak = (process_status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated()) / MIB
     return {"peak_mib": round(peak, 1),
-            "ms_per_window": round(statistics.median(b - a for a, b in zip(closed, closed[1:])) * 1e3, 2)}
+            "ms_per_window": round(statistics.median(b - a for a, b in zip(closed, closed[1:WINDOWS])) * 1e3, 2)}
 
 
 def main(argv: Optional[List[str]] = None) -> None:
