@@ -148,17 +148,21 @@ class FusedRunner(ThreeGraphsRunner):
 
 
 class WindowRunner(FusedRunner):
-    """``"window"``: the K micro-batches stacked into one `TrainWindowCell` call."""
+    """``"window"``: the window's micro-batches stacked into one `TrainWindowCell` call. A shorter window is stacked to
+    the Cell's K with copies of its last micro-batch, which the Cell does not train (`set_micro_batches`); a window of
+    unequal micro-batches, which cannot be stacked, runs through the three graphs."""
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         window = list(window)
-        if size < self.cell.accumulate_step or len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
+        if len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphsRunner.run(self, window, size)
-        stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in window])) for i in range(len(window[0]))]
+        stacked = window + [window[-1]] * (self.cell.accumulate_step - size)
+        stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in stacked])) for i in range(len(window[0]))]
+        self.cell.set_micro_batches(size)
         out, norms = self.split(self.cell(*stacked))
-        outputs = self.reduction.unstack(out)
+        outputs = self.reduction.unstack(out)[:size]
         # Per micro-batch, as the other Cells return them: with its statistics when they were measured.
-        return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy())))
+        return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy()[:size])))
 
 
 class GradientAccumulation:
@@ -320,15 +324,15 @@ class GradientAccumulation:
         Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
         whose K is a graph constant, built once per K and kept) all share `buffer`; `train_window` trains one window
         and says whether it was applied. `largest`, the largest K a run will use when it is known (a schedule's
-        table), gives ``"fused"`` one Cell for all of them, built for it: a window of fewer micro-batches runs
-        through it and is closed on the host. Each Cell is a graph with activation memory of its own (README, "Known
+        table), gives ``"fused"`` and ``"window"`` one Cell for all of them, built for it, which a window of fewer
+        micro-batches runs through too: each Cell is a graph with activation memory of its own (README, "Known
         MindSpore behaviour": each graph's memory).
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
         cls, runner = (TrainWindowCell, WindowRunner) if self.structure == "window" else (TrainAccumulationCell,
                                                                                           FusedRunner)
-        steps = max(mini_steps, largest) if largest is not None and cls is TrainAccumulationCell else mini_steps
+        steps = mini_steps if largest is None else max(mini_steps, largest)
         if steps not in self._cells:
             self._cells[steps] = cls(self._net_with_loss, self._optimizer, steps, self._clip_norm,
                                      buffer=self.buffer).set_train()

@@ -255,9 +255,8 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_steps: int,
     """
     One trial as `plan` makes them: `WINDOWS` windows of `accumulate_steps` micro-batches of `batch_size`, then a
     partial window of one, trained by the executor with `structure` over a dataset of the factory's samples, in a fresh
-    process. The peak is the structure's in an epoch that K does not divide: ``"window"`` runs a partial window through
-    a second graph of the network, with activation memory of its own (README, "Memory": a partial window). The time
-    per window is that of the whole windows.
+    process: the peak is the structure's in an epoch that K does not divide (README, "Memory": a partial window), the
+    time per window that of the whole windows.
 
     Returns:
         Trial, its peak memory and time per window (or the error that stopped it).

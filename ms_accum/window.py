@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import ops
+from mindspore import Parameter, Tensor, ops
 
+from ._validation import check_positive_int
 from .cells import TrainAccumulationCell
 
 
@@ -15,6 +16,9 @@ class TrainWindowCell(TrainAccumulationCell):
     A call equals `accumulate_step` calls of `TrainAccumulationCell` on the same micro-batches, bit for bit: the
     same micro-batch step runs in a graph-mode loop, then the buffer's `close`. One micro-batch's activations are
     alive at a time, but the loop's control flow costs more memory than `TrainForwardBackward` (README, "Memory").
+    A shorter window (an epoch's partial one, or a smaller K of a schedule) runs through the same graph: stacked to K
+    and trained on its first `micro_batches` (`set_micro_batches`), since another graph of the network would keep
+    activation memory of its own.
 
     Args:
         The same as `TrainAccumulationCell`'s; `accumulate_step` is also the length of the inputs' leading axis.
@@ -26,7 +30,7 @@ class TrainWindowCell(TrainAccumulationCell):
     Outputs:
         Tensor of shape :math:`(K,)`, the loss of each micro-batch (under ``"weighted_mean"``, the tuple of the losses
         and the weights, both :math:`(K,)`); with a buffer that measures, the tuple of that and the micro-batches'
-        statistics, :math:`(K, 2)`.
+        statistics, :math:`(K, 2)`. Past `micro_batches`, zeros.
 
     Raises:
         TypeError: As `TrainAccumulationCell` raises.
@@ -46,6 +50,28 @@ class TrainWindowCell(TrainAccumulationCell):
         >>> cell(Tensor(x), Tensor(y)).shape   # one optimizer step on 4 micro-batches of 8
         (4,)
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The loop's bound: a Parameter, so that a shorter window needs no graph of its own.
+        self.micro_batches = Parameter(Tensor(self.accumulate_step, ms.int32),
+                                       name=f"{self.buffer.mini_step.name.rsplit('.', 1)[0]}.window_bound",
+                                       requires_grad=False)
+        self._bound = self.accumulate_step
+
+    def set_micro_batches(self, count: int) -> None:
+        """Trains the first `count` of the K stacked micro-batches in the next calls (K: all, the default).
+
+        Raises:
+            ValueError: If `count` is not an int from 1 to K.
+        """
+        check_positive_int(count, "count", "TrainWindowCell.set_micro_batches")
+        if count > self.accumulate_step:
+            raise ValueError(f"For 'TrainWindowCell.set_micro_batches', the argument 'count' must be at most "
+                             f"'accumulate_step' ({self.accumulate_step}), but got {count}.")
+        if count != self._bound:  # written only when it changes: one host-to-device copy
+            self.micro_batches.set_data(Tensor(count, ms.int32))
+            self._bound = count
 
     def __call__(self, *inputs):
         # Checked before the graph runs: the loop below closes the window after exactly K micro-batches.
@@ -68,7 +94,10 @@ class TrainWindowCell(TrainAccumulationCell):
         norms = ops.zeros((self.accumulate_step, 2), ms.float32)
         i = ops.zeros((), ms.int32)
         # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
-        while i < self.accumulate_step:
+        # A copy of the bound, not the Parameter: compared directly with the loop's index, it kept its value at
+        # compilation (README, "Known MindSpore behaviour": a Parameter in a loop's condition).
+        bound = self.micro_batches * 1
+        while i < bound:
             micro = tuple([x[i] for x in inputs])
             out, step, stats = self.micro_batch(micro)
             loss, weight = self.buffer.reduction.split(out, micro[0])

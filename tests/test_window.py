@@ -130,6 +130,34 @@ def test_partial_window_through_the_three_graphs_on_the_same_buffer():
         np.testing.assert_array_equal(a, e)
 
 
+def test_a_shorter_window_trains_the_first_micro_batches_of_the_stack_only():
+    # What the executor does with an epoch's partial window: stacked to K, the Cell, compiled on a whole window, told
+    # to train the first 2. The stack's rest is other data, whose losses would show in the output; the reference is
+    # the fused Cell on the same micro-batches, its partial window applied by TrainOptim.
+    x, y = windows(count=2)
+    (window, window_opt), (fused, fused_opt) = twins()
+    window(Tensor(x[0]), Tensor(y[0]))
+    for i in range(K):
+        fused(Tensor(x[0, i]), Tensor(y[0, i]))
+    window.set_micro_batches(2)
+    losses = window(Tensor(x[1]), Tensor(y[1])).asnumpy()
+    expected = [float(fused(Tensor(x[1, i]), Tensor(y[1, i])).asnumpy()) for i in range(2)]
+    np.testing.assert_array_equal(losses, np.array(expected + [0.0, 0.0], np.float32))
+    assert_buffer_empty(window)
+    TrainOptim(fused_opt, fused.buffer).set_train()()
+    for a, e in zip(params_of(window_opt), params_of(fused_opt)):
+        np.testing.assert_array_equal(a, e)
+
+
+@pytest.mark.parametrize("count,error,message", [(0, ValueError, "must be a positive int"),
+                                                 (K + 1, ValueError, f"must be at most 'accumulate_step' \\({K}\\)"),
+                                                 (1.5, TypeError, "must be a positive int")])
+def test_bad_micro_batch_count(count, error, message):
+    (window, _), _ = twins()
+    with pytest.raises(error, match=f"For 'TrainWindowCell.set_micro_batches', the argument 'count' {message}"):
+        window.set_micro_batches(count)
+
+
 @pytest.mark.parametrize("policy", ["skip_window", "skip_microbatch"])
 def test_non_finite_micro_batch_handled_as_the_fused_cell_does(policy):
     (window, window_opt), (fused, fused_opt) = twins(policy=policy)
