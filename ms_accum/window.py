@@ -74,7 +74,7 @@ class TrainWindowCell(TrainAccumulationCell):
             self._bound = count
 
     def __call__(self, *inputs):
-        # Checked before the graph runs: the loop below closes the window after exactly K micro-batches.
+        # Checked before the graph runs: the loop below closes the window after the stack's first `micro_batches`.
         if inputs and inputs[0].shape[0] != self.accumulate_step:
             raise ValueError(f"For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long "
                              f"({self.accumulate_step}), but got shape {tuple(inputs[0].shape)}.")
