@@ -323,10 +323,10 @@ class GradientAccumulation:
 
         Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
         whose K is a graph constant, built once per K and kept) all share `buffer`; `train_window` trains one window
-        and says whether it was applied. `largest`, the largest K a run will use when it is known (a schedule's
-        table), gives ``"fused"`` and ``"window"`` one Cell for all of them, built for it, which a window of fewer
-        micro-batches runs through too: each Cell is a graph with activation memory of its own (README, "Known
-        MindSpore behaviour": each graph's memory).
+        and says whether it was applied. `largest`, the largest K a run will use (`train_process` gives it), gives
+        ``"fused"`` and ``"window"`` one Cell for all of them, built for it, which a window of fewer micro-batches runs
+        through too: each Cell is a graph with activation memory of its own (README, "Known MindSpore behaviour":
+        each graph's memory).
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
@@ -364,8 +364,9 @@ class GradientAccumulation:
             mini_steps (Union[int, dict, Callable], optional): Micro-batches per optimizer step, K: an int, or a
                 schedule of the global samples consumed (`ms_accum.schedule`): a dict ``{samples: K}`` from 0 (e.g.
                 `ms_accum.schedule.rampup`) or a callable ``K(samples)``. Each window's K is decided when it opens, so a
-                window never changes K midway and a resumed run recomputes it. Default: ``None``, the plan's K for an
-                executor built by `from_plan` (required otherwise).
+                window never changes K midway and a resumed run recomputes it; a callable is evaluated at every
+                window's opening before anything trains. Default: ``None``, the plan's K for an executor built by
+                `from_plan` (required otherwise).
             partial_window (str): ``"apply"`` (default) or ``"drop"``.
             ckpt_dir (str, optional): Where checkpoints are saved; ``None`` saves nothing. Default: ``"ckpt"``.
             ckpt_name (str): File name of the final checkpoint (the network only), without ``.ckpt``; also the
@@ -424,6 +425,7 @@ class GradientAccumulation:
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         runners: dict = {}  # K -> its runner, built when a window of K first opens
+        largest = _largest_k(epoch, num_batches, schedule, per_batch, position)  # a callable is evaluated here
         skipped = None
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from)
         windows = _windows(train_dataset, epoch, num_batches, schedule, per_batch, position)
@@ -431,7 +433,7 @@ class GradientAccumulation:
             if n == 0:  # its first micro-batch checks the loss's output, before any graph compiles
                 window = _checking_first(window, self._check_output)
             if k not in runners:
-                runners[k] = self.runner(k, schedule.largest)
+                runners[k] = self.runner(k, largest)
             runner = runners[k]
             if skipped is None:  # earlier runs' skips, as the first runner read them
                 result.skipped_windows = skipped = runner.skipped
@@ -598,6 +600,20 @@ def _samples_read(epoch: int, batch: int, num_batches: int, per_batch: int) -> i
     return ((epoch - 1) * num_batches + batch) * per_batch
 
 
+def _skipped(epoch: int, num_batches: int, position: Position) -> int:
+    """Batches of `epoch` that a run resumed at `position` has trained already (all of an earlier epoch's)."""
+    return num_batches if epoch < position.epoch else position.batch if epoch == position.epoch else 0
+
+
+def _largest_k(epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
+               position: Position) -> Optional[int]:
+    """The largest K of the windows a run opens from `position` on, as `_windows` will open them (a callable schedule
+    evaluated at each, so a bad value fails before anything trains); None if it opens none."""
+    return max((k for epoch in range(1, epochs + 1)
+                for k, _, _ in _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches, schedule,
+                                              per_batch)), default=None)
+
+
 def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
              position: Position) -> Iterator[Tuple[int, int, Iterator, int]]:
     """`(K, size, micro-batches, samples consumed when it opens)` of each window, epoch by epoch (an epoch's last may
@@ -608,10 +624,10 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
     so the data order stays that of the uninterrupted run.
     """
     iterator = dataset.create_tuple_iterator(num_epochs=epochs)
-    first_epoch, done = position.epoch, position.batch
+    resumed_at = Position(**vars(position))
     for epoch in range(1, epochs + 1):
+        skip = _skipped(epoch, num_batches, resumed_at)
         position.epoch, position.batch = epoch, 0
-        skip = num_batches if epoch < first_epoch else done if epoch == first_epoch else 0
         batches = _counted(iterator, position)
         for _ in itertools.islice(batches, skip):
             pass

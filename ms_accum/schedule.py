@@ -62,11 +62,6 @@ class AccumulationSchedule:
         """K when it never changes, else None."""
         return self.steps[0][1] if self.steps is not None and len(self.steps) == 1 else None
 
-    @property
-    def largest(self) -> Union[int, None]:
-        """The largest K of the table, None for a callable (known only where evaluated)."""
-        return None if self.steps is None else max(k for _, k in self.steps)
-
     def __call__(self, samples: int) -> int:
         """K for the window that opens after `samples` samples consumed.
 

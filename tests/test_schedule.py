@@ -105,10 +105,11 @@ def test_a_ramped_run_equals_its_fixed_k_segments_bit_for_bit(structure):
     for lo, hi, k in SEGMENTS:
         model.train_process(1, dataset(lo, hi), k, ckpt_dir=None, verbose=False)
     assert all(np.array_equal(a, b) for a, b in zip(ramped, params(net)))
-    # The same schedule as a callable: the same run.
+    # The same schedule as a callable: the same run, and the same one Cell (the callable evaluated ahead).
     net, model = executor(structure)
     model.train_process(1, dataset(), lambda s: 2 if s < 64 else 4 if s < 160 else 8, ckpt_dir=None, verbose=False)
     assert all(np.array_equal(a, b) for a, b in zip(ramped, params(net)))
+    assert sorted(model._cells) == ([] if structure == "three_graphs" else [8])
 
 
 def test_unequal_micro_batches_under_a_schedule_with_the_window_structure():
