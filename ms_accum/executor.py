@@ -78,8 +78,9 @@ class TrainResult:
 
 
 # Runners: how each structure trains one window on the executor's buffer. A window's micro-batches arrive lazily and
-# run as they come, so reading the next batch overlaps the graphs still running. A window the structure cannot take
-# whole (an epoch's partial window; unequal micro-batches for "window") goes through the three graphs on the buffer.
+# run as they come, so reading the next batch overlaps the graphs still running. Every window, a partial one too, goes
+# through the structure's own Cell (a second graph of the network would keep activation memory of its own); only a
+# window of unequal micro-batches, which "window" cannot stack, goes through the three graphs on the buffer.
 
 MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each the tuple of inputs the network takes
 
@@ -156,8 +157,8 @@ class WindowRunner(FusedRunner):
         window = list(window)
         if len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
             return ThreeGraphsRunner.run(self, window, size)
-        stacked = window + [window[-1]] * (self.cell.accumulate_step - size)
-        stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in stacked])) for i in range(len(window[0]))]
+        padded = window + [window[-1]] * (self.cell.accumulate_step - size)
+        stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in padded])) for i in range(len(window[0]))]
         self.cell.set_micro_batches(size)
         out, norms = self.split(self.cell(*stacked))
         outputs = self.reduction.unstack(out)[:size]
@@ -171,7 +172,8 @@ class GradientAccumulation:
 
     The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on the
     concatenated window (the tutorial's steps are K times too large). The structure is chosen once; every structure
-    trains on one `AccumulationBuffer`, so a window it cannot take whole runs through the three graphs on that state.
+    trains on one `AccumulationBuffer`, so a window that ``"window"`` cannot stack (unequal micro-batches) runs through
+    the three graphs on that state.
     Its optimizer steps are counted in windows closed, applied or skipped as not finite (`StepRecord.step`,
     `save_every`, the training-state files).
 
@@ -322,11 +324,11 @@ class GradientAccumulation:
         of `mini_steps` micro-batches.
 
         Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
-        whose K is a graph constant, built once per K and kept) all share `buffer`; `train_window` trains one window
-        and says whether it was applied. `largest`, the largest K a run will use (`train_process` gives it), gives
-        ``"fused"`` and ``"window"`` one Cell for all of them, built for it, which a window of fewer micro-batches runs
-        through too: each Cell is a graph with activation memory of its own (README, "Known MindSpore behaviour":
-        each graph's memory).
+        whose K is a graph constant, built once per K, or per `largest`, and kept) all share `buffer`; `train_window`
+        trains one window and says whether it was applied. `largest`, the largest K a run will use (`train_process`
+        gives it), gives ``"fused"`` and ``"window"`` one Cell for all of them, built for it, which a window of fewer
+        micro-batches runs through too: each Cell is a graph with activation memory of its own (README, "Known
+        MindSpore behaviour": each graph's memory).
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
@@ -425,7 +427,9 @@ class GradientAccumulation:
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
         runners: dict = {}  # K -> its runner, built when a window of K first opens
-        largest = _largest_k(epoch, num_batches, schedule, per_batch, position)  # a callable is evaluated here
+        # Every window's K, worked out before anything trains (a callable's bad value fails here).
+        largest = max((k for k, _, _ in _planned_windows(epoch, num_batches, schedule, per_batch, position)),
+                      default=None)
         skipped = None
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from)
         windows = _windows(train_dataset, epoch, num_batches, schedule, per_batch, position)
@@ -578,8 +582,8 @@ def count_windows(num_batches: int, epochs: int, mini_steps: ScheduleLike, per_b
     """The optimizer steps of `epochs` epochs of `num_batches` batches of `per_batch` global samples, K following
     `mini_steps` (an int or a schedule, `ms_accum.schedule`), as `train_process` trains them."""
     schedule = AccumulationSchedule(mini_steps, "count_windows", "mini_steps")
-    return sum(size == k or partial_window == "apply" for epoch in range(1, epochs + 1)
-               for k, size, _ in _epoch_windows(epoch, 0, num_batches, schedule, per_batch))
+    return sum(size == k or partial_window == "apply"
+               for k, size, _ in _planned_windows(epochs, num_batches, schedule, per_batch, Position()))
 
 
 def _epoch_windows(epoch: int, start: int, num_batches: int, schedule: AccumulationSchedule,
@@ -605,13 +609,12 @@ def _skipped(epoch: int, num_batches: int, position: Position) -> int:
     return num_batches if epoch < position.epoch else position.batch if epoch == position.epoch else 0
 
 
-def _largest_k(epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
-               position: Position) -> Optional[int]:
-    """The largest K of the windows a run opens from `position` on, as `_windows` will open them (a callable schedule
-    evaluated at each, so a bad value fails before anything trains); None if it opens none."""
-    return max((k for epoch in range(1, epochs + 1)
-                for k, _, _ in _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches, schedule,
-                                              per_batch)), default=None)
+def _planned_windows(epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
+                     position: Position) -> Iterator[Tuple[int, int, int]]:
+    """`(K, size, samples consumed when it opens)` of every window a run opens from `position` on, as `_windows` opens
+    them, without reading data (a callable schedule is evaluated at each)."""
+    for epoch in range(1, epochs + 1):
+        yield from _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches, schedule, per_batch)
 
 
 def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,

@@ -35,7 +35,7 @@ class TrainWindowCell(TrainAccumulationCell):
     Raises:
         TypeError: As `TrainAccumulationCell` raises.
         ValueError: As `TrainAccumulationCell` raises; or, when called, if the inputs' leading axis is not K long or
-            the buffer holds an open window (a window is the K micro-batches of one call).
+            the buffer holds an open window (a window is the micro-batches of one call).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``

@@ -234,7 +234,7 @@ def test_sparse_gradients_equal_the_fused_cell():
 
 
 def test_an_open_window_in_the_buffer_is_refused():
-    # A window is the K micro-batches of one call: micro-batches left in the buffer would join it unseen.
+    # A window is the micro-batches of one call: micro-batches left in the buffer would join it unseen.
     net = with_loss(small_net())
     opt = nn.SGD(net.trainable_params(), 0.1)
     buffer = AccumulationBuffer(opt.parameters)
