@@ -64,7 +64,8 @@ def build(net_name: str):
         y = rng.integers(0, 10, (n,)).astype(np.int32)
         return ConvNet(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), "mean", x, y
 
-    from ms_accum import CharTransformer, TokenCrossEntropy
+    from ms_accum import TokenCrossEntropy
+    from ms_accum.demo.models import CharTransformer
     # The Shakespeare tutorial's model and loss, on its longest bucket (every position a real character).
     x = rng.integers(0, VOCAB, (n, SEQ)).astype(np.int32)
     y = rng.integers(0, VOCAB, (n, SEQ)).astype(np.int32)

@@ -41,9 +41,11 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 from mindspore.communication import GlobalComm  # noqa: E402
 
-from ms_accum import AccumulationBuffer, LeNet5, TrainAccumulationCell  # noqa: E402
-from ms_accum import _ops  # noqa: E402
-from ms_accum.parallel import AllReduceSums, LocalSums, init_data_parallel  # noqa: E402
+from ms_accum import AccumulationBuffer, TrainAccumulationCell  # noqa: E402
+from ms_accum.demo.models import LeNet5  # noqa: E402
+from ms_accum.core import _ops  # noqa: E402
+from ms_accum.core.parallel import AllReduceSums, LocalSums  # noqa: E402
+from ms_accum.train.distributed import init_data_parallel  # noqa: E402
 
 
 @ms.jit_class

@@ -194,7 +194,7 @@ def mnist_dir(path: Optional[str] = None) -> Optional[str]:
 def micro_batches(count: int, data_dir: Optional[str], batch: int = BATCH):
     """`count` (images, labels) numpy batches of LeNet5 input: real MNIST through create_dataset, else random."""
     if data_dir is not None:
-        from ms_accum.data import create_dataset
+        from ms_accum.demo.data import create_dataset
         dataset = create_dataset(data_dir, batch, num_samples=count * batch, seed=0)
         batches = [(x, y) for x, y in dataset.create_tuple_iterator(output_numpy=True)]
         if len(batches) == count:
@@ -223,7 +223,7 @@ def lenet(seed: int = 0):
     """
     import mindspore as ms
     from mindspore import nn
-    from ms_accum import LeNet5
+    from ms_accum.demo.models import LeNet5
     ms.set_seed(seed)
     net = LeNet5()
     _instances[0] += 1

@@ -120,7 +120,7 @@ def launch_cost(rounds: int) -> Table:
 def executor(rounds: int, data_dir: str) -> Table:
     """x3: train_process over real MNIST, the default structure's micro-batch graph as it is and padded."""
     from ms_accum import GradientAccumulation
-    from ms_accum.data import create_dataset
+    from ms_accum.demo.data import create_dataset
     dataset = create_dataset(data_dir, BATCH, num_samples=EXECUTOR_IMAGES, seed=0)
     contenders = {}
     for name, n in (("the executor as it is", 0), (f"its TrainForwardBackward + {PAD} scalar kernels", PAD)):
@@ -139,7 +139,8 @@ def executor(rounds: int, data_dir: str) -> Table:
 def transformer(rounds: int) -> Table:
     """x4: what each trigger costs a graph the runtime already threads (the Shakespeare transformer)."""
     from mindspore import Tensor, nn
-    from ms_accum import CharTransformer, GradientAccumulation, TokenCrossEntropy
+    from ms_accum import GradientAccumulation, TokenCrossEntropy
+    from ms_accum.demo.models import CharTransformer
     rng = np.random.default_rng(0)
     batch, length, vocab = 8, 64, 65  # the tutorial's micro-batch on its shortest bucket
     inputs = [(Tensor(rng.integers(0, vocab, (batch, length)).astype(np.int32)),

@@ -42,7 +42,7 @@ def _cells(inputs, close="host", all_finite=False, scaler=None):
     (`TrainOptim`, `TrainClear`)."""
     from mindspore import amp
     from ms_accum import GradientAccumulation, TrainClear, TrainOptim
-    from ms_accum import guard
+    from ms_accum.core import guard
     net, loss, opt = _tiny()
     chooser = guard._window_check
     if all_finite:

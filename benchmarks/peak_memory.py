@@ -8,7 +8,7 @@ clearing a buffer, dividing the window's sum. So each structure trains a few win
 ``PEAK <bytes> PARAMS <bytes>``: the growth of the process's peak RSS (VmHWM) from just before the Cell is
 built, and the trainable bytes. SGD without momentum, so the optimizer adds no state of its own.
 The `three_graphs_*` contenders add one option that touches every gradient (`THREE_GRAPHS`): measuring the norms
-(`ms_accum.statistics`), clipping the window, leaving micro-batches out (`policy="skip_microbatch"`, an outlier
+(`ms_accum.core.statistics`), clipping the window, leaving micro-batches out (`policy="skip_microbatch"`, an outlier
 filter). None may cost a copy of any tensor (each weight is a third of the parameters). `three_graphs_threaded` is
 the default with its micro-batch graph run in MindSpore's threaded mode (benchmark section x).
 """
@@ -18,7 +18,7 @@ import argparse
 
 import numpy as np
 
-from ms_accum.planner import process_status as status  # the peak memory the planner's trials read, read alike
+from ms_accum.tools.planner import process_status as status  # the peak memory the planner's trials read, read alike
 
 # The executor's default structure with each of its options that touches every gradient tensor
 THREE_GRAPHS = {"three_graphs": {}, "three_graphs_statistics": {"statistics": True},

@@ -1,4 +1,4 @@
-"""Section e: the LeNet5 tutorial's epoch end to end (real MNIST through ms_accum.data.create_dataset) vs the
+"""Section e: the LeNet5 tutorial's epoch end to end (real MNIST through ms_accum.demo.data.create_dataset) vs the
 step alone on pre-loaded tensors, and the pipeline alone, with dataset options; all interleaved in one process.
 
 Each round of an end-to-end contender is a fresh iterator over `num_samples` shuffled training images, so its
@@ -12,7 +12,7 @@ from .common import BATCH, K, Table, cycle_calls, interleave, lenet, log, sync, 
 
 
 def _dataset(data_dir: str, num_samples: int, workers: int):
-    from ms_accum.data import create_dataset
+    from ms_accum.demo.data import create_dataset
     return create_dataset(data_dir, BATCH, num_samples=num_samples, num_parallel_workers=workers, seed=0)
 
 

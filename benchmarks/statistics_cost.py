@@ -1,4 +1,4 @@
-"""Section s: what measuring the window costs per micro-batch (ms_accum.statistics).
+"""Section s: what measuring the window costs per micro-batch (ms_accum.core.statistics).
 
     python -m benchmarks.statistics_cost [--rounds N] [--data DIR] [--pair off_first|on_first]
 
@@ -61,7 +61,7 @@ def _conv():
 def executor(rounds: int, data_dir: str) -> Table:
     """s0: train_process over real MNIST, statistics off and on."""
     from ms_accum import GradientAccumulation
-    from ms_accum.data import create_dataset
+    from ms_accum.demo.data import create_dataset
     dataset = create_dataset(data_dir, BATCH, num_samples=EXECUTOR_IMAGES, seed=0)
     contenders = {}
     for name, settings in CONTENDERS.items():
@@ -126,7 +126,7 @@ def _kernels(graph, args, calls: int) -> dict:
 def _sum_ways() -> tuple:
     """s4's two ways to sum squares, each a function of a tuple of tensors to compile: `L2Loss`, and the dot."""
     from mindspore import ops
-    from ms_accum import _ops
+    from ms_accum.core import _ops
     l2_loss = ops.L2Loss()
 
     def l2_loss_sums(xs):
@@ -143,7 +143,7 @@ def sum_of_squares_kernels(calls: int = 100, tensors: int = 8) -> str:
     graph, `calls` times under the profiler."""
     import mindspore as ms
     from mindspore import Tensor
-    from ms_accum import _ops
+    from ms_accum.core import _ops
     rng = np.random.default_rng(0)
     lines = [f"== s4. one sum of squares, kernel time by size (MindSpore's profiler, {calls} calls x {tensors} "
              "tensors)",

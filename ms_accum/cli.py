@@ -25,9 +25,10 @@ import sys
 from dataclasses import asdict
 from typing import List, Optional
 
+from ._choices import DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
 
-MODEL_NAMES = ("lenet5", "mlp")
+MODEL_NAMES = tuple(DEMO_FACTORIES)
 OPTIMIZERS = ("momentum", "sgd", "adam")
 SYNTHETIC_NOTE = "SYNTHETIC data, not MNIST"
 # (train, test) images of the offline fallback: enough that `make run` (LeNet5, 1 epoch of K=4 x 32) learns them
@@ -62,7 +63,7 @@ non_negative_float = _number(float, False, "a non-negative float")
 
 
 def model_or_factory(text: str) -> str:
-    """A built-in model's name, or a factory's ``package.module:function`` (`ms_accum.factory`)."""
+    """A built-in model's name, or a factory's ``package.module:function`` (`ms_accum.tools.factory`)."""
     if text in MODEL_NAMES or ":" in text:
         return text
     raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or package.module:function (a "
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_arguments(train, "micro-batch size; each update sees K*B samples (default 32)")
     train.add_argument("--epochs", type=positive_int, default=1, metavar="E")
     train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
-    train.add_argument("--structure", choices=("auto", "window", "fused", "three_graphs"), default="auto",
+    train.add_argument("--structure", choices=STRUCTURES, default="auto",
                        help="how micro-batches run (default auto: three_graphs, the least memory; window and "
                             "fused are faster and keep more activations alive)")
     train.add_argument("--statistics", action="store_true",
@@ -89,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--skip-outliers", type=positive_float, metavar="Z",
                        help="leave out of its window a micro-batch whose loss or gradient norm lies beyond Z standard "
                             "deviations of the recent ones (a loss spike); reported with its epoch and batch")
-    train.add_argument("--outlier-warmup", type=non_negative_int, default=100, metavar="N",
-                       help="micro-batches seen before any is judged an outlier (default 100, at least 8)")
-    train.add_argument("--policy", choices=("skip_window", "skip_microbatch"), default="skip_window",
+    train.add_argument("--outlier-warmup", type=non_negative_int, default=OUTLIER_WARMUP, metavar="N",
+                       help=f"micro-batches seen before any is judged an outlier (default {OUTLIER_WARMUP}, at least 8)")
+    train.add_argument("--policy", choices=POLICIES, default="skip_window",
                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")
     train.add_argument("--loss-scale", choices=("none", "static", "dynamic"), default="none",
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the (initial) loss scale (default 65536)")
     train.add_argument("--recompute", nargs="+", metavar="CELL", help="sub-cells to recompute in the backward "
                                                                       "pass, e.g. conv1 conv2 (saves memory)")
-    train.add_argument("--partial-window", choices=("apply", "drop"), default="apply",
+    train.add_argument("--partial-window", choices=PARTIAL_WINDOWS, default="apply",
                        help="what to do with an epoch's last, incomplete window (default apply)")
     train.add_argument("--num-samples", type=positive_int, metavar="N", help="train on the first N images only")
     _add_data_arguments(train)
@@ -152,15 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--ranks", type=positive_int, default=1, metavar="R",
                          help="data-parallel ranks sharing the global batch (default 1)")
     planner.add_argument("--output", metavar="FILE", help="write the plan as JSON, for 'ms-accum train --plan FILE'")
-    planner.add_argument("--device", choices=runtime.DEVICES, default="CPU")
+    planner.add_argument("--device", choices=DEVICES, default="CPU")
     planner.add_argument("--json", action="store_true", help="print the plan as one JSON line")
     planner.add_argument("--quiet", action="store_true", help="no line per trial")
     return parser
 
 
 def accumulate_schedule(text: str) -> dict:
-    """``samples:K,...`` as a dict (`ms_accum.schedule.parse_schedule`)."""
-    from .schedule import parse_schedule
+    """``samples:K,...`` as a dict (`ms_accum.train.schedule.parse_schedule`)."""
+    from .train.schedule import parse_schedule
     try:
         return parse_schedule(text)
     except (TypeError, ValueError) as err:
@@ -168,8 +169,8 @@ def accumulate_schedule(text: str) -> dict:
 
 
 def memory_size(text: str) -> int:
-    """Bytes of a size such as 800MiB or 2GiB (`ms_accum.planner.parse_size`)."""
-    from .planner import parse_size
+    """Bytes of a size such as 800MiB or 2GiB (`ms_accum.tools.planner.parse_size`)."""
+    from .tools.planner import parse_size
     try:
         return parse_size(text, "--memory", "ms-accum plan")
     except ValueError as err:
@@ -179,7 +180,7 @@ def memory_size(text: str) -> int:
 def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", metavar="DIR", help="MNIST directory (default: $MS_ACCUM_MNIST, else "
                                                       "./datasets/MNIST_Data)")
-    parser.add_argument("--device", choices=runtime.DEVICES, default="CPU")
+    parser.add_argument("--device", choices=DEVICES, default="CPU")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -214,7 +215,7 @@ def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
     `rank` is the data-parallel rank, if any: each worker then generates a fallback set of its own (the same
     files), because one worker replacing a shared directory would pull it from under another one reading it.
     """
-    from .data import DataError, check_mnist_dir, download_mnist, is_synthetic, make_synthetic_mnist, \
+    from .demo.data import DataError, check_mnist_dir, download_mnist, is_synthetic, make_synthetic_mnist, \
         resolve_data_dir
     if args.data is not None:  # asked for explicitly: no fallback, the user must hear what is wrong
         return check_mnist_dir(args.data), is_synthetic(args.data)
@@ -283,7 +284,7 @@ def _launcher_world_size(args: argparse.Namespace) -> Optional[int]:
     Every check here gives the same answer in every process msrun started, the scheduler included, so a bad
     command line stops them all (a scheduler that stops alone leaves the workers waiting for it).
     """
-    from .parallel import distributed_launch
+    from .train.distributed import distributed_launch
     world = distributed_launch()
     if world is None:
         if args.distributed:
@@ -307,7 +308,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     if launched:
         # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be
         # written before it.
-        from .parallel import init_data_parallel
+        from .train.distributed import init_data_parallel
         parallel = init_data_parallel()
     world = 1 if parallel is None else parallel.group_size
     if planned_ranks not in (None, world):
@@ -319,11 +320,12 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
 
     import mindspore as ms
     from mindspore import nn
-    from .data import dataset_for
-    from .evaluation import evaluate_checkpoint, recorded_data_dir
-    from .executor import GradientAccumulation, count_windows
-    from .schedule import pairs_text
-    from .models import build_model, make_optimizer
+    from .demo.data import dataset_for
+    from .demo.evaluation import evaluate_checkpoint, recorded_data_dir
+    from .train.executor import GradientAccumulation
+    from .train.windows import count_windows
+    from .train.schedule import pairs_text
+    from .demo.models import build_model, make_optimizer
 
     settings = _optimizer_settings(args)
     ms.set_seed(args.seed)
@@ -410,7 +412,7 @@ def _apply_plan(args: argparse.Namespace) -> Optional[int]:
             if getattr(args, name) is None:
                 setattr(args, name, value)
         return None
-    from .planner import Plan
+    from .tools.planner import Plan
     plan = Plan.load(args.plan)
     if plan.model != args.model:
         raise CliError(f"the plan {args.plan} is for the model '{plan.model}', but --model is '{args.model}'.")
@@ -435,7 +437,7 @@ def _loss_scaler(args: argparse.Namespace):
 
 def _optimizer_settings(args: argparse.Namespace) -> dict:
     """The model's documented optimizer settings, overridden by the command line's."""
-    from .models import OPTIMIZER_DEFAULTS
+    from .demo.models import OPTIMIZER_DEFAULTS
     return {**OPTIMIZER_DEFAULTS[args.model], **{k: getattr(args, k) for k in ("optimizer", "lr", "momentum")
                                                 if getattr(args, k) is not None}}
 
@@ -446,8 +448,8 @@ def _accuracy_line(evaluation, synthetic: bool) -> str:
 
 def run_eval(args: argparse.Namespace) -> dict:
     runtime.set_device(args.device)
-    from .data import is_synthetic
-    from .evaluation import checkpoint_data_dir, evaluate_checkpoint
+    from .demo.data import is_synthetic
+    from .demo.evaluation import checkpoint_data_dir, evaluate_checkpoint
     evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.batch_size, args.num_samples)
     synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:
@@ -463,8 +465,8 @@ def run_verify(args: argparse.Namespace) -> dict:
     runtime.set_device(args.device)
     import mindspore as ms
     from mindspore import nn
-    from .factory import is_factory, load_model
-    from .verify import verify_equivalence
+    from .tools.factory import is_factory, load_model
+    from .tools.verify import verify_equivalence
     ms.set_seed(args.seed)
     large = args.accumulate_steps * args.batch_size
     if is_factory(args.model):
@@ -474,8 +476,8 @@ def run_verify(args: argparse.Namespace) -> dict:
         optimizer_name, synthetic, source = type(optimizer).__name__, False, f"{large} samples of its sample()"
     else:
         data_dir, synthetic = find_data(args)
-        from .data import dataset_for
-        from .models import build_model, make_optimizer
+        from .demo.data import dataset_for
+        from .demo.models import build_model, make_optimizer
         settings = _optimizer_settings(args)
         network = build_model(args.model)
         dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
@@ -505,7 +507,7 @@ def run_verify(args: argparse.Namespace) -> dict:
 
 def run_plan(args: argparse.Namespace) -> dict:
     """Plans in fresh processes, prints the plan and writes it with --output."""
-    from .planner import plan
+    from .tools.planner import plan
     log = None if args.quiet or args.json else (lambda line: print(f"ms-accum plan: {line}", file=sys.stderr,
                                                                    flush=True))
     result = plan(args.model, args.global_batch, args.memory, ranks=args.ranks, device=args.device, log=log)
@@ -522,8 +524,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `ms-accum` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's log: errors only, so a CLI error stays one line
-    from .checkpoint import CheckpointError
-    from .data import DataError
+    from .train.checkpoint import CheckpointError
+    from .demo.data import DataError
     try:
         summary = {"train": run_train, "eval": run_eval, "verify": run_verify, "plan": run_plan}[args.command](args)
     except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError, FloatingPointError) as err:

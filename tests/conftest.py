@@ -9,7 +9,7 @@ import ms_accum  # noqa: F401  (before mindspore, as the CLI and the tutorials: 
 import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn
 
-from ms_accum.models import LeNet5, MLP
+from ms_accum.demo.models import LeNet5, MLP
 
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
 
@@ -77,7 +77,7 @@ requires_mnist = pytest.mark.skipif(mnist_dir() is None,
                                     reason="real MNIST not found (set MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
 
 
-# A module of factories (`ms_accum.factory`) that tests write beside them as users_model.py: a good one and bad ones.
+# A module of factories (`ms_accum.tools.factory`) that tests write beside them as users_model.py: a good one and bad ones.
 FACTORY = """
 import numpy as np
 from mindspore import nn

@@ -6,8 +6,8 @@ import pytest
 import mindspore as ms
 from mindspore import nn
 
-from ms_accum import checkpoint as ckpt
-from ms_accum.checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint
+from ms_accum.train import checkpoint as ckpt
+from ms_accum.train.checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint
 from conftest import make_net, params_of
 
 
@@ -124,7 +124,7 @@ def test_find_latest_skips_corrupt_and_prune_keeps_newest(tmp_path):
 
 
 def test_a_file_of_a_later_format_is_refused_not_misread(tmp_path, monkeypatch):
-    from ms_accum import checkpoint
+    from ms_accum.train import checkpoint
     net = nn.Dense(3, 2)
     path = str(tmp_path / "new.ckpt")
     monkeypatch.setattr(checkpoint, "FORMAT_VERSION", checkpoint.FORMAT_VERSION + 1)  # as a newer ms_accum writes

@@ -13,8 +13,8 @@ import pytest
 import mindspore.dataset as ds
 from mindspore import nn
 
-from ms_accum import evaluate
-from ms_accum.checkpoint import load_checkpoint, load_into
+from ms_accum.demo.evaluation import evaluate
+from ms_accum.train.checkpoint import load_checkpoint, load_into
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 sys.path.insert(0, FIXTURES)

@@ -10,9 +10,9 @@ import pytest
 import mindspore as ms
 
 from ms_accum import cli
-from ms_accum.checkpoint import load_checkpoint, save_checkpoint
-from ms_accum.data import make_synthetic_mnist
-from ms_accum.models import LeNet5, MLP
+from ms_accum.train.checkpoint import load_checkpoint, save_checkpoint
+from ms_accum.demo.data import make_synthetic_mnist
+from ms_accum.demo.models import LeNet5, MLP
 from conftest import FACTORY, mnist_dir, requires_mnist
 
 # 128 optimizer steps of 2 x 32 images: enough for LeNet5 to pass 90% on the real test set (measured 92.6%).

@@ -1,4 +1,4 @@
-"""ms_accum.data: MNIST checks, idx I/O, download, synthetic data and the two MindSpore pipelines."""
+"""ms_accum.demo.data: MNIST checks, idx I/O, download, synthetic data and the two MindSpore pipelines."""
 import glob
 import http.server
 import os
@@ -10,8 +10,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from ms_accum import data
-from ms_accum.data import DataError
+from ms_accum.demo import data
+from ms_accum.demo.data import DataError
 
 from conftest import mnist_dir, requires_mnist
 
@@ -505,7 +505,7 @@ def test_lenet5_learns_synthetic(tmp_path):
     """The point of the synthetic set: LeNet5 learns it quickly (96.6-98.2% over seeds 0-3 when measured)."""
     import mindspore as ms
     from mindspore import nn
-    from ms_accum.models import LeNet5
+    from ms_accum.demo.models import LeNet5
 
     path = data.make_synthetic_mnist(str(tmp_path), num_train=2000, num_test=500, seed=0)
     ms.set_seed(0)

@@ -22,9 +22,10 @@ import mindspore.dataset as ds
 from mindspore import Tensor, nn, ops
 
 from ms_accum import GradientAccumulation, LossOnly, cli
-from ms_accum.checkpoint import load_checkpoint
-from ms_accum.data import make_synthetic_mnist
-from ms_accum.parallel import data_parallel_info, distributed_launch, init_data_parallel
+from ms_accum.train.checkpoint import load_checkpoint
+from ms_accum.demo.data import make_synthetic_mnist
+from ms_accum.core.parallel import data_parallel_info
+from ms_accum.train.distributed import distributed_launch, init_data_parallel
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)

@@ -97,7 +97,7 @@ def test_window_loss_is_sample_weighted_mean_of_micro_batch_losses(tmp_path):
 
 
 def test_saves_checkpoint_with_metadata(tmp_path):
-    from ms_accum.checkpoint import load_checkpoint
+    from ms_accum.train.checkpoint import load_checkpoint
     x, y = batch_for("mlp", 16, seed=5)
     net, ex = executor()
     result = ex.train_process(1, dataset(x, y, 4), mini_steps=2, ckpt_dir=str(tmp_path / "out"),
@@ -253,7 +253,7 @@ def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_pat
 @pytest.mark.parametrize("partial_window,steps", [("apply", 4), ("drop", 3)])
 def test_windows_per_epoch_is_what_the_executor_trains(partial_window, steps):
     # The CLI sizes its progress bar with it: it must count the optimizer steps train_process really makes.
-    from ms_accum.executor import windows_per_epoch
+    from ms_accum.train.windows import windows_per_epoch
     x, y = batch_for("mlp", 40, seed=0)
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4)  # 10 batches, windows of 3
     net = make_net("mlp")

@@ -5,7 +5,7 @@ import mindspore.dataset as ds
 from mindspore import Tensor, nn
 
 from ms_accum import GradientAccumulation
-from ms_accum.lr import scale_lr
+from ms_accum.train.lr import scale_lr
 from conftest import batch_for, make_net, params_of
 
 

@@ -8,8 +8,8 @@ from mindspore import amp, nn
 
 from ms_accum import AccumulationBuffer, GradientAccumulation, TrainAccumulationCell, TrainClear, \
     TrainForwardBackward, TrainOptim
-from ms_accum.executor import NonFiniteError
-from ms_accum.guard import WindowGuard
+from ms_accum import NonFiniteError
+from ms_accum.core.guard import WindowGuard
 
 BATCH, K = 4, 3
 

@@ -5,7 +5,7 @@ import mindspore as ms
 from mindspore import nn
 
 from ms_accum import verify_equivalence
-from ms_accum.norm import replace_batchnorm
+from ms_accum.tools.norm import replace_batchnorm
 from conftest import batch_for
 
 

@@ -13,7 +13,7 @@ import mindspore.dataset as ds
 from mindspore import nn
 
 from ms_accum import GradientAccumulation, Plan, cli, plan
-from ms_accum.planner import CONFIRM_UP_TO, HEADROOM, MIB, Trial, _search, _Trials, parse_size
+from ms_accum.tools.planner import CONFIRM_UP_TO, HEADROOM, MIB, Trial, _search, _Trials, parse_size
 from conftest import FACTORY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_cli_plans_lenet5_and_trains_with_the_plan(tmp_path, capsys):
     assert printed == Plan.load(path).to_dict()
     ckpt = str(tmp_path / "ck")
     os.makedirs(ckpt)
-    from ms_accum.data import make_synthetic_mnist
+    from ms_accum.demo.data import make_synthetic_mnist
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=2048, num_test=64)
     argv = ["train", "--plan", path, "--data", data, "--ckpt-dir", ckpt, "--no-eval", "--json", "--quiet"]
     assert cli.main(argv) == 0

@@ -4,7 +4,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from ms_accum import TrainAccumulationCell
-from ms_accum.recompute import recompute_cells
+from ms_accum.train.recompute import recompute_cells
 from conftest import batch_for, make_net, params_of
 
 

@@ -19,8 +19,9 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
 
-from ms_accum import GradientAccumulation, MLP
-from ms_accum.checkpoint import CheckpointError, find_latest, list_checkpoints, load_checkpoint
+from ms_accum import GradientAccumulation
+from ms_accum.demo.models import MLP
+from ms_accum.train.checkpoint import CheckpointError, find_latest, list_checkpoints, load_checkpoint
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_scripts", "resume_worker.py")
 TIMEOUT = 300

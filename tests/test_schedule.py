@@ -8,9 +8,9 @@ import mindspore.dataset as ds
 from mindspore import nn
 
 from ms_accum import GradientAccumulation
-from ms_accum.checkpoint import CheckpointError, find_latest
-from ms_accum.lr import SamplesLR
-from ms_accum.schedule import AccumulationSchedule, parse_schedule, rampup
+from ms_accum.train.checkpoint import CheckpointError, find_latest
+from ms_accum.train.lr import SamplesLR
+from ms_accum.train.schedule import AccumulationSchedule, parse_schedule, rampup
 
 B = 4
 SCHEDULE = {0: 2, 64: 4, 160: 8}  # samples consumed: K

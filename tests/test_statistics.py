@@ -12,7 +12,7 @@ from mindspore import Tensor, amp, nn
 
 from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, \
     TrainOptim
-from ms_accum.statistics import NoiseScale, harmonic_mean
+from ms_accum.core.statistics import NoiseScale, harmonic_mean
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "dist_scripts"))
@@ -73,7 +73,7 @@ def numpy_grads(net, loss, x, y):
 def test_both_squared_norms_equal_numpys_on_any_shapes(shapes):
     # A micro-batch's gradients (`grads_squared_norm`: small ones concatenated, a large one's dot weighted by 1) and a
     # buffer's (`half_squared_norm`: one sum per tensor) against float64 numpy, within float32 rounding.
-    from ms_accum import _ops
+    from ms_accum.core import _ops
 
     @ms.jit
     def norms(tensors):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ms_accum.data import make_synthetic_mnist
+from ms_accum.demo.data import make_synthetic_mnist
 from conftest import mnist_dir, requires_mnist
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"

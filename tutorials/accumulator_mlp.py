@@ -15,8 +15,10 @@ from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA 
 import mindspore as ms  # noqa: E402  (after ms_accum, on purpose)
 from mindspore import nn, ops, value_and_grad  # noqa: E402
 
-from ms_accum import MLP, Accumulator, evaluate  # noqa: E402
-from ms_accum.data import datapipe, resolve_data_dir  # noqa: E402
+from ms_accum import Accumulator  # noqa: E402
+from ms_accum.demo.evaluation import evaluate  # noqa: E402
+from ms_accum.demo.models import MLP  # noqa: E402
+from ms_accum.demo.data import datapipe, resolve_data_dir  # noqa: E402
 
 # Configuration: the page's values.
 EPOCHS = 3

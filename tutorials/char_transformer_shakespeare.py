@@ -22,8 +22,9 @@ import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
-from ms_accum import CharTransformer, GradientAccumulation, TokenCrossEntropy  # noqa: E402
-from ms_accum.checkpoint import load_into  # noqa: E402
+from ms_accum import GradientAccumulation, TokenCrossEntropy  # noqa: E402
+from ms_accum.demo.models import CharTransformer  # noqa: E402
+from ms_accum.train.checkpoint import load_into  # noqa: E402
 from ms_accum.cli import positive_int  # noqa: E402
 
 # Configuration: small enough to train in a few minutes on 2 CPU cores.

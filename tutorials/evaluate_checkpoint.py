@@ -9,7 +9,7 @@ import argparse
 
 from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
-from ms_accum import evaluate_checkpoint  # noqa: E402
+from ms_accum.demo.evaluation import evaluate_checkpoint  # noqa: E402
 
 # Configuration
 CKPT = "ckpt/gradient_accumulation.ckpt"

@@ -15,9 +15,11 @@ from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA 
 import mindspore as ms  # noqa: E402  (after ms_accum, on purpose)
 from mindspore import nn  # noqa: E402
 
-from ms_accum import GradientAccumulation, LeNet5, evaluate_checkpoint  # noqa: E402
-from ms_accum.evaluation import recorded_data_dir  # noqa: E402
-from ms_accum.data import create_dataset, resolve_data_dir  # noqa: E402
+from ms_accum import GradientAccumulation  # noqa: E402
+from ms_accum.demo.evaluation import evaluate_checkpoint  # noqa: E402
+from ms_accum.demo.models import LeNet5  # noqa: E402
+from ms_accum.demo.evaluation import recorded_data_dir  # noqa: E402
+from ms_accum.demo.data import create_dataset, resolve_data_dir  # noqa: E402
 
 # Configuration: the tutorial's values.
 EPOCHS = 3

@@ -30,7 +30,7 @@ from mindspore import nn  # noqa: E402
 
 from ms_accum import GradientAccumulation, plan, replace_batchnorm, verify_equivalence  # noqa: E402
 from ms_accum.cli import positive_int  # noqa: E402
-from ms_accum.planner import measure, parse_size  # noqa: E402
+from ms_accum.tools.planner import measure, parse_size  # noqa: E402
 
 # Configuration. The factories run in fresh processes too, which read it from these variables (set by main).
 MODEL = os.environ.get("MS_ACCUM_TUTORIAL_MODEL", "resnet18")

@@ -20,7 +20,7 @@ import mindspore.dataset as ds  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
-from ms_accum.parallel import init_data_parallel  # noqa: E402
+from ms_accum.train.distributed import init_data_parallel  # noqa: E402
 from dp_cases import (CASES, IN, NODE_CASES, NOISE_CASE, OUT, PROFILED_CASE, RAMP_CASE,  # noqa: E402
                       global_micro_batches, loss_fn, make_net, make_optimizer, params_of, rank_share,
                       regression_problem)

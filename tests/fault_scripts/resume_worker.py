@@ -13,7 +13,7 @@ Every run reads its data through MindSpore's DistributedSampler (``num_shards``:
 micro-batches of BATCH on each rank, so runs on different numbers of ranks read the same global order. Under msrun each
 rank writes its final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
 KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file. MINI_STEPS is K or a
-schedule, ``samples:K,...`` (`ms_accum.schedule.parse_schedule`).
+schedule, ``samples:K,...`` (`ms_accum.train.schedule.parse_schedule`).
 """
 import json
 import os
@@ -25,13 +25,14 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
 
-import ms_accum.checkpoint
-from ms_accum import GradientAccumulation, MLP
-from ms_accum.cells import TrainForwardBackward, TrainAccumulationCell
-from ms_accum.window import TrainWindowCell
-from ms_accum.parallel import distributed_launch, init_data_parallel
-from ms_accum.resume import StateCheckpoints
-from ms_accum.schedule import parse_schedule
+import ms_accum.train.checkpoint
+from ms_accum import GradientAccumulation
+from ms_accum.demo.models import MLP
+from ms_accum.graphs.cells import TrainForwardBackward, TrainAccumulationCell
+from ms_accum.graphs.window import TrainWindowCell
+from ms_accum.train.distributed import distributed_launch, init_data_parallel
+from ms_accum.train.resume import StateCheckpoints
+from ms_accum.train.schedule import parse_schedule
 
 EPOCHS, MINI_STEPS, BATCH, SAMPLES = 2, 3, 8, 100  # 13 batches an epoch: 4 full windows and a partial one
 SAVE_EVERY, KEEP_LAST = 2, 2
@@ -68,7 +69,7 @@ def inject(fault: str) -> None:
                 die()
         StateCheckpoints.window_closed = save_then_die
     elif kind == "save":
-        original_ms_save = ms_accum.checkpoint.ms.save_checkpoint
+        original_ms_save = ms_accum.train.checkpoint.ms.save_checkpoint
 
         def torn_save(save_obj, path, *args, **kwargs):
             original_ms_save(save_obj, path, *args, **kwargs)
@@ -76,7 +77,7 @@ def inject(fault: str) -> None:
                 with open(path, "r+b") as handle:  # half written when the power went
                     handle.truncate(os.path.getsize(path) // 2)
                 die()
-        ms_accum.checkpoint.ms.save_checkpoint = torn_save
+        ms_accum.train.checkpoint.ms.save_checkpoint = torn_save
     elif kind != "none":
         raise SystemExit(f"unknown fault {fault!r}")
 

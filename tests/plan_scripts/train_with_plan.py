@@ -13,8 +13,8 @@ import mindspore as ms
 import mindspore.dataset as ds
 
 from ms_accum import GradientAccumulation, Plan
-from ms_accum.factory import load_model
-from ms_accum.planner import MIB, WINDOWS, process_status
+from ms_accum.tools.factory import load_model
+from ms_accum.tools.planner import MIB, WINDOWS, process_status
 
 ms.set_context(mode=ms.GRAPH_MODE)
 plan = Plan.load(sys.argv[1])

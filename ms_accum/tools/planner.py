@@ -1,7 +1,7 @@
 """Plan the micro-batch, K and structure for a global batch within a memory budget, from measured memory.
 
 `plan` never trains in the caller's process: every measurement is a trial in a fresh Python process
-(``python -m ms_accum.planner``), which builds the model from its factory, trains a few windows with the executor over a
+(``python -m ms_accum.tools.planner``), which builds the model from its factory, trains a few windows with the executor over a
 dataset of the factory's samples, and reports its peak memory and its time per window. A trial that runs out of memory
 is killed alone, and nothing it allocated stays in the caller's process.
 
@@ -12,7 +12,6 @@ peak resident memory (VmHWM) from just before the executor is built; on GPU and 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -21,15 +20,13 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
-from ._validation import check_isinstance, check_positive_int, check_value_in
+from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
+from ..train.plan import Plan, Trial
+from .._validation import check_isinstance, check_positive_int, check_value_in
 
 MIB = 2 ** 20
-TIMED_STRUCTURES = ("three_graphs", "fused", "window")
-REDUCTIONS = ("mean", "sum", "weighted_mean")
-DEVICES = ("CPU", "GPU", "Ascend")
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
 # A candidate predicted above this multiple of the budget is not measured to confirm it: its trial could take the
 # machine's memory for nothing.
@@ -64,109 +61,6 @@ def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name
     return int(size)
 
 
-@dataclass
-class Trial:
-    """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_steps`, one `structure`.
-
-    `peak_mib` is None when the trial failed (`error` says why: killed for memory, or what it raised)."""
-
-    batch_size: int
-    accumulate_steps: int
-    structure: str
-    peak_mib: Optional[float]
-    ms_per_window: Optional[float] = None
-    error: Optional[str] = None
-
-    def fits(self, budget_mib: float) -> bool:
-        return self.peak_mib is not None and self.peak_mib <= budget_mib
-
-
-@dataclass
-class Plan:
-    """
-    What `plan` chose and everything it measured.
-
-    Attributes:
-        model (str): The factory (``package.module:function``) or built-in model planned.
-        global_batch (int): Samples per optimizer step, over all ranks.
-        ranks (int): Data-parallel ranks; each trains micro-batches of `batch_size`.
-        batch_size (int): The micro-batch per rank, B, a divisor of ``global_batch // ranks``.
-        accumulate_steps (int): K, so that ``K * batch_size * ranks == global_batch``.
-        structure (str): The executor's structure (``GradientAccumulation(structure=...)``).
-        reduction (str): How the loss is reduced (``"weighted_mean"`` when it returns ``(loss, weight)``).
-        predicted_peak_mib (float): The peak the fitted line predicts for `batch_size` with `structure`.
-        memory_mib (float, optional): The budget; None when none was given and the device's free memory was used.
-        budget_mib (float): The budget planned within: `memory_mib`, or the device's free memory.
-        intercept_mib (float), slope_mib (float): The fitted line, peak ≈ intercept + slope * B (memory-first
-            structure).
-        device (str): Where the trials ran.
-        trials (list[Trial]): Every measurement, in the order made.
-    """
-
-    model: str
-    global_batch: int
-    ranks: int
-    batch_size: int
-    accumulate_steps: int
-    structure: str
-    reduction: str
-    predicted_peak_mib: float
-    memory_mib: Optional[float]
-    budget_mib: float
-    intercept_mib: float
-    slope_mib: float
-    device: str
-    trials: List[Trial] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "Plan":
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(values)
-        if missing:
-            raise ValueError(f"For 'Plan', a plan must hold {sorted(names)}, but {sorted(missing)} are missing.")
-        trials = [Trial(**trial) for trial in values["trials"]]
-        return cls(**{**{k: values[k] for k in names}, "trials": trials})
-
-    def save(self, path: str) -> str:
-        """Writes the plan as JSON (what ``ms-accum plan --output`` writes and ``ms-accum train --plan`` reads)."""
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=1)
-        return path
-
-    @classmethod
-    def load(cls, path: str) -> "Plan":
-        """Reads a plan that `save` wrote.
-
-        Raises:
-            ValueError: If the file cannot be read or is not a plan.
-        """
-        try:
-            with open(path, encoding="utf-8") as handle:
-                return cls.from_dict(json.load(handle))
-        except (OSError, ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"For 'Plan.load', the file '{path}' is not a plan written by 'ms-accum plan "
-                             f"--output' or Plan.save: {err}") from err
-
-    def __str__(self) -> str:
-        budget = (f"a budget of {self.memory_mib:.0f} MiB" if self.memory_mib is not None
-                  else f"the device's free memory ({self.budget_mib:.0f} MiB)")
-        lines = [f"Plan for {self.model}: global batch {self.global_batch} = K={self.accumulate_steps} x "
-                 f"B={self.batch_size}" + (f" x {self.ranks} ranks" if self.ranks > 1 else "") +
-                 f", structure '{self.structure}', predicted peak {self.predicted_peak_mib:.0f} MiB within {budget}",
-                 f"  fit: peak = {self.intercept_mib:.1f} MiB + {self.slope_mib:.2f} MiB x B",
-                 f"  {'B':>6} {'K':>5}  {'structure':<13}{'peak MiB':>10}{'ms/window':>11}"]
-        for trial in self.trials:
-            peak = "-" if trial.peak_mib is None else f"{trial.peak_mib:.0f}"
-            time_ = "-" if trial.ms_per_window is None else f"{trial.ms_per_window:.0f}"
-            mark = "" if trial.error is None else f"  ({trial.error})"
-            lines.append(f"  {trial.batch_size:>6} {trial.accumulate_steps:>5}  {trial.structure:<13}{peak:>10}"
-                         f"{time_:>11}{mark}")
-        return "\n".join(lines)
-
-
 def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int, None] = None, *, ranks: int = 1,
          structures: Sequence[str] = TIMED_STRUCTURES, device: str = "CPU", timeout: float = 1800.0,
          log: Optional[Callable[[str], None]] = None) -> Plan:
@@ -185,7 +79,7 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
 
     Args:
         model (Union[str, Callable]): A factory, ``package.module:function`` (or the function itself, defined at a
-            module's top level), returning ``(network, loss_fn, optimizer, sample)`` (`ms_accum.factory`), or
+            module's top level), returning ``(network, loss_fn, optimizer, sample)`` (`ms_accum.tools.factory`), or
             ``"lenet5"`` / ``"mlp"``. The trials import it in fresh processes, from the current directory.
         global_batch (int): Samples per optimizer step, over all ranks.
         memory (Union[str, int], optional): The budget per rank: ``"800MiB"``, ``"2GiB"`` or bytes. Default: ``None``,
@@ -231,7 +125,6 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
     per_rank = global_batch // ranks
     sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
     limit = budget if budget is not None else facts["free_mib"]
-    from .executor import AUTO_STRUCTURE
     memory_first = AUTO_STRUCTURE if AUTO_STRUCTURE in structures else structures[0]
     batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first, facts["reduction"]),
                                name, memory is not None, HEADROOM)
@@ -328,7 +221,6 @@ def _fit(peaks: Dict[int, float]) -> Callable[[float], float]:
 def _factory_spec(model, name: str) -> str:
     """`model` as a spec a fresh process can import."""
     from .factory import SEPARATOR
-    from .models import MODELS
     if callable(model) and not isinstance(model, str):
         module = getattr(model, "__module__", None)
         qualname = getattr(model, "__qualname__", "")
@@ -345,9 +237,9 @@ def _factory_spec(model, name: str) -> str:
                 sys.path.insert(0, directory)
         return f"{module}{SEPARATOR}{qualname}"
     check_isinstance(model, "model", str, name)
-    if model not in MODELS and SEPARATOR not in model:
+    if model not in DEMO_FACTORIES and SEPARATOR not in model:
         raise ValueError(f"For '{name}', the argument 'model' must be 'package.module:function' (a factory) or one of "
-                         f"{sorted(MODELS)}, but got '{model}'.")
+                         f"{sorted(DEMO_FACTORIES)}, but got '{model}'.")
     return model
 
 
@@ -382,7 +274,7 @@ class _Trials:
 
     def _child(self, args: List[str]) -> dict:
         try:
-            done = subprocess.run([sys.executable, "-m", "ms_accum.planner", *args], env=self.env,
+            done = subprocess.run([sys.executable, "-m", "ms_accum.tools.planner", *args], env=self.env,
                                   capture_output=True, text=True, timeout=self.timeout, check=False)
         except subprocess.TimeoutExpired:
             return {"error": f"took more than {self.timeout:.0f} s"}
@@ -417,7 +309,7 @@ def _free_mib(device: str) -> float:
 def _child_check(spec: str, device: str) -> dict:
     from mindspore import Tensor, nn
     from .factory import load_model
-    from .losses import returns_weight
+    from ..core.losses import returns_weight
     user = load_model(spec, "plan")
     try:
         batch = [Tensor(value) for value in user.sample(2)]
@@ -431,7 +323,7 @@ def _child_check(spec: str, device: str) -> dict:
 def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure: str, reduction: str) -> dict:
     import mindspore as ms
     import mindspore.dataset as ds
-    from .executor import GradientAccumulation
+    from ..train.executor import GradientAccumulation
     from .factory import load_model
     user = load_model(spec, "plan")
     data, label = (getattr(v, "asnumpy", lambda v=v: v)() for v in user.sample(batch_size * (steps * WINDOWS + 1)))
@@ -452,7 +344,7 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m ms_accum.planner check SPEC DEVICE`` or ``... trial SPEC DEVICE B K STRUCTURE REDUCTION``: prints
+    """``python -m ms_accum.tools.planner check SPEC DEVICE`` or ``... trial SPEC DEVICE B K STRUCTURE REDUCTION``: prints
     one JSON line (an ``error`` key when the model failed)."""
     parser = argparse.ArgumentParser(description="One trial of ms_accum.plan, in this fresh process.")
     parser.add_argument("command", choices=("check", "trial"))
@@ -461,7 +353,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args(argv)
     os.environ.setdefault("GLOG_v", "3")
-    from .runtime import set_device
+    from ..runtime import set_device
     set_device(args.device)
     try:
         if args.command == "check":

@@ -12,13 +12,13 @@ from typing import Optional
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
-from . import _ops
-from ._validation import check_isinstance, check_positive_float, check_positive_int
-from .buffer import AccumulationBuffer
-from .guard import LossScaler, check_policy_fits, sparse_gradient_cell
-from .losses import check_loss_output
-from .parallel import data_parallel_info
-from .runtime import check_cpu_kernels
+from ..core import _ops
+from .._validation import check_isinstance, check_positive_float, check_positive_int
+from ..core.buffer import AccumulationBuffer
+from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
+from ..core.losses import check_loss_output
+from ..core.parallel import data_parallel_info
+from ..runtime import check_cpu_kernels
 
 
 def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
@@ -102,7 +102,7 @@ class _MicroBatchCell(_BufferCell):
 
         The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
         and the loss scale are the backward pass's sensitivity, so weighting costs nothing. The statistics are the
-        buffer's (`ms_accum.statistics`: None when off). Callers use the results (README, "Known MindSpore
+        buffer's (`ms_accum.core.statistics`: None when off). Callers use the results (README, "Known MindSpore
         behaviour": discarded results of a function with side effects).
         """
         out = self.network(*inputs)
@@ -172,7 +172,7 @@ class TrainForwardBackward(_MicroBatchCell):
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
-        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.statistics`), the tuple of that and
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the tuple of that and
         the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:
@@ -341,7 +341,7 @@ class TrainAccumulationCell(_MicroBatchCell):
             a buffer given decides its own, and `reduction` may only repeat it. Default: ``None``.
         buffer (AccumulationBuffer, optional): Share an existing window state; a new one by default.
         policy (str): What a non-finite micro-batch does to its window when the buffer is new: ``"skip_window"``
-            (default) or ``"skip_microbatch"`` (see `ms_accum.guard`). A non-finite window is never applied.
+            (default) or ``"skip_microbatch"`` (see `ms_accum.core.guard`). A non-finite window is never applied.
         loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler, when
             the buffer is new. Default: ``None``.
 
@@ -350,7 +350,7 @@ class TrainAccumulationCell(_MicroBatchCell):
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
-        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.statistics`), the tuple of that and
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the tuple of that and
         the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:

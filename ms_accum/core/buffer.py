@@ -8,7 +8,8 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 from mindspore.common.initializer import initializer
 
 from . import _ops
-from ._validation import check_isinstance, check_value_in
+from .._choices import OUTLIER_WARMUP, REDUCTIONS
+from .._validation import check_isinstance, check_value_in
 from .guard import LossScaler, WindowGuard
 from .parallel import sums_reducer
 from .statistics import NoStatistics, OutlierFilter, Statistics, check_outliers
@@ -125,7 +126,6 @@ class WeightedMean(Reduction):
 
 
 RULES = {"mean": SampleMean, "sum": Sum, "weighted_mean": WeightedMean}
-REDUCTIONS = tuple(RULES)
 
 
 @ms.jit_class
@@ -193,7 +193,7 @@ class AccumulationBuffer:
             usually `optimizer.parameters`.
         prefix (str): Name prefix of the state's Parameters. Default: ``"accumulate"``.
         policy (str): What a non-finite micro-batch does to its window: ``"skip_window"`` (default) or
-            ``"skip_microbatch"`` (see `ms_accum.guard`).
+            ``"skip_microbatch"`` (see `ms_accum.core.guard`).
         loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler for
             the backward passes. Default: ``None``.
         reduction (str): ``"mean"`` (default): each micro-batch weighs its samples and the window is divided by the
@@ -202,13 +202,13 @@ class AccumulationBuffer:
             `weight` (e.g. their non-padding tokens: see `ms_accum.TokenCrossEntropy`).
         dtype (mindspore.dtype, optional): The buffer's dtype. Default: ``None``, float32 for float16 and bfloat16
             parameters (their window is summed in float32 and cast back for the optimizer), else the parameter's.
-        statistics (bool): Measure each micro-batch's and each window's gradient norm (`ms_accum.statistics`):
+        statistics (bool): Measure each micro-batch's and each window's gradient norm (`ms_accum.core.statistics`):
             the Cells then return ``(output, [squared norm, left out])``. Default: ``False``.
         skip_outliers (float, optional): Leave out a micro-batch whose loss or gradient norm lies beyond this many
-            standard deviations of the running statistics (`ms_accum.statistics.OutlierFilter`; implies
+            standard deviations of the running statistics (`ms_accum.core.statistics.OutlierFilter`; implies
             `statistics`). Default: ``None``.
         outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
-            Default: ``0``.
+            Default: ``100``.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
@@ -220,7 +220,7 @@ class AccumulationBuffer:
         reducer (Union[LocalSums, AllReduceSums]): The window's communication, chosen from MindSpore's parallel
             mode when the buffer is built.
         statistics (Union[NoStatistics, Statistics, OutlierFilter]): What each micro-batch's graph measures of its
-            gradient (`ms_accum.statistics`), chosen from `statistics` and `skip_outliers`.
+            gradient (`ms_accum.core.statistics`), chosen from `statistics` and `skip_outliers`.
         leaves_out (bool): Whether a micro-batch may be left out of its window (``"skip_microbatch"`` or
             `skip_outliers`): its gradient is then added behind a tensor `if` on its weight.
 
@@ -243,7 +243,7 @@ class AccumulationBuffer:
 
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None,
-                 statistics: bool = False, skip_outliers: Optional[float] = None, outlier_warmup: int = 0) -> None:
+                 statistics: bool = False, skip_outliers: Optional[float] = None, outlier_warmup: int = OUTLIER_WARMUP) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple), "AccumulationBuffer")
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "

@@ -10,7 +10,7 @@ from typing import Iterable, List
 
 from mindspore import nn
 
-from ._validation import check_isinstance
+from .._validation import check_isinstance
 
 
 def recompute_cells(network: nn.Cell, names: Iterable[str]) -> List[str]:
@@ -31,8 +31,8 @@ def recompute_cells(network: nn.Cell, names: Iterable[str]) -> List[str]:
         ValueError: If a name is not a sub-cell of `network` (the message lists the valid paths).
 
     Examples:
-        >>> from ms_accum import LeNet5
-        >>> from ms_accum.recompute import recompute_cells
+        >>> from ms_accum.demo.models import LeNet5
+        >>> from ms_accum.train.recompute import recompute_cells
         >>> recompute_cells(LeNet5(), ["conv1", "conv2"])
         ['conv1', 'conv2']
     """

@@ -4,7 +4,7 @@ the samples consumed.
 Accumulating K micro-batches of B makes each update one step on a batch of K*B, and MindSpore's optimizers
 count `global_step` per update, so a learning-rate schedule (a list or a `LearningRateSchedule`) advances
 once per window, never per micro-batch. What changes is the batch the rate was tuned for. When K changes during
-training (`ms_accum.schedule`), a step no longer holds a fixed number of samples: `SamplesLR` drives a schedule by
+training (`ms_accum.train.schedule`), a step no longer holds a fixed number of samples: `SamplesLR` drives a schedule by
 the samples consumed instead (README, "Batch schedules").
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
-from ._validation import check_positive_float, check_positive_int, check_value_in
+from .._validation import check_positive_float, check_positive_int, check_value_in
 
 RULES = ("linear", "sqrt")
 
@@ -41,7 +41,7 @@ def scale_lr(lr: float, accumulate_step: int, rule: str = "linear") -> float:
         ValueError: If `lr` or `accumulate_step` is not positive, or `rule` is unknown.
 
     Examples:
-        >>> from ms_accum.lr import scale_lr
+        >>> from ms_accum.train.lr import scale_lr
         >>> scale_lr(0.01, 4)
         0.04
         >>> scale_lr(0.001, 4, "sqrt")
@@ -82,7 +82,7 @@ class SamplesLR(LearningRateSchedule):
 
     Examples:
         >>> from mindspore import nn
-        >>> from ms_accum.lr import SamplesLR
+        >>> from ms_accum import SamplesLR
         >>> lr = SamplesLR(nn.WarmUpLR(0.1, 4096))        # warm up over the first 4096 samples
         >>> # optimizer = nn.Momentum(net.trainable_params(), lr, 0.9)
     """

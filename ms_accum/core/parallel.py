@@ -3,27 +3,17 @@
 MindSpore's `nn.DistributedGradReducer` all-reduces every step's gradients: K times per update when accumulating.
 Here the buffer is all-reduced once, when the window is full, with its sample count, so the global sum over the
 global count is the gradient of the concatenated global batch even when ranks saw different numbers of samples.
-The mode is read from MindSpore's context when a buffer is built. Under `msrun`, :func:`init_data_parallel` does
-the whole setup; :func:`distributed_launch` tells whether a launcher started this process.
+The mode is read from MindSpore's context when a buffer is built; `ms_accum.train.distributed` joins msrun's cluster.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Union
+from typing import Optional, Union
 
-import numpy as np
 import mindspore as ms
-from mindspore import nn, ops
-from mindspore.communication import GlobalComm, get_group_size, get_rank, init
+from mindspore import ops
+from mindspore.communication import GlobalComm, get_group_size, get_rank
 
-from ._validation import check_isinstance
-
-# What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
-# MS_SCHED_HOST/PORT, MS_NODE_ID, RANK_ID, RANK_SIZE, DEVICE_ID. It also runs the same script once more as the
-# cluster's scheduler, with MS_ROLE=MS_SCHED: there `init()` serves the cluster and never returns, so a script
-# must call it before doing anything else (a scheduler that fails first leaves the workers waiting).
-LAUNCHER_ROLES = ("MS_WORKER", "MS_SCHED")
 
 _hyper_map = ops.HyperMap()
 _all_reduce_op = ops.MultitypeFuncGraph("ms_accum_all_reduce")
@@ -45,59 +35,6 @@ class DataParallelInfo:
     def is_main(self) -> bool:
         """Whether this is rank 0, the one process that writes files and prints."""
         return self.rank == 0
-
-
-def distributed_launch(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """
-    The world size announced by a launcher (`msrun`) to this process, or None when no launcher started it.
-
-    Args:
-        environ (Mapping[str, str], optional): The environment to read. Default: ``None``, `os.environ`.
-
-    Returns:
-        int, the number of workers (`MS_WORKER_NUM`), or None when the process was not started by `msrun`.
-
-    Raises:
-        ValueError: If `MS_WORKER_NUM` is set by something else than a positive int.
-    """
-    environ = os.environ if environ is None else environ
-    if environ.get("MS_ROLE") not in LAUNCHER_ROLES or "MS_WORKER_NUM" not in environ:
-        return None
-    text = environ["MS_WORKER_NUM"]
-    if not text.isdigit() or int(text) <= 0:
-        raise ValueError(f"For 'distributed_launch', the environment variable 'MS_WORKER_NUM' must be a positive "
-                         f"int, but got '{text}'.")
-    return int(text)
-
-
-def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
-    """
-    Joins the launcher's cluster and switches MindSpore to data parallelism.
-
-    Calls `mindspore.communication.init()` and ``set_auto_parallel_context(parallel_mode=DATA_PARALLEL,
-    gradients_mean=...)``: buffers built afterwards all-reduce their windows. Call it first: msrun also runs the
-    script as the cluster's scheduler, whose `init()` never returns, so anything before it runs there too.
-
-    Args:
-        gradients_mean (bool): Average over ranks rather than sum, for ``reduction="sum"`` windows (a
-            ``"mean"`` window is always the exact mean over the global samples). Default: ``True``.
-
-    Returns:
-        DataParallelInfo, this process's rank and the group size.
-
-    Raises:
-        TypeError: If `gradients_mean` is not a bool.
-        RuntimeError: If no launcher started this process ("distributed mode requested without a launcher").
-    """
-    check_isinstance(gradients_mean, "gradients_mean", bool, "init_data_parallel")
-    if distributed_launch() is None:
-        raise RuntimeError("For 'init_data_parallel', distributed mode requested without a launcher: start the "
-                           "script with msrun, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 "
-                           "--join=True script.py' (the environment variables MS_ROLE and MS_WORKER_NUM are "
-                           "not set).")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=gradients_mean)
-    return DataParallelInfo(get_rank(), get_group_size())
 
 
 def data_parallel_info(cls_name: str = "data_parallel_info") -> Optional[DataParallelInfo]:
@@ -208,49 +145,6 @@ class AllReduceSums:
         # `* 1.0` reads a Parameter's value: PyNative refuses to stack a Parameter (a Ref) with a Tensor.
         both = self.all_reduce(ops.stack([first * 1.0, second * 1.0]))
         return both[0], both[1]
-
-
-class _AllReduceSum(nn.Cell):
-    def __init__(self) -> None:
-        super().__init__()
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
-
-    def construct(self, x):
-        return self.all_reduce(x)
-
-
-def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
-    """
-    Checks that every rank of the data-parallel group passes the same int, with one small all-reduce.
-
-    All ranks must call it together. They all raise, or none does, so no rank is left waiting in a later
-    collective for a peer that gave up.
-
-    Args:
-        value (int): This rank's value, below 2**24.
-        what (str): What the value is, for the message.
-        cls_name (str): The caller's name, for the message.
-
-    Returns:
-        int, `value`.
-
-    Raises:
-        ValueError: If the ranks' values differ.
-    """
-    values = gather_ints(value)
-    if len(set(values)) > 1:
-        raise ValueError(f"For '{cls_name}', {what} must be the same on every rank, but got {values} on ranks "
-                         f"0 to {len(values) - 1}.")
-    return value
-
-
-def gather_ints(value: int) -> List[int]:
-    """Every rank's `value` (an int below 2**24), in rank order, with one small all-reduce; all ranks must call it."""
-    # On CPU, AllReduce sums float32 only (measured: MAX and int32 are refused), so each rank writes its value in
-    # its own slot and the sum gathers them all; float32 holds ints below 2**24 exactly.
-    slots = np.zeros(get_group_size(), np.float32)
-    slots[get_rank()] = value
-    return [int(v) for v in _AllReduceSum()(ms.Tensor(slots)).asnumpy()]
 
 
 def sums_reducer(cls_name: str = "sums_reducer") -> Union[LocalSums, AllReduceSums]:

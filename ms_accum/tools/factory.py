@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 from mindspore import nn
 
+from .._choices import DEMO_FACTORIES
+
 SEPARATOR = ":"
 
 
@@ -29,31 +31,14 @@ class UserModel:
 
 
 def is_factory(name: str) -> bool:
-    """Whether `name` names a factory (``package.module:function``) rather than one of ms_accum's models."""
+    """Whether `name` names a factory (``package.module:function``) rather than a demo network."""
     return SEPARATOR in name
-
-
-def builtin_model(name: str) -> UserModel:
-    """One of ms_accum's MNIST models (``"lenet5"``, ``"mlp"``) as a factory would return it: its documented
-    optimizer, the mean cross-entropy, and random images of its input shape with labels 0-9."""
-    import numpy as np
-    from .models import INPUT_SHAPES, OPTIMIZER_DEFAULTS, build_model, make_optimizer
-    network = build_model(name)
-    shape = INPUT_SHAPES[name]
-
-    def sample(batch_size: int):
-        rng = np.random.default_rng(batch_size)
-        return (rng.standard_normal((batch_size, *shape)).astype(np.float32),
-                rng.integers(0, 10, (batch_size,)).astype(np.int32))
-
-    return UserModel(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                     make_optimizer(OPTIMIZER_DEFAULTS[name], network.trainable_params()), sample)
 
 
 def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
     """
-    Imports the factory `spec` names, calls it and checks what it returns; a built-in model's name gives
-    `builtin_model`.
+    Imports the factory `spec` names, calls it and checks what it returns; a demo network's name (``"lenet5"``,
+    ``"mlp"``) stands for its factory in `ms_accum.demo.models`.
 
     The current directory is searched first, as ``python -m`` does, so a module beside the caller is found.
 
@@ -68,10 +53,7 @@ def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
         ValueError: If `spec` is not ``module:function``, the module cannot be imported, it has no such function, the
             function raises, or it does not return ``(network, loss_fn, optimizer, sample)`` of the right kinds.
     """
-    from .models import MODELS
-    if spec in MODELS:
-        return builtin_model(spec)
-    module_name, _, function_name = spec.partition(SEPARATOR)
+    module_name, _, function_name = DEMO_FACTORIES.get(spec, spec).partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
         raise ValueError(f"For '{cls_name}', the argument 'model' must be 'package.module:function' (a factory) or "
                          f"the name of a built-in model, but got '{spec}'.")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple, Union
 
-from ._validation import check_positive_int
+from .._validation import check_positive_int
 
 ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
 
@@ -33,7 +33,7 @@ class AccumulationSchedule:
         ValueError: If the thresholds do not start at 0 or do not increase, or a K is not positive.
 
     Examples:
-        >>> from ms_accum.schedule import AccumulationSchedule
+        >>> from ms_accum import AccumulationSchedule
         >>> k = AccumulationSchedule({0: 2, 4096: 4, 16384: 8})
         >>> k(0), k(4095), k(4096)
         (2, 2, 4)
@@ -131,7 +131,7 @@ def rampup(start: int, increment: int, samples_per_increment: int, global_batch:
             global batch of the ramp does not divide by `batch_size`.
 
     Examples:
-        >>> from ms_accum.schedule import rampup
+        >>> from ms_accum import rampup
         >>> rampup(start=32, increment=32, samples_per_increment=1000, global_batch=96, batch_size=16)
         {0: 2, 1000: 4, 2000: 6}
     """

@@ -29,9 +29,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, amp, ops
 
 from . import _ops
-from ._validation import check_isinstance, check_value_in
+from .._choices import POLICIES
+from .._validation import check_isinstance, check_value_in
 
-POLICIES = ("skip_window", "skip_microbatch")
 LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 
 _mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
@@ -207,7 +207,7 @@ class WindowGuard:
         loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
         skipped_windows (Parameter): int32, windows not applied because they were not finite.
         skipped_micro_batches (Parameter): int32, micro-batches left out by ``"skip_microbatch"`` (and by the
-            buffer's outlier filter, `ms_accum.statistics.OutlierFilter`, which counts here too).
+            buffer's outlier filter, `ms_accum.core.statistics.OutlierFilter`, which counts here too).
         window_bad (Parameter): float32, the open window's mark: under ``"skip_microbatch"`` the micro-batches left
             out as not finite, under ``"skip_window"`` 0 until a micro-batch's loss is not finite, then nan.
 

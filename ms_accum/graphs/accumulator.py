@@ -6,11 +6,11 @@ from typing import Optional
 import mindspore as ms
 from mindspore import nn, ops
 
-from . import _ops
-from .buffer import AccumulationBuffer
-from .parallel import data_parallel_info
-from .runtime import check_cpu_kernels
-from ._validation import check_isinstance, check_positive_float, check_positive_int
+from ..core import _ops
+from ..core.buffer import AccumulationBuffer
+from ..core.parallel import data_parallel_info
+from ..runtime import check_cpu_kernels
+from .._validation import check_isinstance, check_positive_float, check_positive_int
 
 
 @ms.jit_class
@@ -29,7 +29,7 @@ class Accumulator:
     the concatenated batch. The page's `loss / accumulate_step` corresponds to `reduction="sum"`.
 
     In data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL`` when the Accumulator is built, see
-    `ms_accum.parallel.init_data_parallel`), micro-batches still accumulate without communication; the full
+    `ms_accum.init_data_parallel`), micro-batches still accumulate without communication; the full
     window's buffer and sample count are all-reduced once, before clipping and the optimizer step, so the mean is
     over the global samples even when ranks' micro-batches differ in size (pass `num_samples` then).
 

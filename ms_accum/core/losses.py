@@ -9,8 +9,8 @@ from typing import Sequence
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from ._validation import check_isinstance
-from .causes import in_inference
+from .._validation import check_isinstance
+from .inference import in_inference
 
 
 class TokenCrossEntropy(nn.Cell):

@@ -13,7 +13,7 @@ from typing import List
 
 from mindspore import nn
 
-from ._validation import check_isinstance, check_positive_int
+from .._validation import check_isinstance, check_positive_int
 
 
 def _groups_for(channels: int, num_groups: int) -> int:
@@ -45,7 +45,7 @@ def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
         ``Ascend`` ``GPU`` ``CPU``
 
     Examples:
-        >>> from ms_accum.norm import replace_batchnorm
+        >>> from ms_accum import replace_batchnorm
         >>> replaced = replace_batchnorm(net)        # before creating the optimizer
     """
     check_isinstance(network, "network", nn.Cell, "replace_batchnorm")

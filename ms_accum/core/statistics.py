@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
 from . import _ops
-from ._validation import check_positive_float, check_positive_int
+from .._validation import check_positive_float, check_positive_int
 
 UNMEASURED = (0.0, 0.0)  # host side, a micro-batch's [squared norm, left out] with statistics off: kept, not measured
 OUTLIER_BETA = 0.99  # the running statistics of `OutlierFilter` forget with this decay once past 100 micro-batches

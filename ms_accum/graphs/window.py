@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from ._validation import check_positive_int
+from .._validation import check_positive_int
 from .cells import TrainAccumulationCell
 
 

@@ -3,10 +3,11 @@ Transformer for the sequence tutorial."""
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 from mindspore.common.initializer import Normal
 
-from ._validation import check_positive_int, check_value_in
+from .._validation import check_positive_int, check_value_in
 
 
 class LeNet5(nn.Cell):
@@ -151,3 +152,28 @@ def build_model(name: str) -> nn.Cell:
         ValueError: If `name` is not a known model.
     """
     return MODELS[check_value_in(name, "model", MODELS, "build_model")]()
+
+
+def factory(name: str):
+    """One demo network as a factory returns it (`ms_accum.tools.factory`): the network, the mean cross-entropy, its
+    documented optimizer, and ``sample(batch_size)``, random images of its input shape with labels 0-9."""
+    network = build_model(name)
+    shape = INPUT_SHAPES[name]
+
+    def sample(batch_size: int):
+        rng = np.random.default_rng(batch_size)
+        return (rng.standard_normal((batch_size, *shape)).astype(np.float32),
+                rng.integers(0, 10, (batch_size,)).astype(np.int32))
+
+    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+            make_optimizer(OPTIMIZER_DEFAULTS[name], network.trainable_params()), sample)
+
+
+def lenet5():
+    """The factory of ``--model lenet5``."""
+    return factory("lenet5")
+
+
+def mlp():
+    """The factory of ``--model mlp``."""
+    return factory("mlp")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 
 if TYPE_CHECKING:  # the dataset engine is imported only when a pipeline is built
     from mindspore.dataset import Dataset
@@ -578,7 +578,7 @@ def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 
             write_idx(os.path.join(tmp, images_rel), _render_digits(labels, rng))
             write_idx(os.path.join(tmp, labels_rel), labels)
         with open(os.path.join(tmp, SYNTHETIC_MARKER), "w", encoding="utf-8") as f:
-            f.write(f"Synthetic MNIST stand-in written by ms_accum.data.make_synthetic_mnist: "
+            f.write(f"Synthetic MNIST stand-in written by ms_accum.demo.data.make_synthetic_mnist: "
                     f"num_train={num_train} num_test={num_test} seed={seed}. Not real MNIST.\n")
         check_mnist_dir(tmp)
         if os.path.lexists(target):
@@ -608,7 +608,7 @@ def is_synthetic(path: PathLike) -> bool:
 
 def dataset_for(model: str, data_path: PathLike, batch_size: int, usage: str = "train", **kwargs):
     """
-    The pipeline each model of `ms_accum.models` was documented with: `create_dataset` (32x32) for
+    The pipeline each model of `ms_accum.demo.models` was documented with: `create_dataset` (32x32) for
     ``"lenet5"``, `datapipe` (28x28) for ``"mlp"``. Evaluation keeps every test image (no dropped remainder).
 
     Args:

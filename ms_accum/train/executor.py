@@ -1,169 +1,34 @@
 """GradientAccumulation: the training executor of MindSpore's Cell-graph tutorial, exact, lean and resumable."""
 from __future__ import annotations
 
-import itertools
 import os
 import warnings
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 from mindspore import Tensor, nn
 from mindspore.dataset import Dataset, config as ds_config
 
-from ._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
+from .._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
-from .buffer import REDUCTIONS, AccumulationBuffer, check_buffer_dtype
-from .cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow, _StepWindow
-from .guard import LossScaler
-from .losses import check_loss_output
+from .._choices import AUTO_STRUCTURE, OUTLIER_WARMUP, PARTIAL_WINDOWS, REDUCTIONS, STRUCTURES
+from ..core.buffer import AccumulationBuffer, check_buffer_dtype
+from ..graphs.cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow, _StepWindow
+from ..core.guard import LossScaler
+from ..core.losses import check_loss_output
 from .lr import SamplesLR
-from .parallel import check_same_on_all_ranks, data_parallel_info, gather_ints
+from ..core.parallel import data_parallel_info
+from .distributed import check_same_on_all_ranks, gather_ints
+from .plan import Plan
 from .recompute import recompute_cells
+from .records import NonFiniteError, StepRecord, TrainResult
 from .resume import Position, StateCheckpoints
+from .runners import MicroBatches, FusedRunner, ThreeGraphsRunner, WindowRunner, _values
+from .windows import _planned_windows, _samples_read, _windows
 from .schedule import AccumulationSchedule, ScheduleLike
-from .statistics import UNMEASURED, NoiseScale, check_outliers
-from .runtime import check_cpu_kernels
-from .window import TrainWindowCell
-
-PARTIAL_WINDOWS = ("apply", "drop")
-STRUCTURES = ("auto", "window", "fused", "three_graphs")
-# What "auto" runs: the one structure whose peak memory stayed within the goal (1.15x one micro-batch's step plus
-# the buffer) at every K measured; the faster ones keep more activations alive (README, "Memory").
-AUTO_STRUCTURE = "three_graphs"
-
-
-@dataclass
-class StepRecord:
-    """One window: where it closed (`step`: windows closed so far, see `Position`), its loss (the sample- or
-    token-weighted mean over all ranks' micro-batches), its samples (all ranks'), and whether it was skipped as not
-    finite."""
-
-    epoch: int
-    step: int
-    loss: float
-    micro_batches: int
-    samples: int
-    skipped: bool = False
-    loss_scale: float = 1.0
-    accumulate_steps: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
-    samples_consumed: int = 0  # global samples read when the window closed (`ms_accum.schedule`)
-    # With statistics measured (`GradientAccumulation(statistics=True)`), else nan and empty:
-    grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
-    micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
-    noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
-    outliers: List[int] = field(default_factory=list)  # batch indices (in the epoch) left out as outliers
-
-
-class NonFiniteError(FloatingPointError):
-    """Raised with ``stop_on_nonfinite=True`` when a window is not finite; the parameters were left untouched."""
-
-
-@dataclass
-class TrainResult:
-    """What `train_process` did: one record per optimizer step, the windows dropped, the checkpoint."""
-
-    steps: List[StepRecord] = field(default_factory=list)
-    dropped_windows: int = 0
-    checkpoint: Optional[str] = None
-    resumed_from: Optional[str] = None
-    skipped_windows: int = 0  # not finite, so not applied (over the whole training, resumed runs included)
-    skipped_micro_batches: int = 0  # left out: not finite (policy "skip_microbatch") or outliers (skip_outliers)
-    outliers: List[Tuple[int, int]] = field(default_factory=list)  # (epoch, batch index in it) of each outlier left out
-
-    @property
-    def losses(self) -> List[float]:
-        """The loss of each optimizer step, in order."""
-        return [record.loss for record in self.steps]
-
-
-# Runners: how each structure trains one window on the executor's buffer. A window's micro-batches arrive lazily and
-# run as they come, so reading the next batch overlaps the graphs still running. Every window, a partial one too, goes
-# through the structure's own Cell (a second graph of the network would keep activation memory of its own); only a
-# window of unequal micro-batches, which "window" cannot stack, goes through the three graphs on the buffer.
-
-MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each the tuple of inputs the network takes
-
-
-class ThreeGraphsRunner:
-    """``"three_graphs"``: the tutorial's graphs with the window's choice made on the host. `TrainForwardBackward` runs
-    each micro-batch; the buffer's `check` graph then makes the window ready in place (reduce, divide, clip) and
-    returns the guard's verdict, which the host reads to launch the buffer's `step` or, for a window that is not
-    finite, `TrainClear`. As many launches per window as the tutorial's `TrainOptim` and `TrainClear`, and no graph
-    with a tensor `if` (README, "Performance")."""
-
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
-                 clear: nn.Cell) -> None:
-        self.forward_backward, self.check, self.step, self.clear = forward_backward, check, step, clear
-        self.reduction = buffer.reduction
-        self.split = buffer.statistics.split
-        self.skipped_windows = buffer.guard.skipped_windows
-        self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
-
-    def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[float], List[int], bool]:
-        """Trains the `size` micro-batches of `window` and closes it.
-
-        Returns `(their outputs, their statistics (squared gradient norm, left out; `UNMEASURED` with statistics off),
-        their sample counts, whether the optimizer was applied)`.
-        """
-        samples = []
-        outputs, applied = self.run(_noting_sizes(window, samples), size)
-        self.skipped += int(not applied)
-        outputs = [self.split(output) for output in outputs]
-        return ([out for out, _ in outputs], [UNMEASURED if stat is None else _values(stat) for _, stat in outputs],
-                samples, applied)
-
-    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        """The outputs of the `size` micro-batches of `window`, and whether the window was applied."""
-        outputs = [self.forward_backward(*inputs) for inputs in window]
-        return outputs, self.close()
-
-    def close(self) -> bool:
-        """Closes the window the buffer holds: `check`, then `step` or `clear` as the verdict says; returns whether the
-        optimizer stepped."""
-        applied = bool(self.check().asnumpy())  # the executor waits for each window's results anyway
-        (self.step if applied else self.clear)()
-        return applied
-
-    def _closed_in_graph(self, outputs: List) -> Tuple[List, bool]:
-        # A Cell that closed the window in its graph says whether it applied it through the guard's count of skips.
-        return outputs, int(self.skipped_windows.asnumpy()) == self.skipped
-
-
-class FusedRunner(ThreeGraphsRunner):
-    """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th. A shorter
-    window (an epoch's partial one) runs through the same Cell, which then only accumulates, and is closed by the
-    host as the three graphs close theirs: a second graph of the network, `TrainForwardBackward`, would keep
-    activation memory of its own (README, "Known MindSpore behaviour": each graph's memory)."""
-
-    def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
-                 clear: nn.Cell, cell: nn.Cell) -> None:
-        super().__init__(buffer, forward_backward, check, step, clear)
-        self.cell = cell
-
-    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        outputs = [self.cell(*inputs) for inputs in window]
-        if size < self.cell.accumulate_step:
-            return outputs, self.close()
-        return self._closed_in_graph(outputs)
-
-
-class WindowRunner(FusedRunner):
-    """``"window"``: the window's micro-batches stacked into one `TrainWindowCell` call. A shorter window is stacked to
-    the Cell's K with copies of its last micro-batch, which the Cell does not train (`set_micro_batches`); a window of
-    unequal micro-batches, which cannot be stacked, runs through the three graphs."""
-
-    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        window = list(window)
-        if len({tuple(tuple(x.shape) for x in inputs) for inputs in window}) > 1:
-            return ThreeGraphsRunner.run(self, window, size)
-        padded = window + [window[-1]] * (self.cell.accumulate_step - size)
-        stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in padded])) for i in range(len(window[0]))]
-        self.cell.set_micro_batches(size)
-        out, norms = self.split(self.cell(*stacked))
-        outputs = self.reduction.unstack(out)[:size]
-        # Per micro-batch, as the other Cells return them: with its statistics when they were measured.
-        return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy()[:size])))
+from ..core.statistics import NoiseScale, check_outliers
+from ..runtime import check_cpu_kernels
+from ..graphs.window import TrainWindowCell
 
 
 class GradientAccumulation:
@@ -177,7 +42,7 @@ class GradientAccumulation:
     Its optimizer steps are counted in windows closed, applied or skipped as not finite (`StepRecord.step`,
     `save_every`, the training-state files).
 
-    Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.parallel.init_data_parallel`
+    Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.init_data_parallel`
     under `msrun`) is detected when the executor is built: each window is all-reduced once, so an update equals one
     step on the global batch. Give every rank its own shard with the same number of batches; rank 0 prints and saves.
 
@@ -197,7 +62,7 @@ class GradientAccumulation:
             (default) chooses by memory first: ``"three_graphs"``.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
             (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
-            mean over the rest (see `ms_accum.guard`). Skips are counted, and warned about without a loss scaler.
+            mean over the rest (see `ms_accum.core.guard`). Skips are counted, and warned about without a loss scaler.
         loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler
             (mixed precision): the backward passes are scaled, each window is unscaled and checked once, and a
             dynamic scale is adjusted once per window. Overflowing windows are skipped and logged. Default: ``None``.
@@ -205,22 +70,22 @@ class GradientAccumulation:
             Default: ``False``.
         recompute (Sequence[str], optional): Paths of sub-cells of `network` (``network.cells_and_names()``) whose
             forward pass is recomputed in the backward pass instead of keeping their activations
-            (`ms_accum.recompute.recompute_cells`), for networks where even one micro-batch does not fit.
+            (`ms_accum.train.recompute.recompute_cells`), for networks where even one micro-batch does not fit.
             Gradients are unchanged. Default: ``None``.
         buffer_dtype (mindspore.dtype, optional): The accumulation buffer's dtype. Default: ``None``, float32 for
             float16 and bfloat16 parameters, else theirs.
         statistics (bool): Measure each micro-batch's and each window's gradient norm in the graph
-            (`ms_accum.statistics`), in `StepRecord.grad_norm` and `StepRecord.micro_batch_grad_norms`. A norm, not a
+            (`ms_accum.core.statistics`), in `StepRecord.grad_norm` and `StepRecord.micro_batch_grad_norms`. A norm, not a
             copy, but a few more kernels per micro-batch (8.5 on LeNet5, its window's share included), which a small
             network's step feels (README, "What is in the window"). Default: ``False``; on whenever `noise_scale` or
             `skip_outliers` is set.
         noise_scale (bool): Estimate the gradient noise scale B_simple from the micro-batches' and the windows'
-            gradient norms (`ms_accum.statistics.NoiseScale`), in `StepRecord.noise_scale`. Default: ``False``.
+            gradient norms (`ms_accum.core.statistics.NoiseScale`), in `StepRecord.noise_scale`. Default: ``False``.
         skip_outliers (float, optional): Leave out of its window a micro-batch whose loss or gradient norm lies beyond
             this many standard deviations of the running statistics of recent micro-batches (a loss spike), as
             ``policy="skip_microbatch"`` leaves out a non-finite one: the divisor corrected, counted in
             `TrainResult.skipped_micro_batches`, its epoch and batch index in `TrainResult.outliers`
-            (`ms_accum.statistics.OutlierFilter`). Default: ``None``, none left out.
+            (`ms_accum.core.statistics.OutlierFilter`). Default: ``None``, none left out.
         outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
             Default: ``100``.
 
@@ -236,7 +101,8 @@ class GradientAccumulation:
 
     Examples:
         >>> from mindspore import nn
-        >>> from ms_accum import GradientAccumulation, LeNet5
+        >>> from ms_accum import GradientAccumulation
+        >>> from ms_accum.demo.models import LeNet5
         >>> net = LeNet5()
         >>> loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
         >>> model = GradientAccumulation(net, loss, nn.Momentum(net.trainable_params(), 0.01, 0.9))
@@ -248,7 +114,7 @@ class GradientAccumulation:
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
                  buffer_dtype=None, statistics: bool = False, noise_scale: bool = False,
-                 skip_outliers: Optional[float] = None, outlier_warmup: int = 100) -> None:
+                 skip_outliers: Optional[float] = None, outlier_warmup: int = OUTLIER_WARMUP) -> None:
         name = "GradientAccumulation"
         check_cpu_kernels(name)
         self._network = check_isinstance(network, "network", nn.Cell, name)
@@ -264,7 +130,7 @@ class GradientAccumulation:
         if check_isinstance(noise_scale, "noise_scale", bool, name) and reduction == "sum":
             raise ValueError(f"For '{name}', the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
                              f"'weighted_mean'), but got reduction 'sum'.")
-        self.noise_scale = NoiseScale() if noise_scale else None  # the estimator, `ms_accum.statistics`
+        self.noise_scale = NoiseScale() if noise_scale else None  # the estimator, `ms_accum.core.statistics`
         check_outliers(skip_outliers, outlier_warmup, name)
         self.statistics = (check_isinstance(statistics, "statistics", bool, name) or noise_scale
                            or skip_outliers is not None)  # whether the gradient norms are measured
@@ -303,7 +169,6 @@ class GradientAccumulation:
             TypeError: If `plan` is not a `Plan`.
             ValueError: If `options` set the structure or the reduction, which the plan chose.
         """
-        from .planner import Plan
         check_isinstance(plan, "plan", Plan, "GradientAccumulation.from_plan")
         for arg_name in ("structure", "reduction"):
             if arg_name in options:
@@ -364,8 +229,8 @@ class GradientAccumulation:
             epoch (int): Number of epochs.
             train_dataset (Dataset): Yields (data, label) micro-batches.
             mini_steps (Union[int, dict, Callable], optional): Micro-batches per optimizer step, K: an int, or a
-                schedule of the global samples consumed (`ms_accum.schedule`): a dict ``{samples: K}`` from 0 (e.g.
-                `ms_accum.schedule.rampup`) or a callable ``K(samples)``. Each window's K is decided when it opens, so a
+                schedule of the global samples consumed (`ms_accum.train.schedule`): a dict ``{samples: K}`` from 0 (e.g.
+                `ms_accum.rampup`) or a callable ``K(samples)``. Each window's K is decided when it opens, so a
                 window never changes K midway and a resumed run recomputes it; a callable is evaluated at every
                 window's opening before anything trains. Default: ``None``, the plan's K for an executor built by
                 `from_plan` (required otherwise).
@@ -571,96 +436,10 @@ class GradientAccumulation:
             on_step(record)
 
 
-def windows_per_epoch(num_batches: int, mini_steps: int, partial_window: str = "apply") -> int:
-    """The optimizer steps of an epoch of `num_batches` batches in windows of `mini_steps`: a partial last window
-    counts when it is applied (``partial_window="apply"``), not when it is dropped."""
-    return count_windows(num_batches, 1, mini_steps, 1, partial_window)
-
-
-def count_windows(num_batches: int, epochs: int, mini_steps: ScheduleLike, per_batch: int,
-                  partial_window: str = "apply") -> int:
-    """The optimizer steps of `epochs` epochs of `num_batches` batches of `per_batch` global samples, K following
-    `mini_steps` (an int or a schedule, `ms_accum.schedule`), as `train_process` trains them."""
-    schedule = AccumulationSchedule(mini_steps, "count_windows", "mini_steps")
-    return sum(size == k or partial_window == "apply"
-               for k, size, _ in _planned_windows(epochs, num_batches, schedule, per_batch, Position()))
-
-
-def _epoch_windows(epoch: int, start: int, num_batches: int, schedule: AccumulationSchedule,
-                   per_batch: int) -> Iterator[Tuple[int, int, int]]:
-    """`(K, size, samples consumed when it opens)` of the windows of `epoch` from its batch `start` on; the last may be
-    partial (size < K)."""
-    while start < num_batches:
-        opened_at = _samples_read(epoch, start, num_batches, per_batch)
-        k = schedule(opened_at)
-        size = min(k, num_batches - start)
-        yield k, size, opened_at
-        start += size
-
-
-def _samples_read(epoch: int, batch: int, num_batches: int, per_batch: int) -> int:
-    """Global samples consumed once `batch` batches of `epoch` are read (`ms_accum.schedule`: every batch of every
-    rank counts, `per_batch` samples over all ranks)."""
-    return ((epoch - 1) * num_batches + batch) * per_batch
-
-
-def _skipped(epoch: int, num_batches: int, position: Position) -> int:
-    """Batches of `epoch` that a run resumed at `position` has trained already (all of an earlier epoch's)."""
-    return num_batches if epoch < position.epoch else position.batch if epoch == position.epoch else 0
-
-
-def _planned_windows(epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
-                     position: Position) -> Iterator[Tuple[int, int, int]]:
-    """`(K, size, samples consumed when it opens)` of every window a run opens from `position` on, as `_windows` opens
-    them, without reading data (a callable schedule is evaluated at each)."""
-    for epoch in range(1, epochs + 1):
-        yield from _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches, schedule, per_batch)
-
-
-def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
-             position: Position) -> Iterator[Tuple[int, int, Iterator, int]]:
-    """`(K, size, micro-batches, samples consumed when it opens)` of each window, epoch by epoch (an epoch's last may
-    be partial: size < K), from `position` on. K comes from `schedule` when the window opens.
-
-    The micro-batches are read lazily: consume them before asking for the next window. `position.epoch` and
-    `position.batch` follow the batches read. Batches before the position (a resumed run) are read but not yielded,
-    so the data order stays that of the uninterrupted run.
-    """
-    iterator = dataset.create_tuple_iterator(num_epochs=epochs)
-    resumed_at = Position(**vars(position))
-    for epoch in range(1, epochs + 1):
-        skip = _skipped(epoch, num_batches, resumed_at)
-        position.epoch, position.batch = epoch, 0
-        batches = _counted(iterator, position)
-        for _ in itertools.islice(batches, skip):
-            pass
-        for k, size, opened_at in _epoch_windows(epoch, skip, num_batches, schedule, per_batch):
-            yield k, size, itertools.islice(batches, size), opened_at
-        for _ in batches:  # the end of the epoch, so the next one starts
-            pass
-
-
-def _values(x) -> np.ndarray:
-    """A graph output (a Tensor) or host numbers, as a float64 array."""
-    return np.asarray(x.asnumpy() if isinstance(x, Tensor) else x, np.float64)
-
-
 def _checking_first(window: MicroBatches, check: Callable[[Sequence[Tensor]], None]) -> MicroBatches:
     for i, inputs in enumerate(window):
         if i == 0:
             check(inputs)
-        yield inputs
-
-
-def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:
-    for inputs in window:
-        samples.append(inputs[0].shape[0])
-        yield inputs
-
-
-def _counted(iterator, position: Position) -> Iterator:
-    for inputs in iterator:
-        position.batch += 1
         yield inputs
 
 

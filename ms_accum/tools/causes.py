@@ -10,9 +10,8 @@ inference mode, as identities.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from typing import List
 
 import numpy as np
 from mindspore import nn
@@ -48,26 +47,6 @@ def stochastic_cells(network: nn.Cell) -> List[str]:
     return found
 
 
-@contextlib.contextmanager
-def in_inference(network: nn.Cell, paths: Optional[Iterable[str]] = None):
-    """Yields `hold`, which sets the cells at `paths` (every cell when None) to run as in inference (call it again
-    after every `set_train`, which sets them all to train); every cell of `network` gets its training flag back
-    afterwards."""
-    cells = list(network.cells_and_names())
-    flags = [cell.training for _, cell in cells]
-    held = [cell for name, cell in cells if paths is None or (name or type(cell).__name__) in set(paths)]
-
-    def hold():
-        for cell in held:
-            cell.add_flags(training=False)
-
-    try:
-        yield hold
-    finally:
-        for (_, cell), flag in zip(cells, flags):
-            cell.add_flags(training=flag)
-
-
 def _listed(names: List[str], shown: int = 5) -> str:
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return f"{len(names)} layer(s), " * (len(names) > shown) + ", ".join(names[:shown]) + more
@@ -88,7 +67,7 @@ def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: Lis
             "BatchNorm layers in training mode",
             f"{_listed(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch by the "
             f"batch's; the gradients differ by up to {grad_diff:.3e}",
-            "ms_accum.norm.replace_batchnorm(network) (GroupNorm, before the optimizer is built), or accept the "
+            "ms_accum.replace_batchnorm(network) (GroupNorm, before the optimizer is built), or accept the "
             "difference"))
     if accumulate_step > 1 and abs(ratio - accumulate_step) <= 0.1 * accumulate_step:
         causes.append(Cause(

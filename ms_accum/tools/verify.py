@@ -7,11 +7,13 @@ from typing import Dict, List, Sequence
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from ._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
-from .buffer import REDUCTIONS, RULES
-from .causes import Cause, batchnorm_cells, explain, in_inference, stochastic_cells
-from .cells import TrainAccumulationCell
-from .losses import LossOnly, check_loss_output
+from .._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .._choices import REDUCTIONS
+from ..core.buffer import RULES
+from ..core.inference import in_inference
+from .causes import Cause, batchnorm_cells, explain, stochastic_cells
+from ..graphs.cells import TrainAccumulationCell
+from ..core.losses import LossOnly, check_loss_output
 
 
 @dataclass
@@ -25,7 +27,7 @@ class EquivalenceReport:
         per_parameter (dict): name -> (max abs diff, max rel diff).
         moved_between_updates (list): Parameters that changed before the window was full (must be empty).
         passed (bool): Every parameter is allclose(rtol, atol) and none moved between updates.
-        causes (list[Cause]): When it failed, why, each with its evidence and fix (`ms_accum.causes`).
+        causes (list[Cause]): When it failed, why, each with its evidence and fix (`ms_accum.tools.causes`).
         inference_mode (list): Stochastic layers (dropout, drop-path) that ran as in inference for both updates,
             which can only be compared without their random masks.
     """

@@ -9,8 +9,8 @@ from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
 
-from ._validation import check_isinstance, check_positive_int, check_value_in
-from .checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
+from .._validation import check_isinstance, check_positive_int, check_value_in
+from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
 from .models import MODELS, build_model
 

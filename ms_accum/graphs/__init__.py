@@ -1,0 +1,1 @@
+"""The graphs built on the window: the @jit_class Accumulator and the Cells."""

@@ -1,0 +1,1 @@
+"""Training: the executor, its runners and windows, records, schedules, checkpoints and resume."""

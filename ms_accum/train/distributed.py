@@ -1,0 +1,120 @@
+"""Data parallel on MindSpore's own launcher, msrun: joining the cluster, and the host's small collectives.
+
+The window's own reduction is the core's (`ms_accum.core.parallel`): each window is all-reduced once. Here is what a
+training run needs around it: `init_data_parallel` joins the cluster under msrun, `distributed_launch` tells whether a
+launcher started this process, and the ranks agree on small host numbers (batch counts, resumed steps).
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Mapping, Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.communication import GlobalComm, get_group_size, get_rank, init
+
+from .._validation import check_isinstance
+from ..core.parallel import DataParallelInfo
+
+# What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
+# MS_SCHED_HOST/PORT, MS_NODE_ID, RANK_ID, RANK_SIZE, DEVICE_ID. It also runs the same script once more as the
+# cluster's scheduler, with MS_ROLE=MS_SCHED: there `init()` serves the cluster and never returns, so a script
+# must call it before doing anything else (a scheduler that fails first leaves the workers waiting).
+LAUNCHER_ROLES = ("MS_WORKER", "MS_SCHED")
+
+
+def distributed_launch(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """
+    The world size announced by a launcher (`msrun`) to this process, or None when no launcher started it.
+
+    Args:
+        environ (Mapping[str, str], optional): The environment to read. Default: ``None``, `os.environ`.
+
+    Returns:
+        int, the number of workers (`MS_WORKER_NUM`), or None when the process was not started by `msrun`.
+
+    Raises:
+        ValueError: If `MS_WORKER_NUM` is set by something else than a positive int.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("MS_ROLE") not in LAUNCHER_ROLES or "MS_WORKER_NUM" not in environ:
+        return None
+    text = environ["MS_WORKER_NUM"]
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"For 'distributed_launch', the environment variable 'MS_WORKER_NUM' must be a positive "
+                         f"int, but got '{text}'.")
+    return int(text)
+
+
+def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
+    """
+    Joins the launcher's cluster and switches MindSpore to data parallelism.
+
+    Calls `mindspore.communication.init()` and ``set_auto_parallel_context(parallel_mode=DATA_PARALLEL,
+    gradients_mean=...)``: buffers built afterwards all-reduce their windows. Call it first: msrun also runs the
+    script as the cluster's scheduler, whose `init()` never returns, so anything before it runs there too.
+
+    Args:
+        gradients_mean (bool): Average over ranks rather than sum, for ``reduction="sum"`` windows (a
+            ``"mean"`` window is always the exact mean over the global samples). Default: ``True``.
+
+    Returns:
+        DataParallelInfo, this process's rank and the group size.
+
+    Raises:
+        TypeError: If `gradients_mean` is not a bool.
+        RuntimeError: If no launcher started this process ("distributed mode requested without a launcher").
+    """
+    check_isinstance(gradients_mean, "gradients_mean", bool, "init_data_parallel")
+    if distributed_launch() is None:
+        raise RuntimeError("For 'init_data_parallel', distributed mode requested without a launcher: start the "
+                           "script with msrun, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 "
+                           "--join=True script.py' (the environment variables MS_ROLE and MS_WORKER_NUM are "
+                           "not set).")
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=gradients_mean)
+    return DataParallelInfo(get_rank(), get_group_size())
+
+
+class _AllReduceSum(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
+
+    def construct(self, x):
+        return self.all_reduce(x)
+
+
+def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
+    """
+    Checks that every rank of the data-parallel group passes the same int, with one small all-reduce.
+
+    All ranks must call it together. They all raise, or none does, so no rank is left waiting in a later
+    collective for a peer that gave up.
+
+    Args:
+        value (int): This rank's value, below 2**24.
+        what (str): What the value is, for the message.
+        cls_name (str): The caller's name, for the message.
+
+    Returns:
+        int, `value`.
+
+    Raises:
+        ValueError: If the ranks' values differ.
+    """
+    values = gather_ints(value)
+    if len(set(values)) > 1:
+        raise ValueError(f"For '{cls_name}', {what} must be the same on every rank, but got {values} on ranks "
+                         f"0 to {len(values) - 1}.")
+    return value
+
+
+def gather_ints(value: int) -> List[int]:
+    """Every rank's `value` (an int below 2**24), in rank order, with one small all-reduce; all ranks must call it."""
+    # On CPU, AllReduce sums float32 only (measured: MAX and int32 are refused), so each rank writes its value in
+    # its own slot and the sum gathers them all; float32 holds ints below 2**24 exactly.
+    slots = np.zeros(get_group_size(), np.float32)
+    slots[get_rank()] = value
+    return [int(v) for v in _AllReduceSum()(ms.Tensor(slots)).asnumpy()]

@@ -1,0 +1,89 @@
+"""Windows: which batches of which epoch form each window, and its K, the same in a fresh run and a resumed one.
+
+A window's K is decided when it opens, from the global samples consumed before it (`ms_accum.train.schedule`); an
+epoch's last window may be partial. Nothing here trains: the executor consumes the windows.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Tuple
+
+from mindspore.dataset import Dataset
+
+from .resume import Position
+from .schedule import AccumulationSchedule, ScheduleLike
+
+
+def windows_per_epoch(num_batches: int, mini_steps: int, partial_window: str = "apply") -> int:
+    """The optimizer steps of an epoch of `num_batches` batches in windows of `mini_steps`: a partial last window
+    counts when it is applied (``partial_window="apply"``), not when it is dropped."""
+    return count_windows(num_batches, 1, mini_steps, 1, partial_window)
+
+
+def count_windows(num_batches: int, epochs: int, mini_steps: ScheduleLike, per_batch: int,
+                  partial_window: str = "apply") -> int:
+    """The optimizer steps of `epochs` epochs of `num_batches` batches of `per_batch` global samples, K following
+    `mini_steps` (an int or a schedule, `ms_accum.train.schedule`), as `train_process` trains them."""
+    schedule = AccumulationSchedule(mini_steps, "count_windows", "mini_steps")
+    return sum(size == k or partial_window == "apply"
+               for k, size, _ in _planned_windows(epochs, num_batches, schedule, per_batch, Position()))
+
+
+def _epoch_windows(epoch: int, start: int, num_batches: int, schedule: AccumulationSchedule,
+                   per_batch: int) -> Iterator[Tuple[int, int, int]]:
+    """`(K, size, samples consumed when it opens)` of the windows of `epoch` from its batch `start` on; the last may be
+    partial (size < K)."""
+    while start < num_batches:
+        opened_at = _samples_read(epoch, start, num_batches, per_batch)
+        k = schedule(opened_at)
+        size = min(k, num_batches - start)
+        yield k, size, opened_at
+        start += size
+
+
+def _samples_read(epoch: int, batch: int, num_batches: int, per_batch: int) -> int:
+    """Global samples consumed once `batch` batches of `epoch` are read (`ms_accum.train.schedule`: every batch of every
+    rank counts, `per_batch` samples over all ranks)."""
+    return ((epoch - 1) * num_batches + batch) * per_batch
+
+
+def _skipped(epoch: int, num_batches: int, position: Position) -> int:
+    """Batches of `epoch` that a run resumed at `position` has trained already (all of an earlier epoch's)."""
+    return num_batches if epoch < position.epoch else position.batch if epoch == position.epoch else 0
+
+
+def _planned_windows(epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
+                     position: Position) -> Iterator[Tuple[int, int, int]]:
+    """`(K, size, samples consumed when it opens)` of every window a run opens from `position` on, as `_windows` opens
+    them, without reading data (a callable schedule is evaluated at each)."""
+    for epoch in range(1, epochs + 1):
+        yield from _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches, schedule, per_batch)
+
+
+def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
+             position: Position) -> Iterator[Tuple[int, int, Iterator, int]]:
+    """`(K, size, micro-batches, samples consumed when it opens)` of each window, epoch by epoch (an epoch's last may
+    be partial: size < K), from `position` on. K comes from `schedule` when the window opens.
+
+    The micro-batches are read lazily: consume them before asking for the next window. `position.epoch` and
+    `position.batch` follow the batches read. Batches before the position (a resumed run) are read but not yielded,
+    so the data order stays that of the uninterrupted run.
+    """
+    iterator = dataset.create_tuple_iterator(num_epochs=epochs)
+    resumed_at = Position(**vars(position))
+    for epoch in range(1, epochs + 1):
+        skip = _skipped(epoch, num_batches, resumed_at)
+        position.epoch, position.batch = epoch, 0
+        batches = _counted(iterator, position)
+        for _ in itertools.islice(batches, skip):
+            pass
+        for k, size, opened_at in _epoch_windows(epoch, skip, num_batches, schedule, per_batch):
+            yield k, size, itertools.islice(batches, size), opened_at
+        for _ in batches:  # the end of the epoch, so the next one starts
+            pass
+
+
+def _counted(iterator, position: Position) -> Iterator:
+    for inputs in iterator:
+        position.batch += 1
+        yield inputs

@@ -1,0 +1,109 @@
+"""The package's layers: each module imports only its own layer and those below, with no circle inside a layer; every
+choice is written once; the public surface is what the docs show."""
+import ast
+import importlib
+import pathlib
+import sys
+
+import pytest
+
+import ms_accum
+
+PACKAGE = pathlib.Path(ms_accum.__file__).parent
+# Bottom to top. The base modules import no MindSpore and nothing of ms_accum but each other.
+LAYERS = ["base", "core", "graphs", "train", "tools", "demo", "cli"]
+BASE = {"_choices", "_validation", "_compat", "runtime", "__init__"}
+
+
+def _module(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")[1:] or ["__init__"]
+    if parts[0] in BASE:
+        return "base"
+    return parts[0]
+
+
+def _imports(path: pathlib.Path):
+    """Every ms_accum module that `path` imports, at its top or inside a function."""
+    module = _module(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [f"{target}.{alias.name}" for alias in node.names]
+            found.update(name if (PACKAGE.parent / (name.replace(".", "/") + ".py")).exists() else target
+                         for name in names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "ms_accum"}
+
+
+MODULES = {_module(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_downwards(module):
+    own = LAYERS.index(_layer(module))
+    for target in _imports(MODULES[module]):
+        if target == "ms_accum":  # the package itself: its __init__ imports only the base
+            continue
+        assert LAYERS.index(_layer(target)) <= own, f"{module} ({_layer(module)}) imports {target} ({_layer(target)})"
+
+
+def test_no_import_circle():
+    graph = {module: {t for t in _imports(path) if t in MODULES and t != module}
+             for module, path in MODULES.items() if not module.endswith("__init__") and module != "ms_accum"}
+    done, stack = set(), []
+
+    def visit(module):
+        if module in stack:
+            raise AssertionError("import circle: " + " -> ".join(stack[stack.index(module):] + [module]))
+        if module in done:
+            return
+        stack.append(module)
+        for target in graph.get(module, ()):
+            visit(target)
+        stack.pop()
+        done.add(module)
+
+    for module in graph:
+        visit(module)
+
+
+def test_choices_written_once():
+    """Each enumeration of `_choices` is spelled out there and nowhere else in the package."""
+    from ms_accum import _choices
+    enumerations = {value for name, value in vars(_choices).items() if name.isupper() and isinstance(value, tuple)}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "_choices.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+                values = tuple(e.value for e in node.elts)
+                assert not any(set(values) == set(e) for e in enumerations), \
+                    f"{path.relative_to(PACKAGE)}:{node.lineno} repeats {values}"
+
+
+def test_public_names_import_from_the_top():
+    for name in ms_accum.__all__:
+        assert getattr(ms_accum, name) is not None
+    assert len(ms_accum.__all__) <= 25
+
+
+def test_moved_names_still_work_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="'ms_accum.LeNet5' is deprecated .* 'ms_accum.demo.models'"):
+        lenet = ms_accum.LeNet5
+    assert lenet is importlib.import_module("ms_accum.demo.models").LeNet5
+    sys.modules.pop("ms_accum.schedule", None)  # so the alias is found afresh
+    with pytest.warns(DeprecationWarning, match="'ms_accum.schedule' is deprecated .* 'ms_accum.train.schedule'"):
+        old = importlib.import_module("ms_accum.schedule")
+    assert old is importlib.import_module("ms_accum.train.schedule")
