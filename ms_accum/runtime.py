@@ -14,6 +14,9 @@ import sys
 import warnings
 from typing import Optional
 
+from ._choices import DEVICES
+from ._validation import check_value_in
+
 ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
 # dnnl_cpu_isa_t values of oneDNN 3.x (dnnl_types.h): each ISA's bits include those of the ISAs below it.
 _ISA_NAMES = {0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0xf: "avx2_vnni", 0x1f: "avx2_vnni_2", 0x27: "avx512_core",
@@ -133,8 +136,6 @@ def set_device(device: str = "CPU", graph_mode: bool = True) -> None:
     Raises:
         ValueError: If `device` is unknown.
     """
-    from ._choices import DEVICES
-    from ._validation import check_value_in
     check_value_in(device, "device", DEVICES, "set_device")
     import mindspore as ms
     # MindSpore refuses set_device once kernels have run, even to the same device: skip it when nothing changes

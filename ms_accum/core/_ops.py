@@ -6,7 +6,7 @@ MindSpore's own `nn/wrap` code does it, registered for dense `Tensor` and sparse
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import ops
+from mindspore import Tensor, ops
 
 _hyper_map = ops.HyperMap()
 
@@ -302,10 +302,13 @@ def _assign(param, value):
 @ms.jit_class
 class InPlace:
     """Graph mode: `Tensor.mul_` and `div_` on the buffer's Parameters write them, so its window arithmetic needs no
-    copy."""
+    copy; a micro-batch's weight stays what it is (a sample count is a graph constant: nothing runs for it)."""
 
     def __call__(self, params, values):
         return values
+
+    def weight(self, weight):
+        return weight
 
 
 @ms.jit_class
@@ -315,6 +318,11 @@ class WrittenBack:
 
     def __call__(self, params, values):
         return _hyper_map(_assign_op, params, values)
+
+    def weight(self, weight):
+        # A Python number handed to a MultitypeFuncGraph makes MindSpore 2.10 look its type up through its own
+        # deprecated `pytype_to_dtype`, which logs a warning at every call: once per micro-batch. A tensor does not.
+        return weight if isinstance(weight, Tensor) else Tensor(weight, ms.float32)
 
 
 def in_place_arithmetic():

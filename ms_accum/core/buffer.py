@@ -209,6 +209,8 @@ class AccumulationBuffer:
             `statistics`). Default: ``None``.
         outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
             Default: ``100``.
+        cls_name (str): The name errors give as the one called: the `Accumulator`, a Cell or the executor that
+            builds the buffer for the user passes its own. Default: ``"AccumulationBuffer"``.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
@@ -243,14 +245,15 @@ class AccumulationBuffer:
 
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None,
-                 statistics: bool = False, skip_outliers: Optional[float] = None, outlier_warmup: int = OUTLIER_WARMUP) -> None:
-        check_isinstance(params, "params", (ParameterTuple, list, tuple), "AccumulationBuffer")
+                 statistics: bool = False, skip_outliers: Optional[float] = None,
+                 outlier_warmup: int = OUTLIER_WARMUP, *, cls_name: str = "AccumulationBuffer") -> None:
+        check_isinstance(params, "params", (ParameterTuple, list, tuple), cls_name)
         if not params or not all(isinstance(p, Parameter) for p in params):
-            raise TypeError("For 'AccumulationBuffer', the argument 'params' must be a non-empty sequence of "
+            raise TypeError(f"For '{cls_name}', the argument 'params' must be a non-empty sequence of "
                             f"Parameters, but got {params!r}.")
-        self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS, "AccumulationBuffer")]()
-        check_buffer_dtype(dtype, "dtype", "AccumulationBuffer")
-        self.reducer = sums_reducer("AccumulationBuffer")
+        self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS, cls_name)]()
+        check_buffer_dtype(dtype, "dtype", cls_name)
+        self.reducer = sums_reducer(cls_name)
         self.grad_sum = ParameterTuple([
             Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")
             for p in params])
@@ -258,10 +261,11 @@ class AccumulationBuffer:
         self.to_params = _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
         self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
-        check_isinstance(statistics, "statistics", bool, "AccumulationBuffer")
-        check_outliers(skip_outliers, outlier_warmup, "AccumulationBuffer")
+        check_isinstance(statistics, "statistics", bool, cls_name)
+        check_outliers(skip_outliers, outlier_warmup, cls_name)
         measured = statistics or skip_outliers is not None
-        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum], measured)
+        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum], measured,
+                                 cls_name=cls_name)
         self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
         if skip_outliers is not None:
             self.statistics = OutlierFilter(float(skip_outliers), outlier_warmup, self.guard.skipped_micro_batches,
@@ -285,7 +289,7 @@ class AccumulationBuffer:
         The guard's policy decides first: a non-finite micro-batch is counted, and left out under
         ``"skip_microbatch"``.
         """
-        grads, weight = self.guard.micro_batch(loss, grads, weight)
+        grads, weight = self.guard.micro_batch(loss, grads, self.in_place.weight(weight))
         return self.adds(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
 
     def _window(self, clip_norm):

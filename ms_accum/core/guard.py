@@ -202,6 +202,8 @@ class WindowGuard:
             finiteness check. Default: ``None``, float32.
         measured (bool): Whether `close` is given the window's squared norm (statistics on): its finiteness is then
             the check, whatever the dtypes. Default: ``False``.
+        cls_name (str): The name errors give as the one called (the buffer passes its caller's). Default:
+            ``"WindowGuard"``.
 
     Attributes:
         loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
@@ -220,11 +222,11 @@ class WindowGuard:
     """
 
     def __init__(self, policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
-                 prefix: str = "guard", dtypes: Optional[Sequence] = None, measured: bool = False) -> None:
-        self.policy = check_value_in(policy, "policy", POLICIES, "WindowGuard")
+                 prefix: str = "guard", dtypes: Optional[Sequence] = None, measured: bool = False, *,
+                 cls_name: str = "WindowGuard") -> None:
+        self.policy = check_value_in(policy, "policy", POLICIES, cls_name)
         if loss_scaler is not None:
-            check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler),
-                             "WindowGuard")
+            check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler), cls_name)
         # Chosen here, not by flags in the graph (README, "Known MindSpore behaviour": constant if/else).
         self.scaling = _Unscaled() if loss_scaler is None else _Scaled(loss_scaler)
         self.window_finite = _window_check(dtypes or (ms.float32,), measured)

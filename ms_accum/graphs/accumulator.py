@@ -96,7 +96,8 @@ class Accumulator:
         self.clip_norm = check_positive_float(clip_norm, "clip_norm", "Accumulator", allow_none=True)
         self.optimizer = optimizer
         data_parallel_info("Accumulator")  # an unsupported parallel mode is refused in this class's name
-        self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate", reduction=reduction)
+        self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate", reduction=reduction,
+                                         cls_name="Accumulator")
         self.inner_grads = self.buffer.grad_sum
         self.mini_step = self.buffer.mini_step
         self.num_samples = self.buffer.num_samples

@@ -46,7 +46,7 @@ def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], p
         check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
         data_parallel_info(cls_name)  # an unsupported parallel mode is refused in the caller's name
         return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                  reduction=reduction or "mean")
+                                  reduction=reduction or "mean", cls_name=cls_name)
     if policy != "skip_window" or loss_scaler is not None:
         raise ValueError(f"For '{cls_name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
                          f"them to the AccumulationBuffer given as 'buffer', not here.")

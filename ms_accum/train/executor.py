@@ -142,7 +142,7 @@ class GradientAccumulation:
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                          reduction=reduction, dtype=buffer_dtype, statistics=self.statistics,
-                                         skip_outliers=skip_outliers, outlier_warmup=outlier_warmup)
+                                         skip_outliers=skip_outliers, outlier_warmup=outlier_warmup, cls_name=name)
         self._clear = TrainClear(self.buffer).set_train()
         self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
                         _CheckWindow(self.buffer, clip_norm).set_train(),
