@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -14,16 +14,16 @@ from .._validation import (check_callable, check_isinstance, check_positive_floa
 from .._choices import AUTO_STRUCTURE, OUTLIER_WARMUP, PARTIAL_WINDOWS, REDUCTIONS, STRUCTURES
 from ..core.buffer import AccumulationBuffer, check_buffer_dtype
 from ..graphs.cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow, _StepWindow
-from ..core.guard import LossScaler
+from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
 from ..core.losses import check_loss_output
 from .lr import SamplesLR
 from ..core.parallel import data_parallel_info
 from .distributed import check_same_on_all_ranks, gather_ints
 from .plan import Plan
 from .recompute import recompute_cells
-from .records import NonFiniteError, StepRecord, TrainResult
+from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
-from .runners import MicroBatches, FusedRunner, ThreeGraphsRunner, WindowRunner, _values
+from .runners import MicroBatches, FusedRunner, ThreeGraphsRunner, WindowRunner
 from .windows import _planned_windows, _samples_read, _windows
 from .schedule import AccumulationSchedule, ScheduleLike
 from ..core.statistics import NoiseScale, check_outliers
@@ -137,12 +137,14 @@ class GradientAccumulation:
         self._parallel = data_parallel_info(name)  # None when stand-alone
         self._writes = self._parallel is None or self._parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
-            recompute_cells(network, recompute)
+            recompute_cells(network, recompute, name, "recompute")
         self._net_with_loss = nn.WithLossCell(network, loss_fn)
         self._scaled = loss_scaler is not None
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                          reduction=reduction, dtype=buffer_dtype, statistics=self.statistics,
                                          skip_outliers=skip_outliers, outlier_warmup=outlier_warmup, cls_name=name)
+        # Refused in this class's name, before the Cells it builds on the buffer would refuse it in theirs.
+        check_policy_fits(sparse_gradient_cell(network), self.buffer.guard.policy, name, self.buffer.leaves_out)
         self._clear = TrainClear(self.buffer).set_train()
         self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
                         _CheckWindow(self.buffer, clip_norm).set_train(),
@@ -291,22 +293,18 @@ class GradientAccumulation:
             states.extra = self.noise_scale.state
         if self._parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(position.step, "the optimizer step resumed from", name)
-        runners: dict = {}  # K -> its runner, built when a window of K first opens
-        # Every window's K, worked out before anything trains (a callable's bad value fails here).
+        # Every window's K, worked out before anything trains (a callable's bad value fails here); the fused and window
+        # Cells are built once, for the largest, and take the shorter windows too.
         largest = max((k for k, _, _ in _planned_windows(epoch, num_batches, schedule, per_batch, position)),
-                      default=None)
-        skipped = None
-        result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from)
+                      default=1)
+        runner = self.runner(largest)
+        log = WindowLog(log_every, verbose and self._writes, on_step, self._stop_on_nonfinite, self._scaled)
+        result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
+                             skipped_windows=runner.skipped)
         windows = _windows(train_dataset, epoch, num_batches, schedule, per_batch, position)
         for n, (k, size, window, opened_at) in enumerate(windows):
             if n == 0:  # its first micro-batch checks the loss's output, before any graph compiles
                 window = _checking_first(window, self._check_output)
-            if k not in runners:
-                runners[k] = self.runner(k, largest)
-            runner = runners[k]
-            if skipped is None:  # earlier runs' skips, as the first runner read them
-                result.skipped_windows = skipped = runner.skipped
-            runner.skipped = skipped  # the runners of other K share one count
             if size < k and partial_window == "drop":
                 for _ in window:  # read, not trained: the data order stays the same
                     pass
@@ -317,10 +315,10 @@ class GradientAccumulation:
             if self._samples_lr is not None:
                 self._samples_lr.update(opened_at)
             losses, norms, samples, applied = runner.train_window(window, size)
-            skipped = runner.skipped
             position.step += 1
-            self._record(result, position, losses, norms, samples, applied, log_every, verbose and self._writes,
-                         on_step, k, _samples_read(position.epoch, position.batch, num_batches, per_batch))
+            record, figures = self._record(result, position, losses, norms, samples, applied, k,
+                                           _samples_read(position.epoch, position.batch, num_batches, per_batch))
+            log.window(record, figures, result)
             states.window_closed(position)
         if ckpt_dir is not None and self._writes:
             meta = {"epoch": epoch, "step": position.step, "mini_steps": schedule.fixed or 0,
@@ -383,57 +381,23 @@ class GradientAccumulation:
         return num_batches
 
     def _record(self, result: TrainResult, position: Position, losses: list, norms: list, samples: list,
-                applied: bool, log_every: int, verbose: bool, on_step, k: int, consumed: int) -> None:
-        # Each micro-batch's loss with its weight: its samples, or the weight the network returned with it.
-        pairs = self.buffer.reduction.loss_weights(losses, samples)
-        values, weights = (np.asarray([_values(x) for x in column], np.float64) for column in zip(*pairs))
-        norms, left_out = np.asarray(norms, np.float64).reshape(-1, 2).T
-        left_out = left_out > 0
-        # Left out of the window: a non-finite micro-batch (which would make the figures nan) and an outlier.
-        finite = np.isfinite(values) & np.isfinite(norms) & ~left_out
-        # The window's figures over all ranks, summed by the buffer's reducer (one small all-reduce in data parallel,
-        # the values themselves stand-alone): the loss's weighted sum and weight, the samples, and for the noise
-        # scale the micro-batches' squared norms, their count and their weights' reciprocals.
-        local = [(values[finite] * weights[finite]).sum(), weights[finite].sum(), sum(samples), norms[finite].sum(),
-                 finite.sum(), (1.0 / weights[finite]).sum()]
-        total, weight, all_samples, norm_sum, micro, reciprocals = self.buffer.reducer.total(
-            Tensor(np.asarray(local, np.float32))).asnumpy().astype(np.float64)
-        loss = float(total / weight) if weight > 0 else np.nan
-        window_sq_norm = float(self.buffer.statistics.window_sq_norm.asnumpy()) if self.statistics else np.nan
+                applied: bool, k: int, consumed: int) -> Tuple[StepRecord, WindowFigures]:
+        """The window's `StepRecord`, added to `result`, and the figures it was made of."""
+        window = WindowFigures(self.buffer.reduction, self.buffer.reducer, losses, norms, samples)
         guard = self.buffer.guard
         result.skipped_windows += int(not applied)
         result.skipped_micro_batches = int(guard.skipped_micro_batches.asnumpy())
-        epoch, step = position.epoch, position.step
+        window_sq_norm = float(self.buffer.statistics.window_sq_norm.asnumpy()) if self.statistics else np.nan
         noise = None
-        if self.noise_scale is not None and applied and micro > 0 and micro / reciprocals < weight:
-            noise = self.noise_scale.update(norm_sum / micro, micro / reciprocals, window_sq_norm, weight)
-        outliers = [position.batch - len(losses) + int(i) for i in np.flatnonzero(left_out)]
-        record = StepRecord(epoch, step, loss, len(losses), int(all_samples), not applied,
+        if self.noise_scale is not None and applied and window.has_two_batch_sizes():
+            noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm, window.weight)
+        outliers = [position.batch - len(losses) + int(i) for i in window.left_out_indices]
+        record = StepRecord(position.epoch, position.step, window.loss, len(losses), window.samples, not applied,
                             float(guard.loss_scale.asnumpy()), k, consumed, float(np.sqrt(window_sq_norm)),
-                            [float(n) for n in np.sqrt(norms)] if self.statistics else [], noise, outliers)
+                            window.micro_batch_norms() if self.statistics else [], noise, outliers)
         result.steps.append(record)
-        result.outliers += [(epoch, batch) for batch in outliers]
-        for batch, i in zip(outliers, np.flatnonzero(left_out)):
-            if verbose:
-                print(f"epoch: {epoch} batch: {batch} left out as an outlier (loss {values[i]:.6g}, gradient norm "
-                      f"{np.sqrt(norms[i]):.6g})", flush=True)
-        if not applied:
-            why = ("every micro-batch of the window was left out as an outlier" if left_out.all() else
-                   "the window's gradient or loss is not finite")
-            what = (f"epoch {epoch} step {step}: {why}, so it was skipped (parameters unchanged; "
-                    f"{result.skipped_windows} window(s) skipped so far)")
-            if self._stop_on_nonfinite:
-                raise NonFiniteError(f"For 'GradientAccumulation.train_process', {what}; stopping, as "
-                                     f"'stop_on_nonfinite' is True.")
-            if self._scaled:  # overflow is routine with a loss scaler: a log line, not a warning
-                if verbose:
-                    print(f"{what}; loss scale now {record.loss_scale:g}", flush=True)
-            else:
-                warnings.warn(what, RuntimeWarning, stacklevel=3)
-        if verbose and step % log_every == 0:
-            print(f"epoch: {epoch} step: {step} loss is {record.loss:.6f}", flush=True)
-        if on_step is not None:
-            on_step(record)
+        result.outliers += [(position.epoch, batch) for batch in outliers]
+        return record, window
 
 
 def _checking_first(window: MicroBatches, check: Callable[[Sequence[Tensor]], None]) -> MicroBatches:

@@ -14,6 +14,7 @@ from mindspore import Tensor, nn
 
 from ..core.buffer import AccumulationBuffer
 from ..core.statistics import UNMEASURED
+from .records import values
 
 
 MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each the tuple of inputs the network takes
@@ -44,7 +45,7 @@ class ThreeGraphsRunner:
         outputs, applied = self.run(_noting_sizes(window, samples), size)
         self.skipped += int(not applied)
         outputs = [self.split(output) for output in outputs]
-        return ([out for out, _ in outputs], [UNMEASURED if stat is None else _values(stat) for _, stat in outputs],
+        return ([out for out, _ in outputs], [UNMEASURED if stat is None else values(stat) for _, stat in outputs],
                 samples, applied)
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
@@ -98,11 +99,6 @@ class WindowRunner(FusedRunner):
         outputs = self.reduction.unstack(out)[:size]
         # Per micro-batch, as the other Cells return them: with its statistics when they were measured.
         return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy()[:size])))
-
-
-def _values(x) -> np.ndarray:
-    """A graph output (a Tensor) or host numbers, as a float64 array."""
-    return np.asarray(x.asnumpy() if isinstance(x, Tensor) else x, np.float64)
 
 
 def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:
