@@ -1,5 +1,6 @@
-# `make run` trains LeNet5 with gradient accumulation and evaluates it; `make test` runs the tests.
-# Both create .venv and install everything the first time.
+# `make run` trains LeNet5 with gradient accumulation and evaluates it; `make test` runs the quick tests (every
+# module's unit tests, the equivalence core, one resume, one memory and one msrun case); `make test-all` runs every
+# test (what CI runs). Each creates .venv and installs everything the first time.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -28,7 +29,7 @@ run: $(STAMP)
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
-# Also the slow tests: the full 3-epoch tutorials on real MNIST.
+# Also the tests marked slow: every structure, fault and msrun case, the docs' code blocks, the full tutorials.
 test-all: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "slow or not slow"
 

@@ -323,6 +323,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     from .demo.data import dataset_for
     from .demo.evaluation import evaluate_checkpoint, recorded_data_dir
     from .train.executor import GradientAccumulation
+    from .train.recompute import recompute_cells
     from .train.windows import count_windows
     from .train.schedule import pairs_text
     from .demo.models import build_model, make_optimizer
@@ -340,14 +341,16 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         shards = {"num_shards": parallel.group_size, "shard_id": parallel.rank}
         num_samples = None if num_samples is None else -(-num_samples // parallel.group_size)
     dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
-                          seed=args.seed, num_samples=num_samples, **shards)
+                          seed=args.seed, num_samples=num_samples, cls_name="ms-accum train", **shards)
     mini_steps = args.accumulate_schedule or args.accumulate_steps
     k_text = pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_steps
     windows = count_windows(dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
                             args.partial_window)
+    if args.recompute:  # marked here, so that a bad cell is refused in the command's terms
+        recompute_cells(network, args.recompute, "ms-accum train", "--recompute")
     executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
                                     policy=args.policy, loss_scaler=_loss_scaler(args),
-                                    stop_on_nonfinite=args.stop_on_nonfinite, recompute=args.recompute,
+                                    stop_on_nonfinite=args.stop_on_nonfinite,
                                     statistics=args.statistics, noise_scale=args.noise_scale,
                                     skip_outliers=args.skip_outliers,
                                     outlier_warmup=args.outlier_warmup)
@@ -363,7 +366,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         def on_step(record):
             bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
             noise = {} if record.noise_scale is None else {"noise_scale": f"{record.noise_scale:.0f}"}
-            bar.set_postfix(epoch=record.epoch, K=record.accumulate_steps, loss=f"{record.loss:.4f}", **noise,
+            bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
                             refresh=False)
         result = executor.train_process(args.epochs, dataset, mini_steps,
                                         partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
@@ -372,13 +375,13 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     if not main:
         return None
     plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label,
-                          [record.accumulate_steps for record in result.steps],
+                          [record.accumulate_step for record in result.steps],
                           [record.noise_scale for record in result.steps] if args.noise_scale else None)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
                "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
                "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
-               "accumulate_steps": [record.accumulate_steps for record in result.steps],
+               "accumulate_steps": [record.accumulate_step for record in result.steps],
                "grad_norm": [record.grad_norm for record in result.steps] if executor.statistics else None,
                "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
                "outliers": result.outliers,
@@ -416,7 +419,7 @@ def _apply_plan(args: argparse.Namespace) -> Optional[int]:
     plan = Plan.load(args.plan)
     if plan.model != args.model:
         raise CliError(f"the plan {args.plan} is for the model '{plan.model}', but --model is '{args.model}'.")
-    planned = {"batch_size": plan.batch_size * plan.ranks, "accumulate_steps": plan.accumulate_steps,
+    planned = {"batch_size": plan.batch_size * plan.ranks, "accumulate_steps": plan.accumulate_step,
                "structure": plan.structure}
     for name, value in planned.items():
         given = getattr(args, name)
@@ -480,7 +483,8 @@ def run_verify(args: argparse.Namespace) -> dict:
         from .demo.models import build_model, make_optimizer
         settings = _optimizer_settings(args)
         network = build_model(args.model)
-        dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
+        dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large,
+                              cls_name="ms-accum verify")
         batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))  # refuses fewer than K*B images
         loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
         optimizer, optimizer_name = make_optimizer(settings, network.trainable_params()), settings["optimizer"]

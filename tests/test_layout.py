@@ -107,3 +107,18 @@ def test_moved_names_still_work_with_a_warning():
     with pytest.warns(DeprecationWarning, match="'ms_accum.schedule' is deprecated .* 'ms_accum.train.schedule'"):
         old = importlib.import_module("ms_accum.schedule")
     assert old is importlib.import_module("ms_accum.train.schedule")
+
+
+def test_k_has_one_name_and_the_old_one_warns():
+    from ms_accum import Plan, StepRecord
+    from ms_accum.train.plan import Trial
+    record = StepRecord(1, 1, 0.5, 4, 32, accumulate_step=4)
+    with pytest.warns(DeprecationWarning, match="'accumulate_steps' is deprecated; use 'accumulate_step'."):
+        assert record.accumulate_steps == 4
+    old = {"model": "lenet5", "global_batch": 16, "ranks": 1, "batch_size": 4, "accumulate_steps": 4,
+           "structure": "fused", "reduction": "mean", "predicted_peak_mib": 10.0, "memory_mib": 20.0,
+           "budget_mib": 20.0, "intercept_mib": 1.0, "slope_mib": 2.0, "device": "CPU",
+           "trials": [{"batch_size": 4, "accumulate_steps": 4, "structure": "fused", "peak_mib": 9.0}]}
+    plan = Plan.from_dict(old)  # a plan file written by ms_accum 0.2
+    assert plan.accumulate_step == 4 and plan.trials == [Trial(4, 4, "fused", 9.0)]
+    assert "accumulate_step" in plan.to_dict() and "accumulate_steps" not in plan.to_dict()

@@ -95,7 +95,7 @@ def test_a_ramped_run_equals_its_fixed_k_segments_bit_for_bit(structure):
     net, model = executor(structure)
     result = model.train_process(1, dataset(), SCHEDULE, ckpt_dir=None, verbose=False)
     ramped = params(net)
-    steps = [(r.accumulate_steps, r.micro_batches, r.samples_consumed) for r in result.steps]
+    steps = [(r.accumulate_step, r.micro_batches, r.samples_consumed) for r in result.steps]
     assert steps == ([(2, 2, 8 * (i + 1)) for i in range(8)] + [(4, 4, 64 + 16 * (i + 1)) for i in range(6)] +
                      [(8, 8, 160 + 32 * (i + 1)) for i in range(3)] + [(8, 2, 264)])
     # K is a graph constant of the fused and window Cells: each structure builds one, for the table's largest K, and

@@ -143,10 +143,10 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
                 round(line(0), 1), round(line(1) - line(0), 3), device, runner.trials)
 
 
-def measure(model: Union[str, Callable], batch_size: int, accumulate_steps: int, structure: str = "three_graphs", *,
+def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, structure: str = "three_graphs", *,
             device: str = "CPU", timeout: float = 1800.0) -> Trial:
     """
-    One trial as `plan` makes them: `WINDOWS` windows of `accumulate_steps` micro-batches of `batch_size`, then a
+    One trial as `plan` makes them: `WINDOWS` windows of `accumulate_step` micro-batches of `batch_size`, then a
     partial window of one, trained by the executor with `structure` over a dataset of the factory's samples, in a fresh
     process: the peak is the structure's in an epoch that K does not divide (README, "Memory": a partial window), the
     time per window that of the whole windows.
@@ -160,11 +160,11 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_steps: int,
     name = "measure"
     spec = _factory_spec(model, name)
     check_positive_int(batch_size, "batch_size", name)
-    check_positive_int(accumulate_steps, "accumulate_steps", name)
+    check_positive_int(accumulate_step, "accumulate_step", name)
     check_value_in(structure, "structure", TIMED_STRUCTURES, name)
     check_value_in(device, "device", DEVICES, name)
     runner = _Trials(spec, device, timeout, None)
-    return runner.run(batch_size, accumulate_steps, structure, runner.check()["reduction"])
+    return runner.run(batch_size, accumulate_step, structure, runner.check()["reduction"])
 
 
 def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], name: str, given: bool,

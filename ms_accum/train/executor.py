@@ -336,7 +336,7 @@ class GradientAccumulation:
         if isinstance(train_dataset, Dataset) and train_dataset.get_batch_size() != self.plan.batch_size:
             raise ValueError(f"For '{name}', the argument 'train_dataset' must yield the plan's micro-batches of "
                              f"{self.plan.batch_size} samples, but its batch size is {train_dataset.get_batch_size()}.")
-        return self.plan.accumulate_steps if mini_steps is None else mini_steps
+        return self.plan.accumulate_step if mini_steps is None else mini_steps
 
     def _check_output(self, inputs: Sequence[Tensor]) -> None:
         check_loss_output(self._net_with_loss, inputs, self.buffer.reduction.name, "GradientAccumulation", "loss_fn")

@@ -7,22 +7,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 
 @dataclass
 class Trial:
-    """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_steps`, one `structure`.
+    """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_step`, one `structure`.
 
     `peak_mib` is None when the trial failed (`error` says why: killed for memory, or what it raised)."""
 
     batch_size: int
-    accumulate_steps: int
+    accumulate_step: int
     structure: str
     peak_mib: Optional[float]
     ms_per_window: Optional[float] = None
     error: Optional[str] = None
+
+    @property
+    def accumulate_steps(self) -> int:
+        """Deprecated: `accumulate_step` (K has one name in the API); this alias goes in the next release."""
+        warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
+        return self.accumulate_step
 
     def fits(self, budget_mib: float) -> bool:
         return self.peak_mib is not None and self.peak_mib <= budget_mib
@@ -38,7 +45,7 @@ class Plan:
         global_batch (int): Samples per optimizer step, over all ranks.
         ranks (int): Data-parallel ranks; each trains micro-batches of `batch_size`.
         batch_size (int): The micro-batch per rank, B, a divisor of ``global_batch // ranks``.
-        accumulate_steps (int): K, so that ``K * batch_size * ranks == global_batch``.
+        accumulate_step (int): K, so that ``K * batch_size * ranks == global_batch``.
         structure (str): The executor's structure (``GradientAccumulation(structure=...)``).
         reduction (str): How the loss is reduced (``"weighted_mean"`` when it returns ``(loss, weight)``).
         predicted_peak_mib (float): The peak the fitted line predicts for `batch_size` with `structure`.
@@ -54,7 +61,7 @@ class Plan:
     global_batch: int
     ranks: int
     batch_size: int
-    accumulate_steps: int
+    accumulate_step: int
     structure: str
     reduction: str
     predicted_peak_mib: float
@@ -65,16 +72,23 @@ class Plan:
     device: str
     trials: List[Trial] = field(default_factory=list)
 
+    @property
+    def accumulate_steps(self) -> int:
+        """Deprecated: `accumulate_step` (K has one name in the API); this alias goes in the next release."""
+        warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
+        return self.accumulate_step
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "Plan":
         names = {f.name for f in dataclasses.fields(cls)}
+        values = _renamed(values)
         missing = names - set(values)
         if missing:
             raise ValueError(f"For 'Plan', a plan must hold {sorted(names)}, but {sorted(missing)} are missing.")
-        trials = [Trial(**trial) for trial in values["trials"]]
+        trials = [Trial(**_renamed(trial)) for trial in values["trials"]]
         return cls(**{**{k: values[k] for k in names}, "trials": trials})
 
     def save(self, path: str) -> str:
@@ -100,7 +114,7 @@ class Plan:
     def __str__(self) -> str:
         budget = (f"a budget of {self.memory_mib:.0f} MiB" if self.memory_mib is not None
                   else f"the device's free memory ({self.budget_mib:.0f} MiB)")
-        lines = [f"Plan for {self.model}: global batch {self.global_batch} = K={self.accumulate_steps} x "
+        lines = [f"Plan for {self.model}: global batch {self.global_batch} = K={self.accumulate_step} x "
                  f"B={self.batch_size}" + (f" x {self.ranks} ranks" if self.ranks > 1 else "") +
                  f", structure '{self.structure}', predicted peak {self.predicted_peak_mib:.0f} MiB within {budget}",
                  f"  fit: peak = {self.intercept_mib:.1f} MiB + {self.slope_mib:.2f} MiB x B",
@@ -109,6 +123,13 @@ class Plan:
             peak = "-" if trial.peak_mib is None else f"{trial.peak_mib:.0f}"
             time_ = "-" if trial.ms_per_window is None else f"{trial.ms_per_window:.0f}"
             mark = "" if trial.error is None else f"  ({trial.error})"
-            lines.append(f"  {trial.batch_size:>6} {trial.accumulate_steps:>5}  {trial.structure:<13}{peak:>10}"
+            lines.append(f"  {trial.batch_size:>6} {trial.accumulate_step:>5}  {trial.structure:<13}{peak:>10}"
                          f"{time_:>11}{mark}")
         return "\n".join(lines)
+
+
+def _renamed(values: dict) -> dict:
+    """A plan's fields as ms_accum 0.2 wrote them (``accumulate_steps``) under today's names."""
+    if isinstance(values, dict) and "accumulate_steps" in values and "accumulate_step" not in values:
+        values = {("accumulate_step" if k == "accumulate_steps" else k): v for k, v in values.items()}
+    return values

@@ -23,13 +23,19 @@ class StepRecord:
     samples: int
     skipped: bool = False
     loss_scale: float = 1.0
-    accumulate_steps: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
+    accumulate_step: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
     samples_consumed: int = 0  # global samples read when the window closed (`ms_accum.train.schedule`)
     # With statistics measured (`GradientAccumulation(statistics=True)`), else nan and empty:
     grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
     micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
     outliers: List[int] = field(default_factory=list)  # batch indices (in the epoch) left out as outliers
+
+    @property
+    def accumulate_steps(self) -> int:
+        """Deprecated: `accumulate_step` (K has one name in the API); this alias goes in the next release."""
+        warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
+        return self.accumulate_step
 
 
 class NonFiniteError(FloatingPointError):

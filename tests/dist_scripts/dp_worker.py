@@ -101,7 +101,7 @@ def ramp_runs(out_dir, rank):
             data = {"x": x[lo * size:hi * size], "y": y[lo * size:hi * size]}
             result = executor.train_process(1, ds.NumpySlicesDataset(data, shuffle=False).batch(size), k,
                                             ckpt_dir=None, verbose=False)
-            steps += [(r.accumulate_steps, r.samples_consumed) for r in result.steps]
+            steps += [(r.accumulate_step, r.samples_consumed) for r in result.steps]
         np.savez(os.path.join(out_dir, f"{name}_rank{rank}.npz"), **params_of(net))
         records[name] = steps
     return records["ramp"]

@@ -109,7 +109,7 @@ def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_S
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
     print(json.dumps({"checkpoint": result.checkpoint, "resumed_from": result.resumed_from,
                       "steps": [record.step for record in result.steps],
-                      "k": [record.accumulate_steps for record in result.steps]}), flush=True)
+                      "k": [record.accumulate_step for record in result.steps]}), flush=True)
 
 
 if __name__ == "__main__":
