@@ -32,7 +32,7 @@ MODEL_NAMES = tuple(DEMO_FACTORIES)
 OPTIMIZERS = ("momentum", "sgd", "adam")
 SYNTHETIC_NOTE = "SYNTHETIC data, not MNIST"
 # (train, test) images of the offline fallback: enough that `make run` (LeNet5, 1 epoch of K=4 x 32) learns them
-# far above chance, so a newcomer without MNIST still sees training work (README, "Without MNIST").
+# far above chance, so a newcomer without MNIST still sees training work (docs/cli.md).
 FALLBACK_SIZES = (30000, 2000)
 
 
@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave out of its window a micro-batch whose loss or gradient norm lies beyond Z standard "
                             "deviations of the recent ones (a loss spike); reported with its epoch and batch")
     train.add_argument("--outlier-warmup", type=non_negative_int, default=OUTLIER_WARMUP, metavar="N",
-                       help=f"micro-batches seen before any is judged an outlier (default {OUTLIER_WARMUP}, at least 8)")
+                       help=f"micro-batches seen before any is judged an outlier (default {OUTLIER_WARMUP}, "
+                            "at least 8)")
     train.add_argument("--policy", choices=POLICIES, default="skip_window",
                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")

@@ -1,7 +1,7 @@
 """Process setup that must happen before MindSpore loads: the CPU kernel ISA, and the device.
 
 Importing `ms_accum` (any of its modules) before `mindspore` caps oneDNN at AVX2 on AVX-512 CPUs, unless the user set
-``ONEDNN_MAX_CPU_ISA`` (README, "Known MindSpore behaviour": oneDNN's AVX-512 convolutions). This module imports no
+``ONEDNN_MAX_CPU_ISA`` (docs/mindspore.md, oneDNN's AVX-512 convolutions). This module imports no
 MindSpore itself. A process that loaded MindSpore first runs the uncapped kernels; the Cells, the `Accumulator` and the
 executor then warn once (`check_cpu_kernels`).
 """
@@ -46,7 +46,7 @@ def prefer_fast_cpu_kernels() -> Optional[str]:
     Caps oneDNN at AVX2 on AVX-512 CPUs, unless the user set `ONEDNN_MAX_CPU_ISA` already.
 
     oneDNN 3.10 inside MindSpore 2.10 runs AVX-512 convolutions on such CPUs that are many times slower than its AVX2
-    ones (README, "Known MindSpore behaviour"); on AVX2-only CPUs the cap changes nothing, so it is left unset there.
+    ones (docs/mindspore.md); on AVX2-only CPUs the cap changes nothing, so it is left unset there.
     oneDNN reads the variable once, when MindSpore's libraries load: importing `ms_accum` first calls this.
 
     Returns:
@@ -118,10 +118,10 @@ def check_cpu_kernels(cls_name: str) -> bool:
     if slow:
         _state["warned"] = True
         warnings.warn(f"For '{cls_name}', MindSpore's oneDNN runs AVX-512 kernels on this CPU ({cpu_kernel_isa()}), "
-                      f"whose convolutions in MindSpore 2.10 are several times slower than its AVX2 ones (README, "
-                      f"\"Known MindSpore behaviour\"): mindspore was imported before ms_accum, too late for ms_accum "
-                      f"to cap them. Fix: import ms_accum before mindspore, or set {ISA_VARIABLE}=AVX2 before "
-                      f"starting Python.", RuntimeWarning, stacklevel=3)
+                      f"whose convolutions in MindSpore 2.10 are several times slower than its AVX2 ones "
+                      f"(docs/mindspore.md): mindspore was imported before ms_accum, too late for ms_accum to cap "
+                      f"them. Fix: import ms_accum before mindspore, or set {ISA_VARIABLE}=AVX2 before starting "
+                      f"Python.", RuntimeWarning, stacklevel=3)
     return slow
 
 

@@ -182,7 +182,7 @@ def test_verify_equivalence_with_token_weights():
 
 def test_every_structure_compiles_without_eliminating_side_effects():
     # MindSpore warns "Some side effect nodes were eliminated by mistake" when a result of a function with side
-    # effects is discarded (README, "Known MindSpore behaviour"); its warnings go to stderr, so a fresh process.
+    # effects is discarded (docs/mindspore.md); its warnings go to stderr, so a fresh process.
     script = (
         "import sys, numpy as np, mindspore as ms, mindspore.dataset as ds\n"
         "from mindspore import nn\n"

@@ -30,7 +30,7 @@ SMALL_TENSOR = 1 << 13  # elements: up to this a tensor is summed by L2Loss (a b
 
 def _densify(grad):
     # A sparse gradient (nn.EmbeddingLookup(sparse=True)) is a RowTensor; the buffer is dense, so its rows are
-    # summed into a dense tensor first, inside a registered dispatch function (README, "Known MindSpore behaviour").
+    # summed into a dense tensor first, inside a registered dispatch function (docs/mindspore.md).
     return ops.unsorted_segment_sum(grad.values, grad.indices, grad.dense_shape[0])
 
 
@@ -51,7 +51,7 @@ def dense_shape(grad):
 
 
 def shape_matches(shape, expected) -> bool:
-    """Compares a gradient's shape with a parameter's element by element (README, "Known MindSpore behaviour":
+    """Compares a gradient's shape with a parameter's element by element (docs/mindspore.md:
     with sparse gradients among them, shape tuples compare wrongly)."""
     if len(shape) != len(expected):
         return False
@@ -97,8 +97,8 @@ def _weigh_row_tensor(weight, grad):
 
 @_scale_in_place_op.register("Tensor", "Tensor")
 def _scale_in_place(scale, grad):
-    # In place, so no second copy of the window's gradient; the result is used (README, "Known MindSpore
-    # behaviour": in-place operations).
+    # In place, so no second copy of the window's gradient; the result is used (docs/mindspore.md,
+    # in-place operations).
     return grad.mul_(ops.cast(scale, grad.dtype))
 
 
@@ -135,8 +135,8 @@ def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
     """`accumulate` for a micro-batch that a filter may have left out by zeroing its weight: its `grads`, which may
     not be finite, are added only if it weighs something (one that weighs nothing adds nothing anyway).
 
-    A tensor `if`, not a `select` of each gradient against zeros, which held copies of the gradients (README, "Known
-    MindSpore behaviour": masking a gradient).
+    A tensor `if`, not a `select` of each gradient against zeros, which held copies of the gradients
+    (docs/mindspore.md, masking a gradient).
     """
     if weight > 0:
         weight = ops.depend(weight, _hyper_map(_accumulate_op, grad_sum, grads))
@@ -185,10 +185,10 @@ def _row_sum_of_squares(row):
 @_half_sum_of_squares_op.register("Tensor")
 def _half_sum_of_squares(grad):
     grad = ops.cast(grad, ms.float32)
-    # One kernel either way, no temporary (`Mul` then `ReduceSum` would hold a copy of the tensor; README, "Known
-    # MindSpore behaviour"). L2Loss (sum(x²) / 2) adds element after element: the cheaper up to `SMALL_TENSOR`, it
-    # drifts above (3.5e-3 relative at 4M elements), where the tensor's dot product with itself, one MatMul, is
-    # faster and accurate.
+    # One kernel either way, no temporary (`Mul` then `ReduceSum` would hold a copy of the tensor;
+    # docs/mindspore.md, small reductions). L2Loss (sum(x²) / 2) adds element after element: the cheaper up to
+    # `SMALL_TENSOR`, it drifts above (3.5e-3 relative at 4M elements), where the tensor's dot product with itself,
+    # one MatMul, is faster and accurate.
     if ops.size(grad) <= SMALL_TENSOR:
         return _l2_loss(grad)
     return _row_sum_of_squares(_row(grad)) * 0.5
@@ -275,7 +275,7 @@ def clip_in_place(grads, clip_norm: float):
     """`grads` clipped to the global norm `clip_norm` in place, as `ops.clip_by_global_norm` clips.
 
     The global norm is summed without a temporary (`squared_norm`): `clip_by_global_norm` squares each tensor into a
-    copy first (README, "Known MindSpore behaviour": small reductions). Its sums differ from ours by float32 rounding
+    copy first (docs/mindspore.md, small reductions). Its sums differ from ours by float32 rounding
     only.
     """
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
@@ -360,7 +360,7 @@ def clear_window(grad_sum, mini_step, counters):
     """Zero the buffer, whatever it holds, the float32 `counters` and `mini_step`: the window is closed.
 
     Subtracting the buffer from itself zeroes every finite value; a buffer that held inf or nan then sums to nan
-    and is overwritten with zeros. The test is a tensor `if` (README, "Performance": a graph with control flow costs
+    and is overwritten with zeros. The test is a tensor `if` (docs/structures.md: a graph with control flow costs
     more per call), so a window closed by the optimizer step, which knows whether it was finite, avoids it.
     """
     done = zero_finite(grad_sum)

@@ -30,7 +30,7 @@ class Reduction:
     A rule answers, in the graph, what a micro-batch weighs and what the window is divided by, and on the host, how
     the executor reads the micro-batches' losses back. The defaults are those of a network whose output is its scalar
     loss; a rule overrides what differs. The rule is chosen once, when the `AccumulationBuffer` is built, never by a
-    flag in the graph (README, "Known MindSpore behaviour": a constant if/else).
+    flag in the graph (docs/mindspore.md, a constant if/else).
 
     Attributes:
         name (str): The ``reduction`` argument that names the rule.
@@ -309,7 +309,7 @@ class AccumulationBuffer:
         In place: the buffer is reduced over the ranks, divided, unscaled and clipped, and the guard adjusts the loss
         scale and counts a skip. Then exactly one of `step` (if True) or `clear` must follow, before the next
         micro-batch: the executor's three graphs choose between them on the host, so no graph holds a tensor `if`
-        (README, "Performance").
+        (docs/structures.md).
         """
         return self._window(clip_norm)[1]
 

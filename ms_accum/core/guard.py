@@ -18,7 +18,7 @@ all-reduced, so every rank decides alike.
 
 The window's check is `mindspore.amp.all_finite` on GPU and Ascend (where it reads the device's overflow status)
 and for half-precision buffers; on CPU a float32 buffer is checked through each tensor's sum of squares, one L2Loss
-kernel per tensor instead of three (README, "Performance"). Wherever statistics measure the window's squared norm,
+kernel per tensor instead of three (docs/structures.md). Wherever statistics measure the window's squared norm,
 its finiteness is the check, on any device, and the window is not read a second time.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def check_policy_fits(sparse: Optional[str], policy: str, cls_name: str, leaves_
     """Refuses a buffer that `leaves_out` micro-batches (``"skip_microbatch"``, or an outlier filter) for a network
     with sparse gradients (`sparse`: the name of the cell that makes one, `sparse_gradient_cell`), before anything
     compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor add them behind the tensor `if` that
-    leaves a micro-batch out (README, "Known MindSpore behaviour"); ``"skip_window"`` checks the dense window
+    leaves a micro-batch out (docs/mindspore.md); ``"skip_window"`` checks the dense window
     instead."""
     if sparse is None or not leaves_out:
         return
@@ -103,8 +103,8 @@ class _AllFinite:
 class _NormIsFinite:
     """Statistics on: the window's squared norm, measured before clipping in float32, is finite exactly when the
     elements are (then the clipped window is too), with `_SumIsFinite`'s one exception. Reading it spares a second
-    pass over the window, and MindSpore's copy of each buffer tensor before that second read (README, "Known
-    MindSpore behaviour")."""
+    pass over the window, and MindSpore's copy of each buffer tensor before that second read
+    (docs/mindspore.md)."""
 
     def __call__(self, grads, sq_norm):
         return ops.isfinite(sq_norm)
@@ -227,7 +227,7 @@ class WindowGuard:
         self.policy = check_value_in(policy, "policy", POLICIES, cls_name)
         if loss_scaler is not None:
             check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler), cls_name)
-        # Chosen here, not by flags in the graph (README, "Known MindSpore behaviour": constant if/else).
+        # Chosen here, not by flags in the graph (docs/mindspore.md, constant if/else).
         self.scaling = _Unscaled() if loss_scaler is None else _Scaled(loss_scaler)
         self.window_finite = _window_check(dtypes or (ms.float32,), measured)
         if loss_scaler is None:
@@ -261,7 +261,7 @@ class WindowGuard:
         """
         bad, seen = reducer.totals(self.window_bad, ops.cast(micro_batches, ms.float32))
         apply = ops.logical_and(self.window_finite(grads, sq_norm), ops.logical_not(self.filter.spoiled(bad, seen)))
-        # Every result is used (README, "Known MindSpore behaviour": discarded results of functions with side effects).
+        # Every result is used (docs/mindspore.md, discarded results of functions with side effects).
         adjusted = self.scaling.adjust(apply, bad)
         counted = ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
         return ops.depend(ops.depend(apply, adjusted), counted)

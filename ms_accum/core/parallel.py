@@ -71,7 +71,7 @@ class LocalSums:
     The window's sums on one process: the buffer and its sample count as they are.
 
     A `jit_class`, not a Cell: graph code inlines it, and `Accumulator.flush` called from Python runs it eagerly
-    (README, "Known MindSpore behaviour": a Cell returning its input Parameters).
+    (docs/mindspore.md, a Cell returning its input Parameters).
 
     Inputs:
         - **grad_sum** (tuple[Tensor]) - The window's buffer.
@@ -118,7 +118,7 @@ class AllReduceSums:
 
     Outputs:
         Tuple of (tuple[Tensor], Tensor): the buffer and the sample count summed over the ranks. The buffer's
-        Parameters hold the sums too, so a graph launched afterwards (the executor's step, README "Performance") reads
+        Parameters hold the sums too, so a graph launched afterwards (the executor's step, docs/structures.md) reads
         the global window.
 
     Supported Platforms:

@@ -7,7 +7,7 @@ the backward pass's sensitivity, weight x loss scale, which is divided out), and
 norm of the window's mean gradient before clipping. A norm, not a copy: no buffer is added. With statistics off (the
 default) nothing is computed and every Cell's output is as before.
 
-`NoiseScale` turns both into McCandlish et al.'s simple noise scale B_simple = tr(Σ) / |G|² (README, "Statistics").
+`NoiseScale` turns both into McCandlish et al.'s simple noise scale B_simple = tr(Σ) / |G|² (docs/statistics.md).
 """
 from __future__ import annotations
 

@@ -396,7 +396,7 @@ def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, 
 def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: Optional[bool] = None,
                    num_parallel_workers: int = 1, num_shards: Optional[int] = None, shard_id: Optional[int] = None,
                    num_samples: Optional[int] = None, seed: Optional[int] = None,
-                   drop_remainder: bool = True) -> Dataset:
+                   drop_remainder: bool = True, cls_name: str = "create_dataset") -> Dataset:
     r"""
     MNIST batches for LeNet5, as in MindSpore's LeNet tutorial, with the normalization in the right order.
 
@@ -418,6 +418,8 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
         seed (int, optional): Shuffle seed for this dataset only; all shards must use the same one.
             Default: ``None``, MindSpore's dataset seed (``mindspore.dataset.config.get_seed()``).
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``True``.
+        cls_name (str): The name errors give as the one called (the command line passes its command). Default:
+            ``"create_dataset"``.
 
     Returns:
         mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32
@@ -430,13 +432,13 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
             would be produced.
         DataError: If the MNIST files are missing or damaged.
     """
-    return _build_pipeline("create_dataset", data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
+    return _build_pipeline(cls_name, data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
                            image_size=32, num_parallel_workers=num_parallel_workers, num_shards=num_shards,
                            shard_id=shard_id, num_samples=num_samples, seed=seed)
 
 
 def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: bool = False,
-             drop_remainder: bool = False, **kwargs) -> Dataset:
+             drop_remainder: bool = False, cls_name: str = "datapipe", **kwargs) -> Dataset:
     r"""
     MNIST batches for the MLP of MindSpore's "Gradient Accumulation" page (its `datapipe`): the 28x28 images
     scaled to [0, 1] and normalized (``vision.Normalize``), CHW, int32 labels. As on the page, nothing is shuffled and
@@ -448,6 +450,8 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
         usage (str): ``"train"`` or ``"test"``. Default: ``"train"``.
         shuffle (bool): Whether to shuffle (again every epoch). Default: ``False``.
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``False``.
+        cls_name (str): The name errors give as the one called (the command line passes its command). Default:
+            ``"datapipe"``.
         kwargs: `num_parallel_workers`, `num_shards`, `shard_id`, `num_samples`, `seed`, as :func:`create_dataset`
             takes them.
 
@@ -460,7 +464,7 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
         ValueError: If an argument has a wrong value (see :func:`create_dataset`).
         DataError: If the MNIST files are missing or damaged.
     """
-    return _build_pipeline("datapipe", data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
+    return _build_pipeline(cls_name, data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
                            image_size=_SIDE, **kwargs)
 
 

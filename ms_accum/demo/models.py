@@ -1,5 +1,6 @@
 """The tutorials' networks: the two of MindSpore's gradient-accumulation documentation, and a character
-Transformer for the sequence tutorial."""
+Transformer for the sequence tutorial; and the networks that memory is measured on (benchmarks/, tests/test_memory.py),
+each as a factory (``package.module:function``, see `ms_accum.tools.factory`) that `plan` and `verify` take."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -8,6 +9,7 @@ from mindspore import nn, ops
 from mindspore.common.initializer import Normal
 
 from .._validation import check_positive_int, check_value_in
+from ..core.losses import TokenCrossEntropy
 
 
 class LeNet5(nn.Cell):
@@ -84,8 +86,8 @@ class MLP(nn.Cell):
 class CharTransformer(nn.Cell):
     r"""
     A small causal language model from MindSpore's layers: character embedding plus learned positions, causal
-    `nn.TransformerEncoderLayer` blocks, a linear head over the characters. The Shakespeare tutorial's model, and
-    the transformer of the activation-memory benchmark.
+    `nn.TransformerEncoderLayer` blocks, a linear head over the characters. The Shakespeare tutorial's model
+    (`char_transformer` is its factory).
 
     Args:
         vocab (int): Number of character ids (the head's classes).
@@ -126,6 +128,40 @@ class CharTransformer(nn.Cell):
         for block in self.blocks:
             x = block(x, src_mask=causal)
         return self.head(x)
+
+
+class ConvNet(nn.Cell):
+    r"""
+    An activation-heavy, parameter-light network: four 3x3 convolutions of 32 channels with ReLU, global average
+    pooling, a dense head (28,842 parameters). On 3x96x96 images its activations, not its parameters, decide a
+    step's memory, which is what accumulation saves (`conv_net` is its factory).
+
+    Args:
+        num_class (int): Number of classes. Default: ``10``.
+        num_channel (int): Input channels. Default: ``3``.
+
+    Inputs:
+        - **x** (Tensor) - Images of shape :math:`(N, C, H, W)`, float32.
+
+    Outputs:
+        Tensor of shape :math:`(N, num\_class)`, the logits.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, num_class: int = 10, num_channel: int = 3) -> None:
+        super().__init__()
+        check_positive_int(num_class, "num_class", "ConvNet")
+        check_positive_int(num_channel, "num_channel", "ConvNet")
+        layers = []
+        for channels in (num_channel, 32, 32, 32):
+            layers += [nn.Conv2d(channels, 32, 3), nn.ReLU()]
+        self.body = nn.SequentialCell(layers)
+        self.head = nn.Dense(32, num_class)
+
+    def construct(self, x):
+        return self.head(self.body(x).mean(axis=(2, 3)))
 
 
 MODELS = {"lenet5": LeNet5, "mlp": MLP}
@@ -177,3 +213,48 @@ def lenet5():
 def mlp():
     """The factory of ``--model mlp``."""
     return factory("mlp")
+
+
+# ----------------------------------------------------------------------------------- the networks memory is measured on
+def _random_sample(inputs, targets):
+    """``sample(n)``: `n` random inputs from ``inputs(rng, n)`` and targets from ``targets(rng, n)``, the same for the
+    same `n`."""
+    def sample(batch_size: int):
+        rng = np.random.default_rng(batch_size)
+        return inputs(rng, batch_size), targets(rng, batch_size)
+    return sample
+
+
+def conv_net():
+    """Factory: `ConvNet` on 3x96x96 images, the mean cross-entropy, SGD(0.01); ``sample(n)``: random images, labels
+    0-9. Activations dominate its memory: one step on 32 images costs about twice one on 4."""
+    network = ConvNet()
+    sample = _random_sample(lambda rng, n: rng.standard_normal((n, 3, 96, 96)).astype(np.float32),
+                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
+    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+            nn.SGD(network.trainable_params(), 0.01), sample)
+
+
+def char_transformer():
+    """Factory: the Shakespeare tutorial's `CharTransformer` (65 characters, width 64, 4 heads, 2 blocks) on sequences
+    of 256, its longest bucket, with its loss `TokenCrossEntropy` (``reduction="weighted_mean"``) and SGD(0.01);
+    ``sample(n)``: random characters, every position a real one."""
+    vocab, length = 65, 256
+    network = CharTransformer(vocab, 64, 4, 2, length)
+    sample = _random_sample(lambda rng, n: rng.integers(0, vocab, (n, length)).astype(np.int32),
+                            lambda rng, n: rng.integers(0, vocab, (n, length)).astype(np.int32))
+    return network, TokenCrossEntropy(), nn.SGD(network.trainable_params(), 0.01), sample
+
+
+def wide_mlp():
+    """Factory: a parameter-heavy MLP, three Dense(4096, 4096) and a Dense(4096, 10) with ReLU (192 MiB of float32
+    parameters, each large weight a third of them), the mean cross-entropy, SGD(0.01) without momentum (no optimizer
+    state); ``sample(n)``: random 4096-vectors, labels 0-9. Its gradients, not its activations, decide a step's
+    memory: a copy of any one weight's gradient shows."""
+    width = 4096
+    network = nn.SequentialCell([nn.Dense(width, width), nn.ReLU(), nn.Dense(width, width), nn.ReLU(),
+                                 nn.Dense(width, width), nn.ReLU(), nn.Dense(width, 10)])
+    sample = _random_sample(lambda rng, n: rng.standard_normal((n, width)).astype(np.float32),
+                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
+    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+            nn.SGD(network.trainable_params(), 0.01), sample)

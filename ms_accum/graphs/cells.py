@@ -102,8 +102,8 @@ class _MicroBatchCell(_BufferCell):
 
         The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
         and the loss scale are the backward pass's sensitivity, so weighting costs nothing. The statistics are the
-        buffer's (`ms_accum.core.statistics`: None when off). Callers use the results (README, "Known MindSpore
-        behaviour": discarded results of a function with side effects).
+        buffer's (`ms_accum.core.statistics`: None when off). Callers use the results (docs/mindspore.md,
+        discarded results of a function with side effects).
         """
         out = self.network(*inputs)
         loss, weight = self.buffer.reduction.split(out, inputs[0])
@@ -172,7 +172,8 @@ class TrainForwardBackward(_MicroBatchCell):
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
-        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the tuple of that and
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the
+        tuple of that and
         the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:
@@ -236,7 +237,7 @@ class TrainOptim(_BufferCell):
     place (in graph mode the buffer then holds the applied gradient), so `TrainClear` must follow before the next
     window, as in the tutorial's loop; or give ``clear=True`` and the window is also cleared in the same graph call:
     one launch and one tensor `if` per window instead of two of each. (`GradientAccumulation` goes further: it makes
-    the choice on the host, with no tensor `if` at all; README, "Performance".)
+    the choice on the host, with no tensor `if` at all; docs/structures.md.)
 
     Args:
         optimizer (nn.Optimizer): The optimizer.
@@ -350,7 +351,8 @@ class TrainAccumulationCell(_MicroBatchCell):
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
-        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the tuple of that and
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the
+        tuple of that and
         the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:

@@ -15,7 +15,7 @@ class TrainWindowCell(TrainAccumulationCell):
 
     A call equals `accumulate_step` calls of `TrainAccumulationCell` on the same micro-batches, bit for bit: the
     same micro-batch step runs in a graph-mode loop, then the buffer's `close`. One micro-batch's activations are
-    alive at a time, but the loop's control flow costs more memory than `TrainForwardBackward` (README, "Memory").
+    alive at a time, but the loop's control flow costs more memory than `TrainForwardBackward` (docs/structures.md).
     A shorter window (an epoch's partial one, or a smaller K of a schedule) runs through the same graph: stacked to K
     and trained on its first `micro_batches` (`set_micro_batches`), since another graph of the network would keep
     activation memory of its own.
@@ -93,9 +93,9 @@ class TrainWindowCell(TrainAccumulationCell):
         weights = ops.zeros((self.accumulate_step,), ms.float32)
         norms = ops.zeros((self.accumulate_step, 2), ms.float32)
         i = ops.zeros((), ms.int32)
-        # A loop over a tensor index, not a Python loop (README, "Known MindSpore behaviour": unrolled windows).
+        # A loop over a tensor index, not a Python loop (docs/mindspore.md, unrolled windows).
         # A copy of the bound, not the Parameter: compared directly with the loop's index, it kept its value at
-        # compilation (README, "Known MindSpore behaviour": a Parameter in a loop's condition).
+        # compilation (docs/mindspore.md, a Parameter in a loop's condition).
         bound = self.micro_batches * 1
         while i < bound:
             micro = tuple([x[i] for x in inputs])

@@ -1,7 +1,8 @@
 """Plan the micro-batch, K and structure for a global batch within a memory budget, from measured memory.
 
 `plan` never trains in the caller's process: every measurement is a trial in a fresh Python process
-(``python -m ms_accum.tools.planner``), which builds the model from its factory, trains a few windows with the executor over a
+(``python -m ms_accum.tools.planner``), which builds the model from its factory, trains a few windows with the executor
+over a
 dataset of the factory's samples, and reports its peak memory and its time per window. A trial that runs out of memory
 is killed alone, and nothing it allocated stays in the caller's process.
 
@@ -148,7 +149,7 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, 
     """
     One trial as `plan` makes them: `WINDOWS` windows of `accumulate_step` micro-batches of `batch_size`, then a
     partial window of one, trained by the executor with `structure` over a dataset of the factory's samples, in a fresh
-    process: the peak is the structure's in an epoch that K does not divide (README, "Memory": a partial window), the
+    process: the peak is the structure's in an epoch that K does not divide (docs/structures.md: a partial window), the
     time per window that of the whole windows.
 
     Returns:
@@ -344,7 +345,8 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m ms_accum.tools.planner check SPEC DEVICE`` or ``... trial SPEC DEVICE B K STRUCTURE REDUCTION``: prints
+    """``python -m ms_accum.tools.planner check SPEC DEVICE`` or ``... trial SPEC DEVICE B K STRUCTURE REDUCTION``:
+    prints
     one JSON line (an ``error`` key when the model failed)."""
     parser = argparse.ArgumentParser(description="One trial of ms_accum.plan, in this fresh process.")
     parser.add_argument("command", choices=("check", "trial"))

@@ -30,7 +30,7 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optional[Dict[str, MetaValue]] = None,
-                    ) -> str:
+                    cls_name: str = "save_checkpoint") -> str:
     """
     Saves `save_obj` to `path` atomically, with `metadata` and a CRC.
 
@@ -40,6 +40,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
         path (str): Target file; its directory must exist. An existing file is replaced only once the new one
             is complete on disk.
         metadata (dict, optional): ints, floats, bools or strings stored beside the parameters.
+        cls_name (str): The name errors give as the one called (the executor passes its `train_process`). Default:
+            ``"save_checkpoint"``.
 
     Returns:
         str, `path`.
@@ -52,7 +54,7 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
     metadata = dict(metadata or {})
     for key, value in metadata.items():
         if not isinstance(value, (int, float, str, bool)):
-            raise TypeError(f"For 'save_checkpoint', the argument 'metadata' must map names to int, float, bool or "
+            raise TypeError(f"For '{cls_name}', the argument 'metadata' must map names to int, float, bool or "
                             f"str, but '{key}' is {type(value).__name__}.")
     append = {_META_PREFIX + "format_version": FORMAT_VERSION}
     append.update({_META_PREFIX + key: value for key, value in metadata.items()})
@@ -66,7 +68,7 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as err:
-        raise CheckpointError(f"For 'save_checkpoint', '{name}' could not be written in '{directory}': "
+        raise CheckpointError(f"For '{cls_name}', '{name}' could not be written in '{directory}': "
                               f"{err.strerror or err}. No earlier file was changed.") from err
     finally:
         for leftover in (tmp, _mindspore_temporary(tmp)):

@@ -13,7 +13,8 @@ from .._validation import (check_callable, check_isinstance, check_positive_floa
                           check_value_in, check_writable_dir)
 from .._choices import AUTO_STRUCTURE, OUTLIER_WARMUP, PARTIAL_WINDOWS, REDUCTIONS, STRUCTURES
 from ..core.buffer import AccumulationBuffer, check_buffer_dtype
-from ..graphs.cells import TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow, _StepWindow
+from ..graphs.cells import (TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow,
+                            _StepWindow)
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
 from ..core.losses import check_loss_output
 from .lr import SamplesLR
@@ -75,9 +76,10 @@ class GradientAccumulation:
         buffer_dtype (mindspore.dtype, optional): The accumulation buffer's dtype. Default: ``None``, float32 for
             float16 and bfloat16 parameters, else theirs.
         statistics (bool): Measure each micro-batch's and each window's gradient norm in the graph
-            (`ms_accum.core.statistics`), in `StepRecord.grad_norm` and `StepRecord.micro_batch_grad_norms`. A norm, not a
+            (`ms_accum.core.statistics`), in `StepRecord.grad_norm` and `StepRecord.micro_batch_grad_norms`. A norm, not
+            a
             copy, but a few more kernels per micro-batch (8.5 on LeNet5, its window's share included), which a small
-            network's step feels (README, "What is in the window"). Default: ``False``; on whenever `noise_scale` or
+            network's step feels (docs/statistics.md). Default: ``False``; on whenever `noise_scale` or
             `skip_outliers` is set.
         noise_scale (bool): Estimate the gradient noise scale B_simple from the micro-batches' and the windows'
             gradient norms (`ms_accum.core.statistics.NoiseScale`), in `StepRecord.noise_scale`. Default: ``False``.
@@ -194,8 +196,8 @@ class GradientAccumulation:
         whose K is a graph constant, built once per K, or per `largest`, and kept) all share `buffer`; `train_window`
         trains one window and says whether it was applied. `largest`, the largest K a run will use (`train_process`
         gives it), gives ``"fused"`` and ``"window"`` one Cell for all of them, built for it, which a window of fewer
-        micro-batches runs through too: each Cell is a graph with activation memory of its own (README, "Known
-        MindSpore behaviour": each graph's memory).
+        micro-batches runs through too: each Cell is a graph with activation memory of its own
+        (docs/mindspore.md, each graph's memory).
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
@@ -231,7 +233,8 @@ class GradientAccumulation:
             epoch (int): Number of epochs.
             train_dataset (Dataset): Yields (data, label) micro-batches.
             mini_steps (Union[int, dict, Callable], optional): Micro-batches per optimizer step, K: an int, or a
-                schedule of the global samples consumed (`ms_accum.train.schedule`): a dict ``{samples: K}`` from 0 (e.g.
+                schedule of the global samples consumed (`ms_accum.train.schedule`): a dict ``{samples: K}`` from 0
+                (e.g.
                 `ms_accum.rampup`) or a callable ``K(samples)``. Each window's K is decided when it opens, so a
                 window never changes K midway and a resumed run recomputes it; a callable is evaluated at every
                 window's opening before anything trains. Default: ``None``, the plan's K for an executor built by

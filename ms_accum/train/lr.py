@@ -5,7 +5,7 @@ Accumulating K micro-batches of B makes each update one step on a batch of K*B, 
 count `global_step` per update, so a learning-rate schedule (a list or a `LearningRateSchedule`) advances
 once per window, never per micro-batch. What changes is the batch the rate was tuned for. When K changes during
 training (`ms_accum.train.schedule`), a step no longer holds a fixed number of samples: `SamplesLR` drives a schedule by
-the samples consumed instead (README, "Batch schedules").
+the samples consumed instead (docs/schedules.md).
 """
 from __future__ import annotations
 

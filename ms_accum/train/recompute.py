@@ -13,7 +13,8 @@ from mindspore import nn
 from .._validation import check_isinstance
 
 
-def recompute_cells(network: nn.Cell, names: Iterable[str]) -> List[str]:
+def recompute_cells(network: nn.Cell, names: Iterable[str], cls_name: str = "recompute_cells",
+                    arg_name: str = "names") -> List[str]:
     """
     Marks the sub-cells of `network` at the given paths for recomputation (`Cell.recompute()`).
 
@@ -22,6 +23,9 @@ def recompute_cells(network: nn.Cell, names: Iterable[str]) -> List[str]:
     Args:
         network (nn.Cell): The network.
         names (Iterable[str]): Paths as `network.cells_and_names()` gives them, e.g. ``["conv1", "fc1"]``.
+        cls_name (str): The name errors give as the one called (the executor and the CLI pass their own). Default:
+            ``"recompute_cells"``.
+        arg_name (str): The argument that gave `names`, for messages. Default: ``"names"``.
 
     Returns:
         list[str], the marked paths.
@@ -36,13 +40,13 @@ def recompute_cells(network: nn.Cell, names: Iterable[str]) -> List[str]:
         >>> recompute_cells(LeNet5(), ["conv1", "conv2"])
         ['conv1', 'conv2']
     """
-    check_isinstance(network, "network", nn.Cell, "recompute_cells")
+    check_isinstance(network, "network", nn.Cell, cls_name)
     cells = {path: cell for path, cell in network.cells_and_names() if path}
     names = list(names)
     for name in names:
-        check_isinstance(name, "names", str, "recompute_cells")
+        check_isinstance(name, arg_name, str, cls_name)
         if name not in cells:
-            raise ValueError(f"For 'recompute_cells', the argument 'names' must hold sub-cells of the network, "
+            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must hold sub-cells of the network, "
                              f"but got '{name}'; valid paths: {sorted(cells)}.")
     for name in names:
         cells[name].recompute()

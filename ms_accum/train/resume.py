@@ -155,7 +155,8 @@ class StateCheckpoints:
         """`save_checkpoint` into the run's directory; a failed save also names the newest complete training state,
         which a resumed run continues from."""
         try:
-            return save_checkpoint(save_obj, path, metadata)
+            # The user ran train_process: its name, not this helper's, heads a failed save's message.
+            return save_checkpoint(save_obj, path, metadata, "GradientAccumulation.train_process")
         except CheckpointError as err:
             newest = find_latest(self.ckpt_dir, self.ckpt_name)
             where = (f"the newest complete training state is '{os.path.basename(newest)}': resume=True (the CLI's "

@@ -25,7 +25,7 @@ class ThreeGraphsRunner:
     each micro-batch; the buffer's `check` graph then makes the window ready in place (reduce, divide, clip) and
     returns the guard's verdict, which the host reads to launch the buffer's `step` or, for a window that is not
     finite, `TrainClear`. As many launches per window as the tutorial's `TrainOptim` and `TrainClear`, and no graph
-    with a tensor `if` (README, "Performance")."""
+    with a tensor `if` (docs/structures.md)."""
 
     def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
                  clear: nn.Cell) -> None:
@@ -69,7 +69,7 @@ class FusedRunner(ThreeGraphsRunner):
     """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th. A shorter
     window (an epoch's partial one) runs through the same Cell, which then only accumulates, and is closed by the
     host as the three graphs close theirs: a second graph of the network, `TrainForwardBackward`, would keep
-    activation memory of its own (README, "Known MindSpore behaviour": each graph's memory)."""
+    activation memory of its own (docs/mindspore.md, each graph's memory)."""
 
     def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
                  clear: nn.Cell, cell: nn.Cell) -> None:
