@@ -1,4 +1,4 @@
-"""Benchmarks of ms_accum: run `python benchmarks/run_all.py` (see its --help). Not part of the package."""
-# Before any benchmark loads MindSpore, so that `python -m benchmarks.X` runs oneDNN's kernels as the CLI and the
-# library do (ms_accum.runtime caps the CPU ISA on AVX-512 CPUs; it imports no MindSpore itself).
+"""The benchmark suite of ms_accum: ``python -m benchmarks`` (see README.md beside it). Not part of the package."""
+# Before any section loads MindSpore: ms_accum chooses oneDNN's CPU ISA (AVX2 on AVX-512 CPUs, docs/mindspore.md),
+# which MindSpore reads only when it loads, so the figures are those of the library as users run it.
 import ms_accum.runtime  # noqa: F401

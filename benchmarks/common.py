@@ -1,113 +1,120 @@
-"""Shared pieces of the benchmarks: the machine header, interleaved timing, tables, data and the LeNet5 setup.
+"""What the benchmark's sections share: the header (machine and date), contenders timed side by side, tables, data,
+and the training steps every section builds.
 
-Importing this module loads neither MindSpore nor torch; the functions that need MindSpore import it when
-called, after `run_all.py` has set the process up (oneDNN's ISA must be chosen before MindSpore loads).
+Importing this module loads no MindSpore: the functions that need it import it when called, after `benchmarks`
+(its `__init__`) has let ms_accum choose oneDNN's CPU ISA, which MindSpore reads only when it loads.
 """
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BATCH = 32          # the tutorial's micro-batch
-K = 4               # the tutorial's mini_steps
-LR, MOMENTUM = 0.01, 0.9
+K = 4                 # micro-batches per window, the tutorial's mini_steps
+MIB = 2 ** 20
 
 
-# ----------------------------------------------------------------------------------------------- header
-def cpu_info() -> Dict[str, str]:
-    model, flags = platform.processor() or "?", set()
+# ------------------------------------------------------------------------------------------------------------ header
+def cpu() -> str:
+    """The CPU's model name, family and model numbers, cores this process may use and the ISA flags that matter."""
+    fields, flags = {}, set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "flags":
                     flags = set(value.split())
+                elif key in ("model name", "cpu family", "model") and key not in fields:
+                    fields[key] = value
     except OSError:
         pass
-    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return {"model": model, "cores": str(len(os.sched_getaffinity(0))), "isa": " ".join(isa) or "none"}
+    isa = " ".join(flag for flag in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if flag in flags)
+    return (f"{fields.get('model name', platform.processor() or '?')} (family {fields.get('cpu family', '?')}, "
+            f"model {fields.get('model', '?')}), {len(os.sched_getaffinity(0))} cores, ISA flags: {isa or 'none'}")
 
 
-def version(package: str) -> str:
+def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
 
 
-def source_revision() -> str:
-    """ms_accum's git revision (+dirty when the working tree differs), and whether it is this checkout's."""
-    import subprocess
-    import ms_accum
-    where = os.path.dirname(os.path.dirname(os.path.abspath(ms_accum.__file__)))
+def _ms_accum_version() -> str:
+    import ms_accum  # imports no MindSpore
+    return ms_accum.__version__
+
+
+def _revision() -> str:
+    """This checkout's git revision, +dirty when ms_accum/ differs from it."""
     try:
-        rev = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "ms_accum"], capture_output=True,
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "ms_accum"], capture_output=True,
                                text=True, check=True).stdout.strip()
-        rev += "+dirty" if dirty else ""
+        return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        rev = "not a git checkout"
-    # No absolute path: reports are kept in the repository.
-    return f"{'this checkout' if os.path.samefile(where, REPO) else 'another checkout'} ({rev})"
+        return "not a git checkout"
 
 
 def header() -> str:
-    cpu = cpu_info()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return "\n".join([
-        f"machine : {cpu['model']}, {cpu['cores']} cores, ISA flags: {cpu['isa']}",
-        f"python  : {platform.python_version()}   mindspore {version('mindspore')}   numpy {version('numpy')}"
-        f"   torch {version('torch')}",
-        f"ms_accum: {source_revision()}",
-        f"env     : ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '(unset)')}   "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}   load average {load} (1/5/15 min)",
+        f"date    : {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
+        f"cpu     : {cpu()}",
+        f"software: python {platform.python_version()}, mindspore {_version('mindspore')}, numpy "
+        f"{_version('numpy')}, ms_accum {_ms_accum_version()} ({_revision()})",
+        f"env     : ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '(unset)')}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}, load average {load} (1/5/15 min)",
     ])
 
 
-# ----------------------------------------------------------------------------------------------- memory
-def peak_in_fresh_process(module: str, *args: str) -> Dict[str, int]:
-    """Run `python -m benchmarks.<module> ARGS`, which prints ``PEAK <bytes> PARAMS <bytes>``, and read both."""
-    import subprocess
-    out = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO, env=os.environ,
-                         capture_output=True, text=True, check=True).stdout.split()
-    return {"peak": int(out[out.index("PEAK") + 1]), "params": int(out[out.index("PARAMS") + 1])}
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
-# ----------------------------------------------------------------------------------------------- timing
-def interleave(contenders: Dict[str, Callable[[int], None]], rounds: int, calls: int,
+# ------------------------------------------------------------------------------------------------------------ timing
+def interleave(contenders: Dict[str, Callable[[int], None]], rounds: int, units: int,
                warmup: int = 1) -> Dict[str, List[float]]:
-    """Time each contender `rounds` times, `calls` units per round, alternating between them.
+    """Times each contender `rounds` times, `units` units per round, alternating between them.
 
-    Each contender is `fn(n)`: run n units and return when they are done (synchronized). Warm-up rounds are
-    run first and discarded. The order rotates every round, so no contender always follows the same one.
-    Returns ms per unit, one sample per round.
+    A contender is ``fn(n)``: run n units and return when they are done (synchronized). The warm-up rounds (graph
+    compilation, first allocations) are run first and discarded; the order rotates every round, so no contender
+    always follows the same one. Returns ms per unit, one sample per round.
     """
     names = list(contenders)
     for _ in range(warmup):
         for name in names:
-            contenders[name](calls)
+            contenders[name](units)
     samples = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
-            contenders[name](calls)
-            samples[name].append((time.perf_counter() - start) * 1e3 / calls)
+            contenders[name](units)
+            samples[name].append((time.perf_counter() - start) * 1e3 / units)
     return samples
 
 
-def quantiles(values: List[float]):
+def short(name: str) -> str:
+    """A contender's name up to its first colon, comma or parenthesis: "docs page", "ms_accum default"."""
+    for mark in (":", ",", " ("):
+        name = name.split(mark)[0]
+    return name
+
+
+def _quartiles(values: List[float]) -> Tuple[float, float, float]:
     values = sorted(values)
     if len(values) < 4:
         return statistics.median(values), values[0], values[-1]
@@ -115,159 +122,185 @@ def quantiles(values: List[float]):
     return q[1], q[0], q[2]
 
 
-# ----------------------------------------------------------------------------------------------- tables
 @dataclass
 class Table:
-    """One benchmark's result: rows of ms per unit, each with its ratio to the baseline row."""
+    """One timed table: each contender's ms per unit over interleaved rounds, and its ratios to the first row and to
+    the `reference` row: the ratio of the medians, and in parentheses the median of the per-round ratios (a round's
+    ratio cancels what slowed both contenders in that round)."""
 
     key: str
     title: str
-    unit: str                       # what one timed unit is, e.g. "micro-batch of 32"
-    images_per_unit: int
-    baseline: str
-    target: Optional[str] = None    # e.g. "<= 1.02"
-    target_rows: List[str] = field(default_factory=list)
+    unit: str
+    reference: Optional[str] = None
     rows: Dict[str, List[float]] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 
-    def stats(self):
-        base = quantiles(self.rows[self.baseline])[0]
-        out = []
-        for name, values in self.rows.items():
-            med, lo, hi = quantiles(values)
-            out.append({"name": name, "median_ms": med, "p25_ms": lo, "p75_ms": hi,
-                        "images_per_s": self.images_per_unit / med * 1e3, "ratio": med / base,
-                        "target": self.target if name in self.target_rows else None,
-                        "met": _met(med / base, self.target) if name in self.target_rows else None,
-                        "rounds": len(values)})
-        return out
+    @property
+    def baseline(self) -> str:
+        return next(iter(self.rows))
+
+    def ratio(self, name: str, to: Optional[str] = None) -> Tuple[float, float]:
+        """(ratio of medians, median of per-round ratios) of row `name` to row `to` (the baseline)."""
+        mine, theirs = np.asarray(self.rows[name]), np.asarray(self.rows[to or self.baseline])
+        return float(np.median(mine) / np.median(theirs)), float(np.median(mine / theirs))
+
+    def note_goal(self, pairs, goal: float) -> None:
+        """One note: each (name, to) pair's ratio against `goal`, the most a ratio may be."""
+        figures = []
+        for name, to in pairs:
+            medians, per_round = self.ratio(name, to)
+            figures.append(f"{short(name)} / {short(to)} {medians:.3f} ({per_round:.3f}) "
+                           f"{'met' if medians <= goal else 'NOT met'}")
+        self.notes.append(f"goal <= {goal:.2f}: " + "; ".join(figures))
 
     def render(self) -> str:
         width = max(len(name) for name in self.rows) + 2
+        rounds = len(next(iter(self.rows.values())))
+        against = [self.baseline] + ([self.reference] if self.reference else [])
         lines = [f"== {self.key}. {self.title}",
-                 f"   unit: {self.unit}; median over {len(next(iter(self.rows.values())))} interleaved rounds; "
-                 f"ratio = median / median of '{self.baseline}'",
-                 f"   {'contender':<{width}}{'median ms':>10}{'p25-p75 ms':>16}{'images/s':>10}{'ratio':>8}  target"]
-        for row in self.stats():
-            mark = ""
-            if row["target"]:
-                mark = f"{row['target']} {'MET' if row['met'] else 'NOT MET'}"
-            base = " (baseline)" if row["name"] == self.baseline else ""
-            lines.append(f"   {row['name']:<{width}}{row['median_ms']:>10.3f}"
-                         f"{row['p25_ms']:>8.3f}-{row['p75_ms']:<7.3f}{row['images_per_s']:>10.0f}"
-                         f"{row['ratio']:>8.3f}  {mark}{base}")
-        lines += [f"   note: {note}" for note in self.notes]
+                 f"   ms per {self.unit}, {rounds} interleaved round(s); x: the ratio of the medians to that row's "
+                 f"(median of per-round ratios)",
+                 f"   {'contender':<{width}}{'median':>10}{'p25-p75':>20}" +
+                 "".join(f"{'x ' + short(name):>22}" for name in against)]
+        for name, values in self.rows.items():
+            median, low, high = _quartiles(values)
+            ratios = "".join(f"{self.ratio(name, to)[0]:>12.3f}{f'({self.ratio(name, to)[1]:.3f})':>10}"
+                             for to in against)
+            digits = 2 if median < 100 else 1 if median < 1000 else 0
+            lines.append(f"   {name:<{width}}{median:>10.{digits}f}{f'{low:.{digits}f}-{high:.{digits}f}':>20}{ratios}")
+        lines += [textwrap.fill(note, 117, initial_indent="   ", subsequent_indent="     ") for note in self.notes]
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"key": self.key, "title": self.title, "unit": self.unit, "baseline": self.baseline,
-                "target": self.target, "rows": self.stats(), "notes": self.notes,
-                "samples_ms": self.rows}
+        return {"key": self.key, "title": self.title, "unit": self.unit, "reference": self.reference,
+                "samples_ms": self.rows, "notes": self.notes}
 
 
-def note_per_round_ratios(table: Table) -> None:
-    """Adds to `table`'s notes each row's median of per-round ratios to its baseline (rounds are interleaved, so a
-    round's ratio cancels what moved both)."""
-    base = np.asarray(table.rows[table.baseline])
-    table.notes.append("median of per-round ratios: " + "; ".join(
-        f"{name}: {np.median(np.asarray(values) / base):.3f}" for name, values in table.rows.items()
-        if name != table.baseline))
-
-
-def _met(ratio: float, target: Optional[str]) -> Optional[bool]:
-    if not target:
-        return None
-    op, value = target.split()
-    return ratio <= float(value) if op == "<=" else ratio >= float(value)
-
-
-# ----------------------------------------------------------------------------------------------- data
+# ------------------------------------------------------------------------------------------------------------- data
 def mnist_dir(path: Optional[str] = None) -> Optional[str]:
-    """Real MNIST: --data, else $MS_ACCUM_MNIST, else ../shared/data/MNIST_Data beside the checkout."""
-    candidates = [path, os.environ.get("MS_ACCUM_MNIST"), os.path.join(REPO, "..", "shared", "data", "MNIST_Data")]
-    for candidate in candidates:
+    """Real MNIST: `path`, else $MS_ACCUM_MNIST, else ../shared/data/MNIST_Data beside the checkout."""
+    for candidate in (path, os.environ.get("MS_ACCUM_MNIST"), os.path.join(REPO, "..", "shared", "data",
+                                                                             "MNIST_Data")):
         if candidate and os.path.isdir(os.path.join(candidate, "train")):
             return os.path.abspath(candidate)
     return None
 
 
-def micro_batches(count: int, data_dir: Optional[str], batch: int = BATCH):
-    """`count` (images, labels) numpy batches of LeNet5 input: real MNIST through create_dataset, else random."""
-    if data_dir is not None:
-        from ms_accum.demo.data import create_dataset
-        dataset = create_dataset(data_dir, batch, num_samples=count * batch, seed=0)
-        batches = [(x, y) for x, y in dataset.create_tuple_iterator(output_numpy=True)]
-        if len(batches) == count:
-            return batches
-    rng = np.random.default_rng(0)
-    return [(rng.standard_normal((batch, 1, 32, 32), dtype=np.float32), rng.integers(0, 10, batch).astype(np.int32))
-            for _ in range(count)]
+def fresh_process(args: List[str], env: Optional[dict] = None, timeout: float = 900) -> dict:
+    """Runs ``python ARGS`` from the repository's root and returns the JSON object its last output line holds."""
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1])
 
 
-# ----------------------------------------------------------------------------------------------- MindSpore
-def setup_mindspore() -> None:
-    """CPU, graph mode. oneDNN's ISA cap (AVX-512 machines only) must already be set: see run_all.py."""
-    import mindspore as ms
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
+# -------------------------------------------------------------------------------------------------------- MindSpore
+def setup() -> None:
+    """CPU, graph mode (oneDNN's ISA is already chosen: `benchmarks/__init__.py`)."""
+    from ms_accum import set_device
+    set_device("CPU")
 
 
-_instances = [0]
+_copies = [0]
 
 
-def lenet(seed: int = 0):
-    """(network, loss, Momentum optimizer): the tutorial's LeNet5 setup; the same seed gives the same weights.
-
-    Every copy's parameters get a unique name prefix: `@ms.jit` functions of one process reject two Parameters
-    of the same name ("its name 'conv1.weight' already exists").
-    """
+def build(factory: str, seed: int = 0):
+    """(network, loss, Momentum(0.01, 0.9), sample) of a demo factory (`ms_accum.demo.models`): the same seed gives
+    the same weights. Each copy's parameters get a name prefix of their own, because two `@ms.jit` functions of one
+    process reject Parameters of the same name; so the optimizer is built after the renaming."""
     import mindspore as ms
     from mindspore import nn
-    from ms_accum.demo.models import LeNet5
+    from ms_accum.demo import models
     ms.set_seed(seed)
-    net = LeNet5()
-    _instances[0] += 1
-    for param in net.trainable_params():
-        param.name = f"net{_instances[0]}.{param.name}"
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    return net, loss, nn.Momentum(net.trainable_params(), LR, MOMENTUM)
+    network, loss, _, sample = getattr(models, factory)()
+    _copies[0] += 1
+    for param in network.trainable_params():
+        param.name = f"copy{_copies[0]}.{param.name}"
+    return network, loss, nn.Momentum(network.trainable_params(), 0.01, 0.9), sample
 
 
-def tensors(batches):
-    from mindspore import Tensor
-    return [(Tensor(x), Tensor(y)) for x, y in batches]
+def weighted(loss) -> bool:
+    """Whether `loss` returns ``(loss, weight)``, for ``reduction="weighted_mean"`` (`TokenCrossEntropy`)."""
+    from ms_accum import TokenCrossEntropy
+    return isinstance(loss, TokenCrossEntropy)
 
 
-def window_tensors(batches, k: int = K):
-    """numpy (images, labels) micro-batches -> TrainWindowCell's inputs: (K, B, ...) Tensors, one pair per window."""
-    from mindspore import Tensor
-    return [(Tensor(np.stack([x for x, _ in batches[i:i + k]])), Tensor(np.stack([y for _, y in batches[i:i + k]])))
-            for i in range(0, len(batches) - k + 1, k)]
+def plain_loss(loss):
+    """The loss alone, for the steps that take no weight: plain steps, the documentation's code, the Accumulator."""
+    from ms_accum import LossOnly
+    return LossOnly(loss) if weighted(loss) else loss
 
 
-def epochs(model, dataset):
-    """fn(n) for `interleave`: one epoch of the executor `model` over `dataset` (K micro-batches a window, no
-    checkpoints), whatever n (the dataset fixes the micro-batches)."""
-    return lambda _n: model.train_process(1, dataset, mini_steps=K, ckpt_dir=None, verbose=False)
+def one_step_cell(network, loss, optimizer):
+    from mindspore import nn
+    return nn.TrainOneStepCell(nn.WithLossCell(network, plain_loss(loss)), optimizer).set_train()
 
 
-def cycle_calls(fn, inputs):
-    """fn(n): call `fn(*inputs[i % len])` n times, then wait for the last result."""
-    def run(n: int) -> None:
-        out = None
-        for i in range(n):
-            out = fn(*inputs[i % len(inputs)])
-        sync(out)
-    return run
+def accumulator_step(network, loss, optimizer, k: int = K, num_samples: Optional[int] = None):
+    """ms_accum's Accumulator as MindSpore's page uses its own: `value_and_grad` and an `@ms.jit` train step (each
+    micro-batch weighted by `num_samples` when given)."""
+    import mindspore as ms
+    from mindspore import ops
+    from ms_accum import Accumulator
+    loss = plain_loss(loss)
+    accumulator = Accumulator(optimizer, k)
+
+    def forward_fn(x, y):
+        return loss(network(x), y)
+
+    grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        value, grads = grad_fn(x, y)
+        return ops.depend(value, accumulator(grads, num_samples))
+
+    return train_step
+
+
+def docs_page_step(network, loss, optimizer, k: int = K):
+    """The documentation page's `@ms.jit` train step around its `@jit_class` Accumulator (`doc_impls.py`)."""
+    from . import doc_impls
+    return doc_impls.accumulator_page_train_step(network, plain_loss(loss), optimizer, k)[0]
+
+
+def docs_tutorial(network, loss, optimizer):
+    """The Cell-graph tutorial's three Cells; its loop is the object's ``run(batches, k)`` (`doc_impls.py`)."""
+    from . import doc_impls
+    return doc_impls.DocGradientAccumulation(network, plain_loss(loss), optimizer)
+
+
+def executor(network, loss, optimizer, structure: str = "auto", **options):
+    from ms_accum import GradientAccumulation
+    return GradientAccumulation(network, loss, optimizer, reduction="weighted_mean" if weighted(loss) else "mean",
+                                structure=structure, **options)
 
 
 def sync(out) -> None:
-    """Wait for an asynchronous MindSpore result (reading one value forces the queue to drain)."""
+    """Waits for an asynchronous MindSpore result (reading a value drains the queue)."""
     while isinstance(out, (tuple, list)):
         out = out[0]
     if hasattr(out, "asnumpy"):
         out.asnumpy()
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def loop(step, batches) -> Callable[[int], None]:
+    """fn(n) for `interleave`: `step(*batch)` over a pre-loaded list of batches, n of them (cycled), then a wait."""
+    def run(n: int) -> None:
+        out = None
+        for i in range(n):
+            out = step(*batches[i % len(batches)])
+        sync(out)
+    return run
+
+
+def over(dataset, step) -> Callable[[int], None]:
+    """fn(n) for `interleave`: `step(*batch)` over one pass of `dataset` (which fixes the batches, whatever n)."""
+    def run(_n: int) -> None:
+        out = None
+        for batch in dataset.create_tuple_iterator(num_epochs=1):
+            out = step(*batch)
+        sync(out)
+    return run

@@ -1,127 +1,153 @@
-"""Section f: bytes of Parameters each accumulator adds, as a multiple of the trainable parameters' bytes.
+"""Memory: the peak of each structure against the documentation's code, one K·B step and a plain step, one fresh
+process per figure.
 
-"Adds" = Parameters reachable from the object (attributes, Cells, ParameterTuples, lists) that are neither
-the network's nor the optimizer's. Counting, not timing: exact and independent of load.
+    python -m benchmarks.memory FACTORY CONTENDER K      (one figure: prints {"peak": bytes, "params": bytes})
+
+A figure is the growth of the process's peak resident memory (VmHWM) from just before the step, the Cells or the
+executor is built to the end of two windows trained over a MindSpore dataset of the factory's samples (global batch
+K·B = 32, the factory's SGD), read as the planner reads its trials (`ms_accum.tools.planner.process_status`). On CPU
+MindSpore reports no peak memory of its own, and a fresh process's peak does not depend on the machine's load.
+
+- ``activations``: the activation-heavy networks of `ms_accum.demo.models`, `conv_net` (3x96x96) and
+  `char_transformer` (sequences of 256), K in {4, 8, 16}, as multiples of one micro-batch's plain step: accumulation
+  is worth its name when a window of K x B costs about one B step, not one K·B step.
+- ``parameters``: `wide_mlp`, 192 MiB of parameters, K=4 x B=8, as multiples of the parameters and over the plain
+  step: what the buffer and each option that touches every gradient add.
+
+The ms_accum contenders run through the executor (`GradientAccumulation.train_process`); the Accumulator, the
+documentation's code and the plain steps in the loop their documentation writes.
 """
 from __future__ import annotations
 
-from .common import K, lenet
+import argparse
+import json
+import statistics
+from typing import Callable, List, Optional
+
+from .common import MIB, fresh_process
+
+GLOBAL_BATCH, WINDOWS = 32, 2
+STRUCTURES = ("three_graphs", "fused", "window")
+OPTIONS = {"statistics": {"statistics": True}, "clip": {"clip_norm": 1.0},
+           "skip_microbatch": {"policy": "skip_microbatch"}, "outliers": {"skip_outliers": 6.0}}
+# contender -> what it is, as the tables name it
+CONTENDERS = {
+    "one_b": "plain step on B (nn.TrainOneStepCell)",
+    "one_kb": "one K·B step",
+    "docs_page": "docs page: @jit_class Accumulator",
+    "docs_tutorial": "docs tutorial: 3 Cells",
+    "accumulator": "ms_accum Accumulator, @ms.jit step",
+    "accumulator_weighted": "  ... given num_samples (each gradient weighted)",
+    "three_graphs": "ms_accum default ('three_graphs')",
+    **{f"three_graphs+{option}": f"  ... {option}" for option in OPTIONS},
+    "fused": "ms_accum 'fused'",
+    "window": "ms_accum 'window'",
+}
+ACTIVATION_NETS = ("conv_net", "char_transformer")
+ACTIVATION_COLUMNS = ("one_kb", "docs_page", "docs_tutorial", "accumulator", "three_graphs", "fused", "window")
+PARAMETER_ROWS = ("one_b", "one_kb", "docs_page", "docs_tutorial", "accumulator", "accumulator_weighted",
+                  "three_graphs", *(f"three_graphs+{option}" for option in OPTIONS), "fused", "window")
+GOAL = 1.15  # a window's peak: at most this many one-B steps, plus the buffer (1x the parameters)
 
 
-def _reachable(obj, seen=None):
-    """Every Parameter reachable from `obj`, each once."""
-    from mindspore import Parameter, nn
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, Parameter):
-        yield obj
-    elif isinstance(obj, nn.Cell):
-        yield from obj.get_parameters()
-        for value in vars(obj).values():       # ParameterTuples and plain objects held by the Cell
-            if not isinstance(value, (nn.Cell, dict)):
-                yield from _reachable(value, seen)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _reachable(item, seen)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _reachable(item, seen)
-    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("ms_accum", "benchmarks"):
-        yield from _reachable(vars(obj), seen)
+# ------------------------------------------------------------------------------------------- in the fresh process
+def measure(factory: str, contender: str, k: int):
+    """(peak RSS growth, trainable bytes) of `contender` training two windows of `factory`'s network, here."""
+    import mindspore.dataset as ds
+    from ms_accum.demo import models
+    from ms_accum.tools.planner import process_status
+    from .common import (accumulator_step, docs_page_step, docs_tutorial, executor, one_step_cell, over, setup,
+                         sync)
+    setup()
+    net, loss, opt, sample = getattr(models, factory)()
+    micro = GLOBAL_BATCH // k
+    x, y = sample(GLOBAL_BATCH * WINDOWS)
+    dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(
+        GLOBAL_BATCH if contender == "one_kb" else micro, drop_remainder=True)
+    start = process_status("VmRSS")
+    structure, _, option = contender.partition("+")
+    if structure in STRUCTURES:
+        executor(net, loss, opt, structure, **OPTIONS.get(option, {})).train_process(1, dataset, k, ckpt_dir=None,
+                                                                                     verbose=False)
+    elif contender == "docs_tutorial":
+        sync(docs_tutorial(net, loss, opt).run(dataset.create_tuple_iterator(num_epochs=1), k))
+    else:
+        steps = {"one_b": lambda: one_step_cell(net, loss, opt), "one_kb": lambda: one_step_cell(net, loss, opt),
+                 "docs_page": lambda: docs_page_step(net, loss, opt, k),
+                 "accumulator": lambda: accumulator_step(net, loss, opt, k),
+                 "accumulator_weighted": lambda: accumulator_step(net, loss, opt, k, micro)}
+        over(dataset, steps[contender]())(0)
+    return process_status("VmHWM") - start, int(sum(p.nbytes for p in net.trainable_params()))
 
 
-def added_bytes(obj, net, opt) -> int:
-    owned = {id(p) for p in net.get_parameters()} | {id(p) for p in opt.get_parameters()}
-    unique = {id(p): p for p in _reachable(obj) if id(p) not in owned}
-    return sum(p.nbytes for p in unique.values())
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("factory", choices=ACTIVATION_NETS + ("wide_mlp",))
+    parser.add_argument("contender", choices=list(CONTENDERS))
+    parser.add_argument("k", type=int)
+    args = parser.parse_args(argv)
+    peak, params = measure(args.factory, args.contender, args.k)
+    print(json.dumps({"peak": int(peak), "params": params}), flush=True)
 
 
-def accumulator_memory():
-    """Rows (name, added bytes, multiple of trainable bytes) and the trainable bytes."""
-    from mindspore import nn
-    from ms_accum import Accumulator, TrainAccumulationCell, TrainWindowCell
-    from . import doc_impls
-
-    def measure(make):
-        net, loss, opt = lenet()
-        return added_bytes(make(net, loss, opt), net, opt)
-
-    trainable = sum(p.nbytes for p in lenet()[0].trainable_params())
-    rows = [
-        ("docs page: @jit_class Accumulator (inner_grads + zeros)",
-         measure(lambda net, loss, opt: doc_impls.DocAccumulator(opt, K))),
-        ("docs tutorial: GradientAccumulation (grad_sum + zeros)",
-         measure(lambda net, loss, opt: doc_impls.DocGradientAccumulation(net, loss, opt))),
-        ("ms_accum Accumulator", measure(lambda net, loss, opt: Accumulator(opt, K))),
-        ("ms_accum TrainAccumulationCell",
-         measure(lambda net, loss, opt: TrainAccumulationCell(nn.WithLossCell(net, loss), opt, K))),
-        ("ms_accum GradientAccumulation (fused + three graphs, one buffer)",
-         measure(lambda net, loss, opt: _executor_with_fused_cell(net, loss, opt))),
-        ("ms_accum TrainWindowCell (the same buffer)",
-         measure(lambda net, loss, opt: TrainWindowCell(nn.WithLossCell(net, loss), opt, K))),
-        ("for scale: the Momentum optimizer's own state", _momentum_state_bytes()),
-    ]
-    return [(name, size, size / trainable) for name, size in rows], trainable
+# ---------------------------------------------------------------------------------------------------- the tables
+def figure(factory: str, contender: str, k: int, repeats: int, log: Optional[Callable[[str], None]] = None) -> dict:
+    """The median peak over `repeats` fresh processes, every process's peak, and the trainable bytes."""
+    if log:
+        log(f"   {factory} {contender} K={k}")
+    runs = [fresh_process(["-m", "benchmarks.memory", factory, contender, str(k)]) for _ in range(repeats)]
+    peaks = [run["peak"] for run in runs]
+    return {"factory": factory, "contender": contender, "k": k, "peak": statistics.median(peaks), "peaks": peaks,
+            "params": runs[0]["params"]}
 
 
-def _executor_with_fused_cell(net, loss, opt):
-    # The fused Cell beside the three graphs on one buffer: "auto" alone would build no further Cell.
-    from ms_accum import GradientAccumulation
-    executor = GradientAccumulation(net, loss, opt, structure="fused")
-    executor.runner(K)
-    return executor
-
-
-def _momentum_state_bytes() -> int:
-    net, _, opt = lenet()
-    trainable = {id(p) for p in net.trainable_params()}
-    return sum(p.nbytes for p in opt.get_parameters() if id(p) not in trainable and p.name.startswith("moments"))
-
-
-def render(rows, trainable: int) -> str:
-    lines = [f"== f. memory the accumulator adds (LeNet5: {trainable} trainable bytes; Parameters it owns beyond "
-             f"the network's and the optimizer's)",
-             f"   {'accumulator':<66}{'bytes':>10}{'x params':>10}"]
-    lines += [f"   {name:<66}{size:>10}{multiple:>10.3f}" for name, size, multiple in rows]
-    lines.append("   note: the documented 2.0x is the zeros copy.")
-    return "\n".join(lines)
-
-
-# (row name, peak_memory.py contender)
-PEAK_ROWS = [("nn.TrainOneStepCell, 4 steps (no accumulation)", "one_step"),
-             ("ms_accum three graphs (the executor's default), 4 + 2 calls", "three_graphs"),
-             ("ms_accum three graphs, statistics=True", "three_graphs_statistics"),
-             ("ms_accum three graphs, clip_norm=1.0", "three_graphs_clip"),
-             ("ms_accum three graphs, policy='skip_microbatch'", "three_graphs_skip_microbatch"),
-             ("ms_accum three graphs, skip_outliers=6", "three_graphs_outliers"),
-             ("ms_accum TrainAccumulationCell, 4 calls", "fused"),
-             ("ms_accum TrainWindowCell, 1 call", "window"),
-             ("ms_accum Accumulator in an @ms.jit step, 4 calls", "accumulator"),
-             ("ms_accum Accumulator, each micro-batch weighted by num_samples", "accumulator_weighted")]
-
-
-def peak_rss():
-    """Rows (name, peak RSS growth in bytes, multiple of the trainable bytes), one fresh process per row."""
-    from .common import peak_in_fresh_process
+def activations(ks=(4, 8, 16), nets=ACTIVATION_NETS, columns=ACTIVATION_COLUMNS, repeats: int = 3,
+                log=None) -> List[dict]:
+    """Figures of every (net, K, contender); the K·B step, the same for every K, is measured once per net."""
     rows = []
-    for name, contender in PEAK_ROWS:
-        run = peak_in_fresh_process("peak_memory", contender)
-        peak, params = run["peak"], run["params"]
-        rows.append((name, peak, peak / params))
-    return rows, params
+    for net in nets:
+        big = figure(net, "one_kb", ks[0], repeats, log) if "one_kb" in columns else None
+        for k in ks:
+            rows += [figure(net, "one_b", k, repeats, log)] + ([{**big, "k": k}] if big else [])
+            rows += [figure(net, contender, k, repeats, log) for contender in columns if contender != "one_kb"]
+    return rows
 
 
-def render_peak(rows, params: int) -> str:
-    lines = [f"== f2. peak resident memory while training (MLP 3 x 4096^2, {params / 2**20:.0f} MiB of parameters, "
-             f"b8, K=4, SGD; growth of VmHWM from before the Cell is built, one process per row)",
-             f"   {'structure':<66}{'MiB':>10}{'x params':>10}"]
-    lines += [f"   {name:<66}{size / 2**20:>10.1f}{multiple:>10.2f}" for name, size, multiple in rows]
-    base = rows[0][2]
-    lines.append("   overhead over plain training, x params (goal <= 1.10; the buffer alone is 1.00): " +
-                 ", ".join(f"{contender} {multiple - base:.2f}" for (_, _, multiple), (_, contender)
-                           in zip(rows[1:], PEAK_ROWS[1:])))
-    lines.append("   note: includes the gradients and the graphs' temporaries, not the parameters' own memory "
-                 "(allocated before).")
+def render_activations(rows: List[dict]) -> str:
+    columns = list(dict.fromkeys(r["contender"] for r in rows if r["contender"] != "one_b"))
+    lines = [f"== activations. peak RSS growth over two windows, as a multiple of one B step's (K x B = "
+             f"{GLOBAL_BATCH}; median of {len(rows[0]['peaks'])} fresh process(es) per figure)",
+             f"   goal for a window: <= {GOAL} x one B step + the buffer (1x the parameters); '!!' marks a figure "
+             f"above it",
+             "   columns: " + "; ".join(f"{name} = {CONTENDERS[name]}" for name in columns),
+             f"   {'network':<18}{'K x B':>7}{'one B MiB':>11}" + "".join(f"{name:>15}" for name in columns)]
+    for net, k in dict.fromkeys((r["factory"], r["k"]) for r in rows):
+        group = {r["contender"]: r for r in rows if r["factory"] == net and r["k"] == k}
+        one_b = group["one_b"]["peak"]
+        limit = GOAL * one_b + group["one_b"]["params"]
+        marks = {c: "" if c == "one_kb" or group[c]["peak"] <= limit else " !!" for c in columns}
+        cells = "".join(f"{group[c]['peak'] / one_b:>12.2f}{marks[c]:<3}" for c in columns)
+        lines.append(f"   {net:<18}{f'{k}x{GLOBAL_BATCH // k}':>7}{one_b / MIB:>11.0f}{cells}")
     return "\n".join(lines)
+
+
+def parameters(contenders=PARAMETER_ROWS, k: int = 4, repeats: int = 3, log=None) -> List[dict]:
+    return [figure("wide_mlp", contender, k, repeats, log) for contender in contenders]
+
+
+def render_parameters(rows: List[dict]) -> str:
+    params = rows[0]["params"]
+    plain = next(r["peak"] for r in rows if r["contender"] == "one_b")
+    width = max(len(CONTENDERS[r["contender"]]) for r in rows) + 2
+    lines = [f"== parameters. peak RSS growth over two windows of wide_mlp ({params / MIB:.0f} MiB of parameters, "
+             f"K=4 x B=8, SGD; median of {len(rows[0]['peaks'])} fresh process(es) per figure)",
+             "   the buffer alone is 1.00x the parameters; the plain step's gradients are transient",
+             f"   {'contender':<{width}}{'MiB':>8}{'x params':>10}{'over the plain step':>21}"]
+    for row in rows:
+        lines.append(f"   {CONTENDERS[row['contender']]:<{width}}{row['peak'] / MIB:>8.0f}{row['peak'] / params:>10.2f}"
+                     f"{(row['peak'] - plain) / params:>+21.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

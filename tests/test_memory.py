@@ -2,36 +2,34 @@
 what it does to a window's gradient (measuring it, clipping it) copies no tensor of it.
 
 Peak resident memory in a fresh process does not depend on load, so it can be asserted. Each figure is the
-growth of a fresh process's peak RSS:
-- activations: two windows of an activation-heavy, parameter-light conv net trained over a MindSpore dataset
-  (`benchmarks/activation_memory.py`, the benchmark's section m): the executor with its default structure at
-  K=8 x B=4, against plain `nn.TrainOneStepCell` steps on B=4 and on K·B=32;
-- gradients: windows of an MLP of three 4096 x 4096 weights, a third of the parameters each
-  (`benchmarks/peak_memory.py`, section f2), the executor's default structure as it is, with statistics, with
-  clipping.
+growth of a fresh process's peak RSS (`memory_scripts/peak.py`), training two windows over a MindSpore dataset:
+- activations: an activation-heavy, parameter-light conv net (`ms_accum.demo.models.conv_net`): the executor with its
+  default structure at K=8 x B=4, against plain `nn.TrainOneStepCell` steps on B=4 and on K·B=32;
+- gradients: an MLP of three 4096 x 4096 weights, a third of the parameters each (`ms_accum.demo.models.wide_mlp`),
+  the executor's default structure as it is, with statistics, with clipping, leaving micro-batches out.
 """
 import functools
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_scripts", "peak.py")
 K = 8
 
 
-def measured(module: str, *args: str) -> dict:
-    """The figures a benchmark module prints as `NAME <int> ...` words, from a fresh process."""
-    out = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO, capture_output=True,
+def measured(factory: str, contender: str, k: int, *options: str) -> dict:
+    """``{"peak": bytes, "params": bytes}`` of one configuration, from a fresh process."""
+    out = subprocess.run([sys.executable, SCRIPT, factory, contender, str(k), *options], capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    words = out.stdout.split()
-    return {name: int(words[words.index(name) + 1]) for name in ("PEAK", "PARAMS") if name in words}
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def peak(contender: str, *options: str) -> int:
-    return measured("activation_memory", "conv", contender, str(K), *options)["PEAK"]
+    return measured("conv_net", contender, K, *options)["peak"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,8 +40,8 @@ def median_of_3(contender: str, *options: str) -> int:
 @pytest.fixture(scope="module")
 def peaks():
     # The median of 3 fresh processes for the two figures compared within 1.3x: one process's peak moves by up to
-    # about 0.15x one B step (README, "Memory").
-    return {"one_kb": peak("one_kb"), "one_b": median_of_3("one_b"), "executor": median_of_3("executor")}
+    # about 0.15x one B step (docs/mindspore.md, no peak memory on CPU).
+    return {"one_kb": peak("one_kb"), "one_b": median_of_3("one_b"), "executor": median_of_3("auto")}
 
 
 def test_default_executor_costs_about_one_micro_batch_not_the_window(peaks):
@@ -65,7 +63,7 @@ def test_measure_sees_activations(peaks):
     ("window", "--partial", "a partial window ran through TrainForwardBackward: 412 against 272 MiB"),
     ("window", "--ramp", "one TrainWindowCell per K: 387 against 272 MiB")])
 def test_a_structure_runs_every_window_through_one_graph(peaks, structure, option, before):
-    # Each graph of the network holds activation memory of its own (README, "Known MindSpore behaviour"): an epoch's
+    # Each graph of the network holds activation memory of its own (docs/mindspore.md, each graph's memory): an epoch's
     # partial window, or a window of another K in a schedule, must run through the Cell that runs the others (the
     # fused one closes it on the host; the window one trains the first micro-batches of a stack of K). `before`: the
     # second graph's cost, measured.
@@ -76,9 +74,11 @@ def test_a_structure_runs_every_window_through_one_graph(peaks, structure, optio
 
 @pytest.fixture(scope="module")
 def window_peaks():
-    return {name: measured("peak_memory", name) for name in ("three_graphs", "three_graphs_statistics",
-                                                             "three_graphs_clip", "three_graphs_skip_microbatch",
-                                                             "three_graphs_outliers")}
+    # The executor's default structure, K=4 x B=8, as it is and with each option that touches every gradient.
+    runs = {"three_graphs": measured("wide_mlp", "three_graphs", 4)}
+    for option in ("statistics", "clip", "skip_microbatch", "outliers"):
+        runs[f"three_graphs_{option}"] = measured("wide_mlp", "three_graphs", 4, "--option", option)
+    return runs
 
 
 @pytest.mark.parametrize("option, before", [
@@ -90,6 +90,6 @@ def test_an_option_on_the_window_costs_no_copy_of_a_gradient(window_peaks, optio
     # Each weight is a third of the parameters, so a copy of any one of them exceeds the 0.25x allowed; the graphs'
     # own memory is about 0.01-0.11x (measured). `before`: what the option cost when it held copies (measured).
     plain, peak = window_peaks["three_graphs"], window_peaks[f"three_graphs_{option}"]
-    report = "peak RSS growth MiB: " + ", ".join(f"{name} {run['PEAK'] / 2**20:.0f}"
+    report = "peak RSS growth MiB: " + ", ".join(f"{name} {run['peak'] / 2**20:.0f}"
                                                  for name, run in window_peaks.items())
-    assert peak["PEAK"] - plain["PEAK"] < 0.25 * plain["PARAMS"], f"{report} (before the fix, {before})"
+    assert peak["peak"] - plain["peak"] < 0.25 * plain["params"], f"{report} (before the fix, {before})"

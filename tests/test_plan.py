@@ -20,12 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN_WITH_PLAN = REPO / "tests" / "plan_scripts" / "train_with_plan.py"
 
 
-@pytest.fixture
-def in_repo(monkeypatch):
-    # The trials import the factories of benchmark section m (benchmarks.activation_memory) from the current directory.
-    monkeypatch.chdir(REPO)
-
-
 def test_parse_size():
     assert parse_size("800MiB") == 800 * MIB and parse_size("2GiB") == 2 * 2 ** 30 and parse_size("1.5GB") == 1.5e9
     assert parse_size("512m") == 512 * MIB and parse_size(4096) == 4096 and parse_size(" 64 KiB ") == 64 * 1024
@@ -110,19 +104,19 @@ def measured_peak(spec, batch_size, k, structure, reduction):
     return trial.peak_mib
 
 
-@pytest.mark.parametrize("net", ["conv", "transformer"])
-def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, in_repo, tmp_path):
-    # Section m's activation-heavy networks at a global batch of 32. The budget lets the fresh-process peak of B=8 (the
-    # memory-first structure) fit with the plan's headroom and 8 % to spare, and lies below the peak of B=16, so the
-    # plan must take B=8, K=4. The spare covers the plan measuring B=8 again: two fresh processes of the conv net's
-    # B=8 peaked at 299 and 313 MiB in one CI run (4 % spare failed there).
-    spec = f"benchmarks.activation_memory:{net}_model"
-    reduction = "mean" if net == "conv" else "weighted_mean"
+@pytest.mark.parametrize("net", ["conv_net", "char_transformer"])
+def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, tmp_path):
+    # The activation-heavy demo networks (`ms_accum.demo.models`) at a global batch of 32. The budget lets the
+    # fresh-process peak of B=8 (the memory-first structure) fit with the plan's headroom and 8 % to spare, and lies
+    # below the peak of B=16, so the plan must take B=8, K=4. The spare covers the plan measuring B=8 again: two
+    # fresh processes of the conv net's B=8 peaked at 299 and 313 MiB in one CI run (4 % spare failed there).
+    spec = f"ms_accum.demo.models:{net}"
+    reduction = "mean" if net == "conv_net" else "weighted_mean"
     peak_8, peak_16 = (measured_peak(spec, b, 32 // b, "three_graphs", reduction) for b in (8, 16))
     budget = peak_8 / (1 - HEADROOM) * 1.08
     assert peak_16 > budget, (peak_8, peak_16)  # the activations grow with B, well beyond the noise
     result = plan(spec, 32, f"{budget}MiB")
-    assert (result.batch_size, result.accumulate_steps, result.reduction) == (8, 4, reduction), str(result)
+    assert (result.batch_size, result.accumulate_step, result.reduction) == (8, 4, reduction), str(result)
     measured = {t.batch_size: t.peak_mib for t in result.trials if t.structure == "three_graphs"}
     # B=16 was ruled out by measuring it, or by the fitted line's prediction far above what the plan may use
     usable = (1 - HEADROOM) * budget
@@ -181,8 +175,8 @@ def test_cli_plans_lenet5_and_trains_with_the_plan(tmp_path, capsys):
     assert cli.main(["plan", "--global-batch", "1024", "--memory", f"{smallest * 1.5:.0f}MiB", "--json", "--output",
                      path]) == 0
     printed = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert {"batch_size", "accumulate_steps", "structure", "predicted_peak_mib"} <= set(printed)
-    assert printed["batch_size"] * printed["accumulate_steps"] == 1024 and 1 < printed["batch_size"] < 1024
+    assert {"batch_size", "accumulate_step", "structure", "predicted_peak_mib"} <= set(printed)
+    assert printed["batch_size"] * printed["accumulate_step"] == 1024 and 1 < printed["batch_size"] < 1024
     assert printed == Plan.load(path).to_dict()
     ckpt = str(tmp_path / "ck")
     os.makedirs(ckpt)
