@@ -9,8 +9,9 @@ The layers, each importing only those below it (`tests/test_layout.py` checks it
 - ``ms_accum.demo``: the MNIST application that the command line and the tutorials run;
 - ``ms_accum.cli``: the ``ms-accum`` command.
 
-Importing ms_accum before `mindspore` caps oneDNN's CPU ISA on AVX-512 CPUs (`ms_accum.runtime`, docs/mindspore.md),
-which MindSpore reads only when its native libraries load; so the public names load on first use (PEP 562).
+Importing ms_accum before `mindspore` caps oneDNN's CPU ISA on AVX-512 CPUs (`ms_accum.runtime`; docs/mindspore.md,
+oneDNN's AVX-512 convolutions), which MindSpore reads only when its native libraries load; so the public names load on
+first use (PEP 562).
 """
 import importlib
 import warnings

@@ -46,8 +46,8 @@ def prefer_fast_cpu_kernels() -> Optional[str]:
     Caps oneDNN at AVX2 on AVX-512 CPUs, unless the user set `ONEDNN_MAX_CPU_ISA` already.
 
     oneDNN 3.10 inside MindSpore 2.10 runs AVX-512 convolutions on such CPUs that are many times slower than its AVX2
-    ones (docs/mindspore.md); on AVX2-only CPUs the cap changes nothing, so it is left unset there.
-    oneDNN reads the variable once, when MindSpore's libraries load: importing `ms_accum` first calls this.
+    ones (docs/mindspore.md, oneDNN's AVX-512 convolutions); on AVX2-only CPUs the cap changes nothing, so it is left
+    unset there. oneDNN reads the variable once, when MindSpore's libraries load: importing `ms_accum` first calls this.
 
     Returns:
         str, the value in effect (the user's, or ``"AVX2"``), or None when nothing was set.
@@ -119,9 +119,9 @@ def check_cpu_kernels(cls_name: str) -> bool:
         _state["warned"] = True
         warnings.warn(f"For '{cls_name}', MindSpore's oneDNN runs AVX-512 kernels on this CPU ({cpu_kernel_isa()}), "
                       f"whose convolutions in MindSpore 2.10 are several times slower than its AVX2 ones "
-                      f"(docs/mindspore.md): mindspore was imported before ms_accum, too late for ms_accum to cap "
-                      f"them. Fix: import ms_accum before mindspore, or set {ISA_VARIABLE}=AVX2 before starting "
-                      f"Python.", RuntimeWarning, stacklevel=3)
+                      f"(docs/mindspore.md, oneDNN's AVX-512 convolutions): mindspore was imported before ms_accum, "
+                      f"too late for ms_accum to cap them. Fix: import ms_accum before mindspore, or set "
+                      f"{ISA_VARIABLE}=AVX2 before starting Python.", RuntimeWarning, stacklevel=3)
     return slow
 
 

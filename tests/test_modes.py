@@ -3,7 +3,7 @@
 MindSpore 2.10 starts in PyNative: `ms_accum.set_device` (what README's snippets, the CLI and the tutorials call)
 selects
 the device and graph mode. In PyNative, a Python number handed to a MultitypeFuncGraph makes MindSpore log its own
-deprecation of `pytype_to_dtype` at every call (docs/mindspore.md); an epoch must print none.
+deprecation of `pytype_to_dtype` at every call (docs/mindspore.md, a Python number handed to a MultitypeFuncGraph); an epoch must print none.
 """
 import subprocess
 import sys

@@ -1,7 +1,6 @@
 """Sequence models: token-weighted windows equal the large batch's mean over its real tokens, and half-precision
 networks accumulate in float32."""
 import os
-import re
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, LossOnly, TokenCrossEntropy,
                       TrainAccumulationCell, TrainForwardBackward, TrainWindowCell, losses, verify_equivalence)
+from conftest import raises_exactly, raises_in_graph
 
 T, F, V, B, K, PAD = 6, 5, 7, 2, 4, -100
 
@@ -163,7 +163,9 @@ def test_half_precision_network_trains_with_the_float32_buffer():
 
 
 def test_bad_buffer_dtype():
-    with pytest.raises(TypeError, match="For 'AccumulationBuffer', the argument 'dtype' must be a float"):
+    with raises_exactly(TypeError, "For 'AccumulationBuffer', the argument 'dtype' must be a float mindspore.dtype "
+                                   "(mindspore.float32, float16, bfloat16 or float64) or None, but got "
+                                   "mindspore.int32."):
         AccumulationBuffer(net().trainable_params(), dtype=ms.int32)
 
 
@@ -182,7 +184,7 @@ def test_verify_equivalence_with_token_weights():
 
 def test_every_structure_compiles_without_eliminating_side_effects():
     # MindSpore warns "Some side effect nodes were eliminated by mistake" when a result of a function with side
-    # effects is discarded (docs/mindspore.md); its warnings go to stderr, so a fresh process.
+    # effects is discarded (docs/mindspore.md, discarded results of functions with side effects); its warnings go to stderr, so a fresh process.
     script = (
         "import sys, numpy as np, mindspore as ms, mindspore.dataset as ds\n"
         "from mindspore import nn\n"
@@ -210,14 +212,15 @@ def test_every_structure_compiles_without_eliminating_side_effects():
 
 @pytest.mark.parametrize("value", ["x", 2.5, None, True])
 def test_token_cross_entropy_needs_an_int_ignore_index(value):
-    with pytest.raises(TypeError, match=f"For 'TokenCrossEntropy', the argument 'ignore_index' must be an int, the "
-                                        f"target of padding positions, but got {re.escape(repr(value))} of type "):
+    with raises_exactly(TypeError, f"For 'TokenCrossEntropy', the argument 'ignore_index' must be an int, the target "
+                                   f"of padding positions, but got {value!r} of type {type(value).__name__}."):
         TokenCrossEntropy(ignore_index=value)
 
 
 @pytest.mark.parametrize("value", [None, "TokenCrossEntropy"])
 def test_loss_only_needs_a_cell(value):
-    with pytest.raises(TypeError, match="For 'LossOnly', the argument 'cell' must be Cell, but got "):
+    with raises_exactly(TypeError, f"For 'LossOnly', the argument 'cell' must be Cell, but got {value!r} of type "
+                                   f"{type(value).__name__}."):
         LossOnly(value)
 
 
@@ -232,8 +235,12 @@ def mse_dataset(count=B * K):
                                   "y": rng.standard_normal((count, V)).astype(np.float32)}, shuffle=False).batch(B)
 
 
-PAIR_NEEDS_WEIGHTED = "the argument 'reduction' must be 'weighted_mean' for a loss that returns \\(loss, weight\\)"
-WEIGHTED_NEEDS_PAIR = "must return \\(loss, weight\\) under reduction='weighted_mean'"
+# The two refusals, for the name called, the argument that gave the loss and the reduction asked for.
+PAIR_NEEDS_WEIGHTED = ("For '{}', the argument 'reduction' must be 'weighted_mean' for a loss that returns (loss, "
+                       "weight), as the '{}' given does, but got '{}'.")
+WEIGHTED_NEEDS_PAIR = ("For '{}', the argument '{}' must return (loss, weight) under reduction='weighted_mean' (e.g. "
+                       "ms_accum.TokenCrossEntropy: the mean over real tokens and their count), but it returns a "
+                       "Tensor of shape (); a loss alone needs reduction='mean' or 'sum'.")
 
 
 def probes(monkeypatch):
@@ -245,17 +252,19 @@ def probes(monkeypatch):
 
 
 @pytest.mark.parametrize("loss,reduction,dataset,message", [
-    (TokenCrossEntropy(PAD), "mean", token_dataset, PAIR_NEEDS_WEIGHTED),
-    (TokenCrossEntropy(PAD), "sum", token_dataset, PAIR_NEEDS_WEIGHTED),
-    (nn.MSELoss(), "weighted_mean", mse_dataset,
-     "the argument 'loss_fn' " + WEIGHTED_NEEDS_PAIR + ".*a Tensor of shape \\(\\)")],
+    (TokenCrossEntropy(PAD), "mean", token_dataset,
+     PAIR_NEEDS_WEIGHTED.format("GradientAccumulation", "loss_fn", "mean")),
+    (TokenCrossEntropy(PAD), "sum", token_dataset,
+     PAIR_NEEDS_WEIGHTED.format("GradientAccumulation", "loss_fn", "sum")),
+    (nn.MSELoss(), "weighted_mean", mse_dataset, WEIGHTED_NEEDS_PAIR.format("GradientAccumulation", "loss_fn"))],
     ids=["tokens-mean", "tokens-sum", "mse-weighted"])
 def test_executor_refuses_a_loss_that_does_not_fit_the_reduction(loss, reduction, dataset, message, monkeypatch):
     network = net()
     before = [p.asnumpy().copy() for p in network.trainable_params()]
     executor = GradientAccumulation(network, loss, nn.SGD(network.trainable_params(), 0.1), reduction=reduction)
     calls, training = probes(monkeypatch), network.training  # the executor's Cells set it to train
-    with pytest.raises(ValueError, match="For 'GradientAccumulation', " + message):
+    # Found by train_process, it is about the executor's own arguments: it names the executor.
+    with raises_exactly(ValueError, message):
         executor.train_process(1, dataset(), K, ckpt_dir=None, verbose=False)
     assert len(calls) == 1  # one eager forward pass, no training graph
     assert all(np.array_equal(a, p.asnumpy()) for a, p in zip(before, network.trainable_params()))
@@ -285,18 +294,16 @@ def test_cells_refuse_a_loss_that_does_not_fit_their_buffer(cls):
         xs, ys = token_batches(B * K)
         cell = cls(network, optimizer, K, buffer=buffer)
         inputs = (Tensor(xs.reshape(K, B, T, F)), Tensor(ys.reshape(K, B, T)))
-    with pytest.raises(ValueError, match=f"For '{cls.__name__}', {PAIR_NEEDS_WEIGHTED}, as the 'network' given "
-                                         f"does, but got 'mean'"):
+    with raises_exactly(ValueError, PAIR_NEEDS_WEIGHTED.format(cls.__name__, "network", "mean")):
         cell(*inputs)
 
 
 def test_verify_equivalence_refuses_a_loss_that_does_not_fit_the_reduction():
     x, y = token_batches(B * K)
     network = net()
-    with pytest.raises(ValueError, match=f"For 'verify_equivalence', {PAIR_NEEDS_WEIGHTED}, as the 'loss_fn' given "
-                                         f"does, but got 'mean'"):
+    with raises_exactly(ValueError, PAIR_NEEDS_WEIGHTED.format("verify_equivalence", "loss_fn", "mean")):
         verify_equivalence(network, TokenCrossEntropy(PAD), nn.SGD(network.trainable_params()), (x, y), K)
-    with pytest.raises(ValueError, match=f"For 'verify_equivalence', the argument 'loss_fn' {WEIGHTED_NEEDS_PAIR}"):
+    with raises_exactly(ValueError, WEIGHTED_NEEDS_PAIR.format("verify_equivalence", "loss_fn")):
         verify_equivalence(nn.Dense(F, V), nn.MSELoss(), nn.SGD(network.trainable_params()),
                            (np.ones((8, F), np.float32), np.ones((8, V), np.float32)), K, reduction="weighted_mean")
 
@@ -318,14 +325,16 @@ def test_accumulator_under_weighted_mean_needs_the_token_count():
         return ops.depend(loss, accumulator(grads))
 
     x, y = token_batches(B)
-    with pytest.raises(ValueError, match="For 'Accumulator', the argument 'num_samples' must be given under "
-                                         "reduction='weighted_mean'"):
+    with raises_in_graph(ValueError, "For 'Accumulator', the argument 'num_samples' must be given under "
+                                     "reduction='weighted_mean' (the micro-batch's weight, e.g. its real tokens, the "
+                                     "weight TokenCrossEntropy returns), but got None."):
         step(Tensor(x), Tensor(y))
 
 
-@pytest.mark.parametrize("value", [ms.int32, "float32"])
-def test_executor_names_its_own_buffer_dtype_argument(value):
+@pytest.mark.parametrize("value,got", [(ms.int32, "mindspore.int32"), ("float32", "'float32'")])
+def test_executor_names_its_own_buffer_dtype_argument(value, got):
     network = net()
-    with pytest.raises(TypeError, match="For 'GradientAccumulation', the argument 'buffer_dtype' must be a float "
-                                        "mindspore.dtype"):
+    with raises_exactly(TypeError, f"For 'GradientAccumulation', the argument 'buffer_dtype' must be a float "
+                                   f"mindspore.dtype (mindspore.float32, float16, bfloat16 or float64) or None, but "
+                                   f"got {got}."):
         GradientAccumulation(network, nn.MSELoss(), nn.SGD(network.trainable_params()), buffer_dtype=value)

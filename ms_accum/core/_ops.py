@@ -30,7 +30,7 @@ SMALL_TENSOR = 1 << 13  # elements: up to this a tensor is summed by L2Loss (a b
 
 def _densify(grad):
     # A sparse gradient (nn.EmbeddingLookup(sparse=True)) is a RowTensor; the buffer is dense, so its rows are
-    # summed into a dense tensor first, inside a registered dispatch function (docs/mindspore.md).
+    # summed into a dense tensor first, inside a registered dispatch function (docs/mindspore.md, sparse gradients).
     return ops.unsorted_segment_sum(grad.values, grad.indices, grad.dense_shape[0])
 
 
@@ -51,7 +51,7 @@ def dense_shape(grad):
 
 
 def shape_matches(shape, expected) -> bool:
-    """Compares a gradient's shape with a parameter's element by element (docs/mindspore.md:
+    """Compares a gradient's shape with a parameter's element by element (docs/mindspore.md, sparse gradients:
     with sparse gradients among them, shape tuples compare wrongly)."""
     if len(shape) != len(expected):
         return False
@@ -227,11 +227,12 @@ def _norm_weights(grad, terms):
 def grads_squared_norm(grads):
     """The squared global norm of a micro-batch's dense gradients, in float32, in few kernels: one dot of two rows.
 
-    The first row holds the small tensors' elements (up to `SMALL_TENSOR` each) and each large tensor's sum of
-    squares, its own dot; the second the same small elements and a 1 for each large sum. Two `Concat`s copy only the
-    small tensors. LeNet5's 8 gradients take 5 kernels, 11 as `half_squared_norm` sums them (benchmark section s5
-    counts a micro-batch's). For intermediate tensors only: flattening a Parameter (a buffer's tensor) is a copy kernel
-    in MindSpore 2.10's graphs, so a buffer is summed by `half_squared_norm`, which flattens only its large tensors.
+    The first row holds the small tensors' elements (up to `SMALL_TENSOR` each) and each large tensor's sum of squares,
+    its own dot; the second the same small elements and a 1 for each large sum. Two `Concat`s copy only the small
+    tensors. LeNet5's 8 gradients take 5 kernels, 11 as `half_squared_norm` sums them (MindSpore's profiler, counting a
+    micro-batch's kernels; docs/mindspore.md, every launch counts). For intermediate tensors only: flattening a
+    Parameter (a buffer's tensor) is a copy kernel in MindSpore 2.10's graphs, so a buffer is summed by
+    `half_squared_norm`, which flattens only its large tensors.
     """
     terms = _hyper_map(_norm_terms_op, grads)
     weights = _hyper_map(_norm_weights_op, grads, terms)
@@ -252,7 +253,8 @@ class SparseGradsNorm:
 
     def __call__(self, grads):
         # A RowTensor among them makes the sums' types undetermined: `AddN` refuses them, `Add`s take them. Over an
-        # unrolled list `AddN` compiles, but the graph's peak grew by 0.06x the parameters of section f2's MLP.
+        # unrolled list `AddN` compiles, but the graph's peak grew by 0.06x the parameters of a
+        # 192 MiB MLP.
         halves = _hyper_map(_half_sum_of_squares_op, grads)
         total = halves[0]
         for value in halves[1:]:

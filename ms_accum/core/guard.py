@@ -41,7 +41,7 @@ def check_policy_fits(sparse: Optional[str], policy: str, cls_name: str, leaves_
     """Refuses a buffer that `leaves_out` micro-batches (``"skip_microbatch"``, or an outlier filter) for a network
     with sparse gradients (`sparse`: the name of the cell that makes one, `sparse_gradient_cell`), before anything
     compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor add them behind the tensor `if` that
-    leaves a micro-batch out (docs/mindspore.md); ``"skip_window"`` checks the dense window
+    leaves a micro-batch out (docs/mindspore.md, sparse gradients); ``"skip_window"`` checks the dense window
     instead."""
     if sparse is None or not leaves_out:
         return
@@ -104,7 +104,7 @@ class _NormIsFinite:
     """Statistics on: the window's squared norm, measured before clipping in float32, is finite exactly when the
     elements are (then the clipped window is too), with `_SumIsFinite`'s one exception. Reading it spares a second
     pass over the window, and MindSpore's copy of each buffer tensor before that second read
-    (docs/mindspore.md)."""
+    (docs/mindspore.md, in-place operations)."""
 
     def __call__(self, grads, sq_norm):
         return ops.isfinite(sq_norm)

@@ -104,7 +104,7 @@ class Accumulator:
         self.param_shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
 
     def __call__(self, grads, num_samples=None):
-        # No Python-level if/else before the tensor `if` below (docs/mindspore.md): a micro-batch
+        # No Python-level if/else before the tensor `if` below (docs/mindspore.md, a constant if/else): a micro-batch
         # without a sample count (None) is left unweighted by type dispatch, not by a branch. The Accumulator sees
         # no loss (None): the window's gradient check finds what is not finite.
         self._check_grads(grads)

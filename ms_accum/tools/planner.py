@@ -1,14 +1,14 @@
 """Plan the micro-batch, K and structure for a global batch within a memory budget, from measured memory.
 
-`plan` never trains in the caller's process: every measurement is a trial in a fresh Python process
-(``python -m ms_accum.tools.planner``), which builds the model from its factory, trains a few windows with the executor
-over a
+`plan` never trains in the caller's process: every measurement is a trial in a fresh Python process (``python -m
+ms_accum.tools.planner``), which builds the model from its factory, trains a few windows with the executor over a
 dataset of the factory's samples, and reports its peak memory and its time per window. A trial that runs out of memory
 is killed alone, and nothing it allocated stays in the caller's process.
 
-Memory is what training adds to the built model, as benchmark section m measures it: on CPU the growth of the process's
-peak resident memory (VmHWM) from just before the executor is built; on GPU and Ascend the device's peak allocation
-(`mindspore.runtime.max_memory_allocated`, parameters included), which MindSpore does not report on CPU.
+Memory is what training adds to the built model, as the memory benchmark measures it (benchmarks/README.md): on CPU the
+growth of the process's peak resident memory (VmHWM) from just before the executor is built; on GPU and Ascend the
+device's peak allocation (`mindspore.runtime.max_memory_allocated`, parameters included), which MindSpore does not
+report on CPU.
 """
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ WINDOWS = 4  # per trial: the first compiles, the others are timed; then a parti
 # A candidate predicted above this multiple of the budget is not measured to confirm it: its trial could take the
 # machine's memory for nothing.
 CONFIRM_UP_TO = 1.5
-# Fresh processes of one configuration peak apart: on section m's conv net at K=4 x B=8, the "window" structure's
-# trials peaked at 329-333 MiB and a user's script training with the plan at 326-364 MiB (11 fresh processes; the
-# other structures within about 6 %). A plan keeps this much of the budget free, so training with it stays within.
+# Fresh processes of one configuration peak apart: on the demo conv net (`ms_accum.demo.models.ConvNet`) at K=4 x B=8,
+# the "window" structure's trials peaked at 329-333 MiB and a user's script training with the plan at 326-364 MiB (11
+# fresh processes; the other structures within about 6 %). A plan keeps this much of the budget free, so training with
+# it stays within.
 HEADROOM = 0.10
 _UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "kb": 10 ** 3, "m": MIB, "mib": MIB, "mb": 10 ** 6,
           "g": 2 ** 30, "gib": 2 ** 30, "gb": 10 ** 9, "t": 2 ** 40, "tib": 2 ** 40, "tb": 10 ** 12}
@@ -291,7 +292,8 @@ class _Trials:
 
 # ------------------------------------------------------------------------------------------------ in the fresh process
 def process_status(key: str) -> int:
-    """A /proc/self/status figure in bytes (VmRSS: resident now; VmHWM: the peak so far), as section m reads them."""
+    """A /proc/self/status figure in bytes (VmRSS: resident now; VmHWM: the peak so far), as the memory benchmark
+    reads them."""
     with open("/proc/self/status", encoding="utf-8") as handle:
         for line in handle:
             if line.startswith(key + ":"):

@@ -2,8 +2,8 @@
 
 A window's micro-batches arrive lazily and run as they come, so reading the next batch overlaps the graphs still
 running. Every window, a partial one too, goes through the structure's own Cell (a second graph of the network would
-keep activation memory of its own: docs/mindspore.md); only a window of unequal micro-batches, which ``"window"``
-cannot stack, goes through the three graphs on the buffer.
+keep activation memory of its own: docs/mindspore.md, each graph's memory); only a window of unequal micro-batches,
+which ``"window"`` cannot stack, goes through the three graphs on the buffer.
 """
 from __future__ import annotations
 
