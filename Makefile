@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 MS_ACCUM_MNIST ?= $(wildcard $(CURDIR)/../shared/data/MNIST_Data)
 export MS_ACCUM_MNIST
 
-.PHONY: run test test-all install clean
+.PHONY: run test test-all bench install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 # Also the tests marked slow: every structure, fault and msrun case, the docs' code blocks, the full tutorials.
 test-all: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "slow or not slow"
+
+# The lasting benchmark suite (benchmarks/README.md): run it on a quiet machine.
+bench: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) ckpt/*.ckpt ckpt/*.png
