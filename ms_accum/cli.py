@@ -164,7 +164,7 @@ def accumulate_schedule(text: str) -> dict:
     """``samples:K,...`` as a dict (`ms_accum.train.schedule.parse_schedule`)."""
     from .train.schedule import parse_schedule
     try:
-        return parse_schedule(text)
+        return parse_schedule(text, "--accumulate-schedule", "ms-accum train")
     except (TypeError, ValueError) as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 

@@ -1,4 +1,6 @@
-"""Shared fixtures: execution mode, small networks with identical starting weights, real-MNIST lookup."""
+"""Shared fixtures: execution mode, small networks with identical starting weights, real-MNIST lookup, and the
+checks of a whole error message."""
+import contextlib
 import os
 from pathlib import Path
 
@@ -75,6 +77,29 @@ def mnist_dir():
 
 requires_mnist = pytest.mark.skipif(mnist_dir() is None,
                                     reason="real MNIST not found (set MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
+
+
+@contextlib.contextmanager
+def raises_exactly(error, message: str):
+    """`pytest.raises(error)` whose message must be `message`, whole: its ``For '<name>', `` prefix says which name
+    the user is told they called, and a fragment cannot see it."""
+    with pytest.raises(error) as info:
+        yield info
+    assert str(info.value) == message
+
+
+@contextlib.contextmanager
+def raises_in_graph(error, message: str):
+    """As `raises_exactly`, for an error raised inside a compiled graph: MindSpore quotes the message on the first
+    line and appends its C++ stack and the traceback of the graph's source lines, which are not the message."""
+    with pytest.raises(error) as info:
+        yield info
+    assert str(info.value).splitlines()[0] == f"'{message}'"
+
+
+def cli_error(err: str) -> str:
+    """The one error line of the command line's stderr (argparse prints its usage above it)."""
+    return err.strip().splitlines()[-1]
 
 
 # A module of factories (`ms_accum.tools.factory`) that tests write beside them as users_model.py: a good one and bad ones.

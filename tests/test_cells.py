@@ -8,7 +8,7 @@ from mindspore.train import CheckpointConfig, LossMonitor, Model, ModelCheckpoin
 from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
 from ms_accum.core import _ops
 from ms_accum.train.checkpoint import load_into
-from conftest import batch_for, make_net, params_of
+from conftest import batch_for, make_net, params_of, raises_exactly
 
 
 def parts():
@@ -35,30 +35,38 @@ def test_fused_cell_owns_one_buffer_per_parameter_plus_scalars():
     assert len(own) == len(optimizer.parameters) + 6  # two window counters, the loss scale, three guard counters
 
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (None, TypeError),
-                                         (False, TypeError), ("3", TypeError)])
-def test_fused_cell_bad_accumulate_step(value, error):
+@pytest.mark.parametrize("value,error,got", [
+    (0, ValueError, "0"), (-1, ValueError, "-1"), (1.5, TypeError, "1.5 of type float"),
+    (None, TypeError, "None of type NoneType"), (False, TypeError, "False of type bool"),
+    ("3", TypeError, "'3' of type str")])
+def test_fused_cell_bad_accumulate_step(value, error, got):
     net, optimizer = parts()
-    with pytest.raises(error, match="For 'TrainAccumulationCell', the argument 'accumulate_step' must be a "
-                                    "positive int"):
+    with raises_exactly(error, f"For 'TrainAccumulationCell', the argument 'accumulate_step' must be a positive int, "
+                               f"but got {got}."):
         TrainAccumulationCell(net, optimizer, value)
 
 
 def test_cells_reject_wrong_kinds():
     net, optimizer = parts()
     buffer = AccumulationBuffer(optimizer.parameters)
-    with pytest.raises(TypeError, match="'network' must be Cell"):
+    with raises_exactly(TypeError, "For 'TrainForwardBackward', the argument 'network' must be Cell, but got None of "
+                                   "type NoneType."):
         TrainForwardBackward(None, optimizer, buffer)
-    with pytest.raises(TypeError, match="'optimizer' must be Optimizer"):
+    with raises_exactly(TypeError, f"For 'TrainOptim', the argument 'optimizer' must be Optimizer, but got {net!r} of "
+                                   f"type WithLossCell."):
         TrainOptim(net, buffer)
-    with pytest.raises(TypeError, match="'buffer' must be AccumulationBuffer"):
+    with raises_exactly(TypeError, "For 'TrainClear', the argument 'buffer' must be AccumulationBuffer, but got [1, 2] "
+                                   "of type list."):
         TrainClear([1, 2])
     other = AccumulationBuffer(nn.Dense(3, 2).trainable_params()[:1])
-    with pytest.raises(ValueError, match="'buffer' must hold one gradient per optimizer parameter"):
+    with raises_exactly(ValueError, "For 'TrainOptim', the argument 'buffer' must hold one gradient per optimizer "
+                                    "parameter (2), but holds 1."):
         TrainOptim(optimizer, other)
-    with pytest.raises(TypeError, match="'params' must be"):
+    with raises_exactly(TypeError, "For 'AccumulationBuffer', the argument 'params' must be ParameterTuple or list or "
+                                   "tuple, but got None of type NoneType."):
         AccumulationBuffer(None)
-    with pytest.raises(ValueError, match="'network' must have trainable parameters"):
+    with raises_exactly(ValueError, "For 'TrainAccumulationCell', the argument 'network' must have trainable "
+                                    "parameters, but got none."):
         TrainAccumulationCell(nn.WithLossCell(nn.ReLU(), nn.MSELoss()), optimizer, 2)
 
 
@@ -107,17 +115,19 @@ def test_the_buffer_decides_the_reduction_for_every_cell():
     assert TrainOptim(optimizer, summed, reduction="sum")()  # SGD(0.1) on the plain sum of the two gradients
     for p, w, g1, g2 in zip(optimizer.parameters, weights, *grads):
         np.testing.assert_allclose(p.asnumpy(), w - 0.1 * (g1 + g2), rtol=1e-6, atol=1e-7)
-    with pytest.raises(ValueError, match="For 'TrainOptim', the argument 'reduction' must agree with the buffer's "
-                                         "reduction "
-                                         "\\('sum'\\) or be None, but got 'mean'"):
+    decides = "or be None, but got {}: the AccumulationBuffer decides the reduction."
+    with raises_exactly(ValueError, "For 'TrainOptim', the argument 'reduction' must agree with the buffer's "
+                                    "reduction ('sum') " + decides.format("'mean'")):
         TrainOptim(optimizer, summed, reduction="mean")
-    with pytest.raises(ValueError, match="For 'TrainForwardBackward', the argument 'weight_by_samples' must agree "
-                                         "with the buffer's reduction \\('sum'\\) or be None, but got True"):
+    with raises_exactly(ValueError, "For 'TrainForwardBackward', the argument 'weight_by_samples' must agree with the "
+                                    "buffer's reduction ('sum') " + decides.format("True")):
         TrainForwardBackward(net, optimizer, summed, weight_by_samples=True)
-    with pytest.raises(ValueError, match="For 'TrainAccumulationCell', the argument 'reduction' must agree with the "
-                                         "buffer's reduction"):
+    with raises_exactly(ValueError, "For 'TrainAccumulationCell', the argument 'reduction' must agree with the "
+                                    "buffer's reduction ('sum') " + decides.format("'mean'")):
         TrainAccumulationCell(net, optimizer, 2, reduction="mean", buffer=summed)
-    with pytest.raises(ValueError, match="For 'AccumulationBuffer', the argument 'reduction' must be one of"):
+    # Built by the user, the buffer is what the user called.
+    with raises_exactly(ValueError, "For 'AccumulationBuffer', the argument 'reduction' must be one of ['mean', "
+                                    "'sum', 'weighted_mean'], but got 'avg'."):
         AccumulationBuffer(optimizer.parameters, reduction="avg")
 
 

@@ -8,7 +8,7 @@ from mindspore import nn
 
 from ms_accum.train import checkpoint as ckpt
 from ms_accum.train.checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint
-from conftest import make_net, params_of
+from conftest import make_net, params_of, raises_exactly
 
 
 def dense(out=2, seed=0):
@@ -47,9 +47,21 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_metadata_values_must_be_plain():
-    with pytest.raises(TypeError, match="'metadata' must map names to int, float, bool or str, but 'x' is list"):
+    with raises_exactly(TypeError, "For 'save_checkpoint', the argument 'metadata' must map names to int, float, bool "
+                                   "or str, but 'x' is list."):
         save_checkpoint(dense(), "unused.ckpt", {"x": [1]})
     assert not os.path.exists("unused.ckpt")
+
+
+# What MindSpore says of each damage, after the file's name (its own wording, the path included).
+CAUSES = {"random": "Failed to read the checkpoint file {path}. The file may be corrupted, and the content cannot be "
+                    "parsed.",
+          "truncated": "Failed to read the checkpoint file {path}. The file may be corrupted, and the content cannot "
+                       "be parsed.",
+          "flipped": "Failed to read the checkpoint file {path}. May not have permission to read it, please check the "
+                     "correct of the file.",
+          "empty": "The loaded parameter dict is empty after filter or specify, please check whether 'filter_prefix' "
+                   "or 'specify_prefix' are set correctly."}
 
 
 @pytest.mark.parametrize("damage", ["missing", "random", "truncated", "flipped", "empty"])
@@ -62,7 +74,10 @@ def test_unreadable_files_name_the_file(tmp_path, damage):
         damaged = {"random": rng.bytes(len(data)), "truncated": data[: len(data) // 2], "empty": b"",
                    "flipped": data[:-20] + bytes([data[-20] ^ 0xFF]) + data[-19:]}[damage]
         path.write_bytes(damaged)
-    with pytest.raises(CheckpointError, match=str(path)):
+    message = (f"Checkpoint '{path}' does not exist." if damage == "missing" else
+               f"'{path}' is not a readable MindSpore checkpoint (truncated, corrupt or another format): "
+               + CAUSES[damage].format(path=path))
+    with raises_exactly(CheckpointError, message):
         load_checkpoint(str(path))
 
 
@@ -70,21 +85,24 @@ def test_strict_load_refuses_mismatch_and_leaves_network_untouched(tmp_path):
     path = save_checkpoint(dense(2), str(tmp_path / "a.ckpt"))
     target = dense(3, seed=5)  # same names, other shapes
     before = params_of(target)
-    with pytest.raises(CheckpointError, match="parameter 'bias' has shape \\(2,\\) .* but \\(3,\\)"):
+    with raises_exactly(CheckpointError, f"Checkpoint '{path}' does not fit the network: parameter 'bias' has shape "
+                                         f"(2,) and dtype Float32 in the file but (3,) and Float32 in the network."):
         load_into(target, path)
     assert all(np.array_equal(a, b) for a, b in zip(params_of(target), before))
 
     lenet = make_net("lenet5")
     before = params_of(lenet)
-    with pytest.raises(CheckpointError, match="missing parameter\\(s\\) 'conv1.weight'.*unexpected parameter\\(s\\) "
-                                              "'bias', 'weight'"):
+    with raises_exactly(CheckpointError, f"Checkpoint '{path}' does not fit the network: missing parameter(s) "
+                                         f"'conv1.weight', 'conv2.weight', 'fc1.bias', 'fc1.weight', 'fc2.bias' and 3 "
+                                         f"more; unexpected parameter(s) 'bias', 'weight'."):
         load_into(lenet, path)
     assert all(np.array_equal(a, b) for a, b in zip(params_of(lenet), before))
 
 
 def test_expected_metadata_mismatch(tmp_path):
     path = save_checkpoint(make_net("mlp"), str(tmp_path / "a.ckpt"), {"model": "mlp"})
-    with pytest.raises(CheckpointError, match="saved with model='mlp', but model='lenet5' was asked for"):
+    with raises_exactly(CheckpointError, f"Checkpoint '{path}' was saved with model='mlp', but model='lenet5' was "
+                                         f"asked for."):
         load_into(make_net("mlp"), path, expected={"model": "lenet5"})
 
 
@@ -130,8 +148,9 @@ def test_a_file_of_a_later_format_is_refused_not_misread(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "FORMAT_VERSION", checkpoint.FORMAT_VERSION + 1)  # as a newer ms_accum writes
     save_checkpoint(net, path, {"step": 1})
     monkeypatch.undo()
-    with pytest.raises(CheckpointError, match=f"has ms_accum format {checkpoint.FORMAT_VERSION + 1}, newer than the "
-                                              f"format {checkpoint.FORMAT_VERSION} this ms_accum reads"):
+    with raises_exactly(CheckpointError, f"Checkpoint '{path}' has ms_accum format {checkpoint.FORMAT_VERSION + 1}, "
+                                         f"newer than the format {checkpoint.FORMAT_VERSION} this ms_accum reads: "
+                                         f"upgrade ms_accum to load it."):
         load_checkpoint(path)
     save_checkpoint(net, path, {"step": 1})  # today's format reads back
     assert load_checkpoint(path)[1] == {"step": 1}

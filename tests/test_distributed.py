@@ -26,6 +26,7 @@ from ms_accum.train.checkpoint import load_checkpoint
 from ms_accum.demo.data import make_synthetic_mnist
 from ms_accum.core.parallel import data_parallel_info
 from ms_accum.train.distributed import distributed_launch, init_data_parallel
+from conftest import raises_exactly
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
@@ -356,22 +357,25 @@ def test_distributed_launch_reads_msrun_environment():
     assert distributed_launch({"MS_WORKER_NUM": "2"}) is None  # not a role msrun gives
     assert distributed_launch({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2"}) == 2
     assert distributed_launch({"MS_ROLE": "MS_SCHED", "MS_WORKER_NUM": "4"}) == 4
-    with pytest.raises(ValueError, match="For 'distributed_launch', the environment variable 'MS_WORKER_NUM' must "
-                                         "be a positive int, but got 'two'."):
+    with raises_exactly(ValueError, "For 'distributed_launch', the environment variable 'MS_WORKER_NUM' must be a "
+                                    "positive int, but got 'two'."):
         distributed_launch({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "two"})
 
 
 def test_init_without_launcher_is_refused(no_launcher):
-    with pytest.raises(RuntimeError, match="For 'init_data_parallel', distributed mode requested without a "
-                                           "launcher: start the script with msrun"):
+    with raises_exactly(RuntimeError, "For 'init_data_parallel', distributed mode requested without a launcher: start "
+                                      "the script with msrun, e.g. 'msrun --worker_num=2 --local_worker_num=2 "
+                                      "--master_port=8118 --join=True script.py' (the environment variables MS_ROLE "
+                                      "and MS_WORKER_NUM are not set)."):
         init_data_parallel()
 
 
 def test_cli_distributed_flag_without_launcher(no_launcher, tmp_path, capsys):
     assert cli.main(["train", "--distributed", "--ckpt-dir", str(tmp_path), "--quiet"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("ms-accum train: error: distributed mode requested without a launcher: start it with "
-                          "msrun, e.g. 'msrun --worker_num=2")
+    assert capsys.readouterr().err == (
+        "ms-accum train: error: distributed mode requested without a launcher: start it with msrun, e.g. 'msrun "
+        "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...' (MS_ROLE and "
+        "MS_WORKER_NUM are not set).\n")
     assert not os.listdir(tmp_path)
 
 
@@ -390,19 +394,23 @@ def test_unsupported_parallel_mode_is_refused(restore_parallel_context):
     optimizer = nn.SGD(net.trainable_params(), 0.1)
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)
     message = "the parallel mode must be 'stand_alone' or 'data_parallel', but got 'semi_auto_parallel'."
-    with pytest.raises(ValueError, match=f"For 'Accumulator', {message}"):
+    with raises_exactly(ValueError, f"For 'Accumulator', {message}"):
         Accumulator(optimizer, 2)
-    with pytest.raises(ValueError, match=f"For 'TrainAccumulationCell', {message}"):
+    with raises_exactly(ValueError, f"For 'TrainAccumulationCell', {message}"):
         TrainAccumulationCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, 2)
-    with pytest.raises(ValueError, match=f"For 'GradientAccumulation', {message}"):
+    with raises_exactly(ValueError, f"For 'GradientAccumulation', {message}"):
         GradientAccumulation(net, nn.MSELoss(), optimizer)
 
 
 def test_data_parallel_before_init_is_refused(restore_parallel_context):
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL)
-    with pytest.raises(ValueError, match=r"For 'X', the parallel mode is 'data_parallel', which needs "
-                                         r"mindspore.communication.init\(\) first"):
+    message = ("the parallel mode is 'data_parallel', which needs mindspore.communication.init() first, but it was "
+               "not called.")
+    with raises_exactly(ValueError, f"For 'X', {message}"):
         data_parallel_info("X")
+    from ms_accum import Accumulator  # what the user called, not the check inside it
+    with raises_exactly(ValueError, f"For 'Accumulator', {message}"):
+        Accumulator(nn.SGD(nn.Dense(3, 2).trainable_params(), 0.1), 2)
 
 
 RESUME_WORKER = os.path.join(os.path.dirname(SCRIPTS), "fault_scripts", "resume_worker.py")
@@ -455,10 +463,11 @@ def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_
     assert code == 0, output[-3000:]
     state = str(ranks / "run-000000002.ckpt")  # two windows into the first of two epochs of 4 windows
     refused = single(tmp_path / "refused", 4, state)
-    assert refused.returncode != 0 and (
-        "a global batch of 48 samples per update (mini_steps=3 x batch_size=8 x 2 rank(s)), but this run has 32 "
-        "(mini_steps=4 x batch_size=8 x 1 rank(s)): resuming would not continue the same training; mini_steps=6 "
-        "keeps it.") in refused.stderr
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1] == (  # the last line of the worker's traceback
+        f"ms_accum.train.checkpoint.CheckpointError: Checkpoint '{state}' was saved with a global batch of 48 samples "
+        f"per update (mini_steps=3 x batch_size=8 x 2 rank(s)), but this run has 32 (mini_steps=4 x batch_size=8 x 1 "
+        f"rank(s)): resuming would not continue the same training; mini_steps=6 keeps it.")
     resumed = single(tmp_path / "one", 6, state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == [3, 4, 5, 6, 7, 8]

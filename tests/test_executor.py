@@ -7,7 +7,7 @@ import mindspore.dataset as ds
 from mindspore import Tensor, nn
 
 from ms_accum import GradientAccumulation
-from conftest import batch_for, make_net, params_of
+from conftest import batch_for, make_net, params_of, raises_exactly
 
 
 def loss_fn():
@@ -122,32 +122,41 @@ def test_mini_steps_larger_than_epoch_warns_and_trains(tmp_path):
 
 # ---- argument checks: raised before anything compiles or trains -------------------------------------------
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError),
-                                         (None, TypeError), ("4", TypeError)])
-def test_bad_mini_steps(value, error, tmp_path):
+@pytest.mark.parametrize("value,error,tail", [
+    (0, ValueError, ", but got 0."), (-2, ValueError, ", but got -2."),
+    (2.0, TypeError, ", but got 2.0 of type float."),
+    (True, TypeError, ", but got True of type bool."), ("4", TypeError, ", but got '4' of type str."),
+    (None, TypeError, " (only an executor built by GradientAccumulation.from_plan takes its plan's), but got None."),
+])
+def test_bad_mini_steps(value, error, tail, tmp_path):
     x, y = batch_for("mlp", 8, seed=0)
     net, ex = executor()
     before = params_of(net)
-    with pytest.raises(error, match="For 'GradientAccumulation.train_process', the argument 'mini_steps' must be "
-                                    "a positive int"):
+    with raises_exactly(error, f"For 'GradientAccumulation.train_process', the argument 'mini_steps' must be a "
+                               f"positive int{tail}"):
         ex.train_process(1, dataset(x, y, 4), mini_steps=value, ckpt_dir=str(tmp_path))
     assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
 
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (1.0, TypeError), (None, TypeError)])
-def test_bad_epoch(value, error, tmp_path):
+@pytest.mark.parametrize("value,error,got", [(0, ValueError, "0"), (-1, ValueError, "-1"),
+                                             (1.0, TypeError, "1.0 of type float"),
+                                             (None, TypeError, "None of type NoneType")])
+def test_bad_epoch(value, error, got, tmp_path):
     x, y = batch_for("mlp", 8, seed=0)
     _, ex = executor()
-    with pytest.raises(error, match="the argument 'epoch' must be a positive int"):
+    with raises_exactly(error, f"For 'GradientAccumulation.train_process', the argument 'epoch' must be a positive "
+                               f"int, but got {got}."):
         ex.train_process(value, dataset(x, y, 4), mini_steps=2, ckpt_dir=str(tmp_path))
 
 
 def test_dataset_none_or_empty(tmp_path):
     _, ex = executor()
-    with pytest.raises(TypeError, match="the argument 'train_dataset' must be Dataset"):
+    with raises_exactly(TypeError, "For 'GradientAccumulation.train_process', the argument 'train_dataset' must be "
+                                   "Dataset, but got None of type NoneType."):
         ex.train_process(1, None, mini_steps=2, ckpt_dir=str(tmp_path))
     x, y = batch_for("mlp", 3, seed=0)
-    with pytest.raises(ValueError, match="'train_dataset' must not be empty"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'train_dataset' must not "
+                                    "be empty, but it has no batches."):
         ex.train_process(1, dataset(x, y, 4, drop_remainder=True), mini_steps=2, ckpt_dir=str(tmp_path))
 
 
@@ -157,8 +166,9 @@ def test_unwritable_checkpoint_directory_fails_before_training(tmp_path):
     x, y = batch_for("mlp", 8, seed=0)
     net, ex = executor()
     before = params_of(net)
-    for bad in (str(blocker), str(blocker / "sub")):
-        with pytest.raises(ValueError, match="the argument 'ckpt_dir' must be a writable directory"):
+    for bad, why in ((str(blocker), "is a file"), (str(blocker / "sub"), "cannot be created: Not a directory")):
+        with raises_exactly(ValueError, f"For 'GradientAccumulation.train_process', the argument 'ckpt_dir' must be a "
+                                        f"writable directory, but '{bad}' {why}."):
             ex.train_process(1, dataset(x, y, 4), mini_steps=2, ckpt_dir=bad)
     assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
     assert blocker.read_text() == "not a directory"
@@ -167,7 +177,8 @@ def test_unwritable_checkpoint_directory_fails_before_training(tmp_path):
 def test_bad_partial_window(tmp_path):
     x, y = batch_for("mlp", 8, seed=0)
     _, ex = executor()
-    with pytest.raises(ValueError, match="'partial_window' must be one of \\['apply', 'drop'\\]"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'partial_window' must be "
+                                    "one of ['apply', 'drop'], but got 'keep'."):
         ex.train_process(1, dataset(x, y, 4), mini_steps=2, partial_window="keep", ckpt_dir=str(tmp_path))
 
 
@@ -177,18 +188,23 @@ def test_bad_constructor_arguments(arg, value):
     net = make_net("mlp")
     kwargs = {"network": net, "loss_fn": loss_fn(), "optimizer": nn.SGD(net.trainable_params())}
     kwargs[arg] = value
-    with pytest.raises(TypeError, match=f"For 'GradientAccumulation', the argument '{arg}' must be"):
+    expected = "Optimizer" if arg == "optimizer" else "Cell"
+    with raises_exactly(TypeError, f"For 'GradientAccumulation', the argument '{arg}' must be {expected}, but got "
+                                   f"{value!r} of type {type(value).__name__}."):
         GradientAccumulation(**kwargs)
 
 
 def test_bad_options():
     net = make_net("mlp")
     args = (net, loss_fn(), nn.SGD(net.trainable_params()))
-    with pytest.raises(ValueError, match="'clip_norm' must be a positive float, but got 0"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'clip_norm' must be a positive float, "
+                                    "but got 0."):
         GradientAccumulation(*args, clip_norm=0)
-    with pytest.raises(ValueError, match="'reduction' must be one of"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'reduction' must be one of ['mean', "
+                                    "'sum', 'weighted_mean'], but got 'max'."):
         GradientAccumulation(*args, reduction="max")
-    with pytest.raises(ValueError, match="'structure' must be one of"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'structure' must be one of ['auto', "
+                                    "'three_graphs', 'fused', 'window'], but got 'unrolled'."):
         GradientAccumulation(*args, structure="unrolled")
 
 
@@ -214,8 +230,9 @@ def test_executor_owns_one_buffer_per_parameter_plus_scalars():
 
 def test_optimizer_over_another_network_is_refused():
     net, other = make_net("mlp"), make_net("mlp", seed=1)
-    with pytest.raises(ValueError, match="For 'GradientAccumulation', the argument 'optimizer' must update "
-                                         "Parameters of 'network', but '.*' is not one of them"):
+    with raises_exactly(ValueError, f"For 'GradientAccumulation', the argument 'optimizer' must update Parameters of "
+                                    f"'network', but '{other.trainable_params()[0].name}' is not one of them (an "
+                                    f"optimizer built over another network?)."):
         GradientAccumulation(net, loss_fn(), nn.SGD(other.trainable_params()))
     # Training a part of the network (a frozen backbone) is fine: the rest stays as it was.
     before = params_of(net)
@@ -231,8 +248,9 @@ def test_optimizer_over_another_network_is_refused():
                                   nn.MSELoss(reduction="none"), nn.CrossEntropyLoss(reduction="none")])
 def test_loss_without_reduction_is_refused(loss):
     net = make_net("mlp")
-    with pytest.raises(ValueError, match="For 'GradientAccumulation', the argument 'loss_fn' must reduce the batch to "
-                                         "a scalar"):
+    with raises_exactly(ValueError, f"For 'GradientAccumulation', the argument 'loss_fn' must reduce the batch to a "
+                                    f"scalar (reduction 'mean' or 'sum'), but got {type(loss).__name__} with reduction "
+                                    f"'none'."):
         GradientAccumulation(net, loss, nn.SGD(net.trainable_params()))
 
 
@@ -243,8 +261,9 @@ def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_pat
     before = params_of(net)
     for data in ({"image": x}, {"image": x, "label": y, "weight": y.astype(np.float32)}):
         one = ds.NumpySlicesDataset(data, shuffle=False).batch(4)
-        with pytest.raises(ValueError, match="the argument 'train_dataset' must yield 2 columns, the network's input "
-                                             "and the loss's label, but it yields"):
+        with raises_exactly(ValueError, f"For 'GradientAccumulation.train_process', the argument 'train_dataset' must "
+                                        f"yield 2 columns, the network's input and the loss's label, but it yields "
+                                        f"{len(data)}: {list(data)}."):
             ex.train_process(1, one, mini_steps=2, ckpt_dir=None)
     assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
     assert not os.path.exists(tmp_path / "rank_0")

@@ -6,18 +6,21 @@ from mindspore import Tensor, nn
 
 from ms_accum import GradientAccumulation
 from ms_accum.train.lr import scale_lr
-from conftest import batch_for, make_net, params_of
+from conftest import batch_for, make_net, params_of, raises_exactly
 
 
 def test_scale_lr_rules():
     assert scale_lr(0.01, 4) == pytest.approx(0.04)
     assert scale_lr(0.001, 4, "sqrt") == pytest.approx(0.002)
     assert scale_lr(0.1, 1, "sqrt") == 0.1
-    with pytest.raises(ValueError, match="For 'scale_lr', the argument 'accumulate_step' must be a positive int"):
+    with raises_exactly(ValueError, "For 'scale_lr', the argument 'accumulate_step' must be a positive int, but got "
+                                    "0."):
         scale_lr(0.1, 0)
-    with pytest.raises(ValueError, match="'rule' must be one of \\['linear', 'sqrt'\\]"):
+    with raises_exactly(ValueError, "For 'scale_lr', the argument 'rule' must be one of ['linear', 'sqrt'], but got "
+                                    "'cubic'."):
         scale_lr(0.1, 2, "cubic")
-    with pytest.raises(TypeError, match="'lr' must be a positive float"):
+    with raises_exactly(TypeError, "For 'scale_lr', the argument 'lr' must be a positive float, but got '0.1' of type "
+                                   "str."):
         scale_lr("0.1", 2)
 
 

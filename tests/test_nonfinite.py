@@ -10,6 +10,7 @@ from ms_accum import AccumulationBuffer, GradientAccumulation, TrainAccumulation
     TrainForwardBackward, TrainOptim
 from ms_accum import NonFiniteError
 from ms_accum.core.guard import WindowGuard
+from conftest import raises_exactly
 
 BATCH, K = 4, 3
 
@@ -103,7 +104,9 @@ def test_stop_on_nonfinite_raises_with_parameters_untouched():
     before = params_of(net)
     executor = GradientAccumulation(net, loss_fn(), nn.Momentum(net.trainable_params(), 0.1, 0.9),
                                     stop_on_nonfinite=True)
-    with pytest.raises(NonFiniteError, match="epoch 1 step 1: .* not finite.*'stop_on_nonfinite' is True"):
+    with raises_exactly(NonFiniteError, "For 'GradientAccumulation.train_process', epoch 1 step 1: the window's "
+                                        "gradient or loss is not finite, so it was skipped (parameters unchanged; 1 "
+                                        "window(s) skipped so far); stopping, as 'stop_on_nonfinite' is True."):
         executor.train_process(1, dataset(batches(bad=(2,))), K, ckpt_dir=None, verbose=False)
     for name, value in params_of(net).items():
         np.testing.assert_array_equal(value, before[name])
@@ -157,22 +160,28 @@ def test_guard_state_is_part_of_the_training_state():
             "accumulate.skipped_micro_batches", "accumulate.window_bad"} <= names
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    ({"policy": "skip"}, ValueError, "'policy' must be one of"),
-    ({"loss_scaler": 1024.0}, TypeError, "'loss_scaler' must be"),
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"policy": "skip"}, ValueError,
+     "the argument 'policy' must be one of ['skip_window', 'skip_microbatch'], but got 'skip'."),
+    ({"loss_scaler": 1024.0}, TypeError,
+     "the argument 'loss_scaler' must be StaticLossScaler or DynamicLossScaler, but got 1024.0 of type float."),
 ])
-def test_bad_guard_arguments(kwargs, error, match):
-    with pytest.raises(error, match=match):
+def test_bad_guard_arguments(kwargs, error, message):
+    # Each error names what was called: the guard built directly, and the executor, not the guard it builds.
+    with raises_exactly(error, f"For 'WindowGuard', {message}"):
         WindowGuard(**kwargs)
     net = make_net()
-    with pytest.raises(error, match=match):
+    with raises_exactly(error, f"For 'GradientAccumulation', {message}"):
         GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params()), **kwargs)
+    with raises_exactly(error, f"For 'TrainAccumulationCell', {message}"):
+        TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), nn.SGD(net.trainable_params()), K, **kwargs)
 
 
 def test_policy_and_scaler_belong_to_a_given_buffer():
     net = make_net()
     optimizer = nn.SGD(net.trainable_params())
-    with pytest.raises(ValueError, match="'policy' and 'loss_scaler' belong to the buffer"):
+    with raises_exactly(ValueError, "For 'TrainAccumulationCell', the arguments 'policy' and 'loss_scaler' belong to "
+                                    "the buffer: pass them to the AccumulationBuffer given as 'buffer', not here."):
         TrainAccumulationCell(nn.WithLossCell(net, loss_fn()), optimizer, K,
                               buffer=AccumulationBuffer(optimizer.parameters), policy="skip_microbatch")
 

@@ -6,7 +6,7 @@ from mindspore import nn
 
 from ms_accum import verify_equivalence
 from ms_accum.tools.norm import replace_batchnorm
-from conftest import batch_for
+from conftest import batch_for, raises_exactly
 
 
 class ConvNet(nn.Cell):
@@ -44,7 +44,9 @@ def test_batchnorm1d_is_left_with_a_warning_and_bad_arguments():
     net = nn.SequentialCell([nn.Dense(4, 4), nn.BatchNorm1d(4)])
     with pytest.warns(UserWarning, match="'1' is a BatchNorm1d and stays"):
         assert replace_batchnorm(net) == []
-    with pytest.raises(ValueError, match="For 'replace_batchnorm', the argument 'num_groups' must be a positive int"):
+    with raises_exactly(ValueError, "For 'replace_batchnorm', the argument 'num_groups' must be a positive int, but "
+                                    "got 0."):
         replace_batchnorm(net, 0)
-    with pytest.raises(TypeError, match="the argument 'network' must be Cell"):
+    with raises_exactly(TypeError, "For 'replace_batchnorm', the argument 'network' must be Cell, but got None of type "
+                                   "NoneType."):
         replace_batchnorm(None)

@@ -1,11 +1,12 @@
 """recompute_cells: marked cells recompute their forward, and training is unchanged."""
 import numpy as np
-import pytest
 from mindspore import Tensor, nn
 
 from ms_accum import TrainAccumulationCell
 from ms_accum.train.recompute import recompute_cells
-from conftest import batch_for, make_net, params_of
+from conftest import batch_for, make_net, params_of, raises_exactly
+
+LENET5_PATHS = "['conv1', 'conv2', 'fc1', 'fc2', 'fc3', 'flatten', 'max_pool2d', 'relu']"
 
 
 def train_window(recompute):
@@ -29,9 +30,10 @@ def test_recompute_leaves_training_unchanged():
 
 
 def test_bad_names():
-    with pytest.raises(ValueError, match="'names' must hold sub-cells of the network, but got 'conv9'; valid paths"):
+    with raises_exactly(ValueError, f"For 'recompute_cells', the argument 'names' must hold sub-cells of the network, "
+                                    f"but got 'conv9'; valid paths: {LENET5_PATHS}."):
         recompute_cells(make_net("lenet5"), ["conv9"])
-    with pytest.raises(TypeError, match="the argument 'names' must be str"):
+    with raises_exactly(TypeError, "For 'recompute_cells', the argument 'names' must be str, but got 3 of type int."):
         recompute_cells(make_net("lenet5"), [3])
 
 
@@ -51,5 +53,6 @@ def test_executor_option_recomputes_and_trains_the_same():
     for a, b in zip(*trained):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     net = make_net("lenet5")
-    with pytest.raises(ValueError, match="but got 'conv9'"):
+    with raises_exactly(ValueError, f"For 'GradientAccumulation', the argument 'recompute' must hold sub-cells of the "
+                                    f"network, but got 'conv9'; valid paths: {LENET5_PATHS}."):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()), recompute=["conv9"])

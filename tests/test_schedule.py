@@ -11,6 +11,7 @@ from ms_accum import GradientAccumulation
 from ms_accum.train.checkpoint import CheckpointError, find_latest
 from ms_accum.train.lr import SamplesLR
 from ms_accum.train.schedule import AccumulationSchedule, parse_schedule, rampup
+from conftest import raises_exactly
 
 B = 4
 SCHEDULE = {0: 2, 64: 4, 160: 8}  # samples consumed: K
@@ -48,45 +49,53 @@ def test_schedule_tables_parsing_and_rampup():
     assert rampup(32, 32, 1000, 96, 16) == {0: 2, 1000: 4, 2000: 6}
 
 
+NOT_A_SCHEDULE = ("the argument 'mini_steps' must be a positive int, a dict from samples consumed (ints, the first 0) "
+                  "to K, or a callable K(samples), but got {}.")
+
+
 @pytest.mark.parametrize("schedule, error, message", [
-    ({4096: 4}, ValueError, "the thresholds of 'mini_steps' must start at 0 and increase, but got [4096]"),
+    ({4096: 4}, ValueError, "the thresholds of 'mini_steps' must start at 0 and increase, but got [4096]."),
     ({0: 2, 64: 4, 32: 8}, ValueError, "the thresholds of 'mini_steps' must start at 0 and increase, but got "
-                                       "[0, 64, 32]"),
+                                       "[0, 64, 32]."),
     ({0: 2, 64: 0}, ValueError, "the argument 'mini_steps[64]' must be a positive int, but got 0."),
-    ({0: 2, 64: 2.5}, TypeError, "the argument 'mini_steps[64]' must be a positive int"),
-    ({0: 2, "64": 4}, TypeError, "the argument 'mini_steps' must be a positive int, a dict from samples consumed"),
-    ({}, TypeError, "the argument 'mini_steps' must be a positive int, a dict from samples consumed"),
+    ({0: 2, 64: 2.5}, TypeError, "the argument 'mini_steps[64]' must be a positive int, but got 2.5 of type float."),
+    ({0: 2, "64": 4}, TypeError, NOT_A_SCHEDULE.format("{0: 2, '64': 4}")),
+    ({}, TypeError, NOT_A_SCHEDULE.format("{}")),
     (0, ValueError, "the argument 'mini_steps' must be a positive int, but got 0."),
-    ("4", TypeError, "the argument 'mini_steps' must be a positive int"),
+    ("4", TypeError, "the argument 'mini_steps' must be a positive int, but got '4' of type str."),
 ])
 def test_bad_schedules_are_refused_before_anything_compiles(schedule, error, message):
     net, model = executor()
     before = params(net)
-    with pytest.raises(error) as raised:
+    with raises_exactly(error, f"For 'GradientAccumulation.train_process', {message}"):
         model.train_process(1, dataset(), schedule, ckpt_dir=None)
-    assert str(raised.value).startswith("For 'GradientAccumulation.train_process', ") and message in str(raised.value)
     assert all(np.array_equal(a, b) for a, b in zip(before, params(net)))
 
 
 def test_bad_ramps_and_command_line_schedules():
-    with pytest.raises(ValueError, match=r"'global_batch' must be 'start' \(32\) plus a whole number of 'increment' "
-                                         r"\(32\), but got 100"):
+    with raises_exactly(ValueError, "For 'rampup', the argument 'global_batch' must be 'start' (32) plus a whole "
+                                    "number of 'increment' (32), but got 100."):
         rampup(32, 32, 1000, 100, 16)
-    with pytest.raises(ValueError, match="every global batch of the ramp must be divisible by 'batch_size' "
-                                         r"\(16\), but 40 is not"):
+    with raises_exactly(ValueError, "For 'rampup', every global batch of the ramp must be divisible by 'batch_size' "
+                                    "(16), but 40 is not."):
         rampup(32, 8, 1000, 48, 16)
-    with pytest.raises(TypeError, match="the argument 'samples_per_increment' must be a positive int"):
+    with raises_exactly(TypeError, "For 'rampup', the argument 'samples_per_increment' must be a positive int, but got "
+                                   "1.5 of type float."):
         rampup(32, 32, 1.5, 96, 16)
+    # Called directly, the parser names itself; the command line passes its own names (tests/test_cli.py).
     for text in ("0:2,4096", "a:2", "0:2;64:4", ""):
-        with pytest.raises(ValueError, match="must be comma-separated samples:K pairs"):
+        with raises_exactly(ValueError, f"For 'parse_schedule', the argument 'text' must be comma-separated samples:K "
+                                        f"pairs such as '0:2,4096:4', but got '{text}'."):
             parse_schedule(text)
-    with pytest.raises(ValueError, match="must start at 0 and increase"):
+    with raises_exactly(ValueError, "For 'parse_schedule', the thresholds of 'text' must start at 0 and increase, but "
+                                    "got [64, 0]."):
         parse_schedule("64:2,0:4")
 
 
 def test_a_callables_bad_value_is_refused_when_first_evaluated_naming_the_sample_count():
     net, model = executor()
-    with pytest.raises(ValueError, match=r"the argument 'mini_steps\(64\)' must be a positive int, but got 0"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'mini_steps(64)' must be a "
+                                    "positive int, but got 0."):
         model.train_process(1, dataset(), lambda s: 2 if s < 64 else 0, ckpt_dir=None)
 
 
@@ -147,9 +156,11 @@ def test_samples_lr_warms_up_over_samples_whatever_the_ramp():
     # The optimizer reads the rate: the first window (rate 0) left the weights alone, the second moved them.
     assert all(np.array_equal(a, b) for a, b in zip(weights[0], weights[1]))
     assert not all(np.array_equal(a, b) for a, b in zip(weights[1], weights[2]))
-    with pytest.raises(ValueError, match="at 0 samples it gave nan"):
+    with raises_exactly(ValueError, "For 'SamplesLR', the schedule must give a finite learning rate, but at 0 samples "
+                                    "it gave nan."):
         SamplesLR(lambda s: float("nan"))
-    with pytest.raises(TypeError, match="must be a LearningRateSchedule or a callable"):
+    with raises_exactly(TypeError, "For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a "
+                                   "callable lr(samples), but got 0.1 of type float."):
         SamplesLR(0.1)
 
 
@@ -164,15 +175,14 @@ def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_
     whole = run(tmp_path / "whole", SCHEDULE)
     run(tmp_path / "cut", SCHEDULE)
     state = str(tmp_path / "cut" / "run-000000010.ckpt")  # 8 windows of K=2, 2 of K=4: inside the K=4 segment
-    with pytest.raises(CheckpointError, match=r"global batch schedule \(samples consumed: global batch\) is "
-                                              r"0:8,64:16,160:32, but this run's is 0:8,64:16,128:32: from 128 "
-                                              r"samples consumed the saved run's global batch is 16, this run's 32"):
+    refused = (f"Checkpoint '{state}' was saved by a run whose global batch schedule (samples consumed: global "
+               f"batch) is 0:8,64:16,160:32, but this run's is {{}}: from {{}} samples consumed the saved run's global "
+               f"batch is 16, this run's {{}}; resuming would not continue the same training.")
+    with raises_exactly(CheckpointError, refused.format("0:8,64:16,128:32", 128, 32)):
         run(tmp_path / "cut", {0: 2, 64: 4, 128: 8}, resume=state)
-    with pytest.raises(CheckpointError, match="from 64 samples consumed the saved run's global batch is 16, this "
-                                              "run's 8"):
+    with raises_exactly(CheckpointError, refused.format("0:8", 64, 8)):
         run(tmp_path / "cut", 2, resume=state)
-    with pytest.raises(CheckpointError, match="from 64 samples consumed the saved run's global batch is 16, this "
-                                              "run's 12"):
+    with raises_exactly(CheckpointError, refused.format("callable", 64, 12)):
         run(tmp_path / "cut", lambda s: 2 if s < 64 else 3, resume=state)
     # Micro-batches of 2 with twice the K keep every global batch (as another device count would): it resumes.
     resumed = run(tmp_path / "cut", {0: 4, 64: 8, 160: 16}, batch=2, resume=state)

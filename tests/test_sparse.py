@@ -20,7 +20,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell
-from conftest import copy_weights, make_optimizer, params_of
+from conftest import copy_weights, make_optimizer, params_of, raises_exactly
 
 VOCAB, DIM, CLASSES, TOKENS = 50, 8, 5, 6
 SEEN = 40  # token ids are drawn below this: embedding rows SEEN..VOCAB-1 are never looked up
@@ -220,10 +220,15 @@ def test_sparse_aware_optimizer_gets_the_dense_window_gradient():
 
 def test_skip_microbatch_is_refused_for_sparse_gradients_before_compiling():
     sparse, _ = sparse_and_dense_twin()
-    with pytest.raises(ValueError, match="'policy' must be 'skip_window' for a network with sparse gradients"):
+    # The executor's name and the user's own path of the cell, not those of the Cells the executor builds.
+    with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'policy' must be 'skip_window' for a "
+                                    "network with sparse gradients (its cell 'embedding'), but got 'skip_microbatch': "
+                                    "MindSpore 2.10 cannot check sparse gradients one micro-batch at a time."):
         GradientAccumulation(sparse, loss_fn(), make_optimizer("momentum", sparse.trainable_params()),
                              policy="skip_microbatch")
-    with pytest.raises(ValueError, match="'skip_outliers' must be None for a network with sparse gradients"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'skip_outliers' must be None for a "
+                                    "network with sparse gradients (its cell 'embedding'): MindSpore 2.10 cannot leave "
+                                    "sparse gradients out one micro-batch at a time."):
         GradientAccumulation(sparse, loss_fn(), make_optimizer("momentum", sparse.trainable_params()),
                              skip_outliers=6.0)
 

@@ -13,6 +13,7 @@ from mindspore import Tensor, amp, nn
 from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, \
     TrainOptim
 from ms_accum.core.statistics import NoiseScale, harmonic_mean
+from conftest import raises_exactly
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "dist_scripts"))
@@ -163,7 +164,8 @@ def test_the_cells_return_the_norm_only_when_the_buffer_measures():
     measured = TrainForwardBackward(net, opt, AccumulationBuffer(opt.parameters, statistics=True))
     loss, (sq_norm, left_out) = measured(x, y)
     assert loss.shape == () and float(sq_norm.asnumpy()) > 0 and float(left_out.asnumpy()) == 0
-    with pytest.raises(TypeError, match="the argument 'statistics' must be bool"):
+    with raises_exactly(TypeError, "For 'AccumulationBuffer', the argument 'statistics' must be bool, but got 1 of "
+                                   "type int."):
         AccumulationBuffer(opt.parameters, statistics=1)
 
     # A norm, not a copy: measuring adds one float32 scalar; the outlier filter's running statistics 5 more floats.
@@ -212,15 +214,20 @@ def test_noise_scale_matches_the_data_sets_exact_value(k, batch):
 def test_noise_scale_needs_two_batch_sizes_and_a_mean():
     net, x, y, _ = regression_problem(64, 12.0)
     model = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=True)
-    with pytest.raises(ValueError, match="the argument 'mini_steps' must be at least 2 with noise_scale=True on one "
-                                         "rank"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'mini_steps' must be at "
+                                    "least 2 with noise_scale=True on one rank: the noise scale compares the "
+                                    "micro-batch's gradient with the window's, and with mini_steps=1 they are one "
+                                    "batch size, but got 1."):
         model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}).batch(4), 1, ckpt_dir=None)
-    with pytest.raises(ValueError, match="'noise_scale' needs the window's mean .* but got reduction 'sum'"):
+    with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'noise_scale' needs the window's mean "
+                                    "(reduction 'mean' or 'weighted_mean'), but got reduction 'sum'."):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), reduction="sum",
                              noise_scale=True)
-    with pytest.raises(TypeError, match="the argument 'noise_scale' must be bool"):
+    with raises_exactly(TypeError, "For 'GradientAccumulation', the argument 'noise_scale' must be bool, but got 1 of "
+                                   "type int."):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=1)
-    with pytest.raises(TypeError, match="For 'GradientAccumulation', the argument 'statistics' must be bool"):
+    with raises_exactly(TypeError, "For 'GradientAccumulation', the argument 'statistics' must be bool, but got 'yes' "
+                                   "of type str."):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), statistics="yes")
 
 
@@ -363,18 +370,19 @@ def test_a_lasting_shift_is_followed_not_locked_out():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"skip_outliers": 0}, ValueError, "the argument 'skip_outliers' must be a positive float, but got 0"),
-    ({"skip_outliers": -6.0}, ValueError, "the argument 'skip_outliers' must be a positive float"),
-    ({"skip_outliers": "6"}, TypeError, "the argument 'skip_outliers' must be a positive float"),
-    ({"skip_outliers": True}, TypeError, "the argument 'skip_outliers' must be a positive float"),
+    ({"skip_outliers": 0}, ValueError, "the argument 'skip_outliers' must be a positive float, but got 0."),
+    ({"skip_outliers": -6.0}, ValueError, "the argument 'skip_outliers' must be a positive float, but got -6.0."),
+    ({"skip_outliers": "6"}, TypeError,
+     "the argument 'skip_outliers' must be a positive float, but got '6' of type str."),
+    ({"skip_outliers": True}, TypeError,
+     "the argument 'skip_outliers' must be a positive float, but got True of type bool."),
     ({"skip_outliers": 6.0, "outlier_warmup": -1}, ValueError, "the argument 'outlier_warmup' must be a "
-                                                               "non-negative int, but got -1"),
+                                                               "non-negative int, but got -1."),
     ({"skip_outliers": 6.0, "outlier_warmup": 1.5}, TypeError, "the argument 'outlier_warmup' must be a "
-                                                               "non-negative int"),
+                                                               "non-negative int, but got 1.5 of type float."),
 ])
 def test_bad_outlier_settings(kwargs, error, message):
     net = mlp()
-    with pytest.raises(error) as raised:
+    with raises_exactly(error, f"For 'GradientAccumulation', {message}"):
         GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                              nn.SGD(net.trainable_params()), **kwargs)
-    assert str(raised.value).startswith("For 'GradientAccumulation', ") and message in str(raised.value)

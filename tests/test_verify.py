@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import nn
 
 from ms_accum import verify_equivalence
-from conftest import batch_for, make_net
+from conftest import batch_for, make_net, raises_exactly
 
 
 def loss_fn():
@@ -85,18 +85,26 @@ def test_dropout_is_compared_in_inference_mode_and_named():
 def test_bad_arguments():
     net = make_net("mlp")
     args = (net, loss_fn(), nn.SGD(net.trainable_params()), batch_for("mlp", 4, seed=0))
-    with pytest.raises(ValueError, match="For 'verify_equivalence', the argument 'accumulate_step' must be a "
-                                         "positive int, but got 0."):
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'accumulate_step' must be a positive int, "
+                                    "but got 0."):
         verify_equivalence(*args, 0)
-    with pytest.raises(ValueError, match="'accumulate_step' must not exceed the batch size 4, but got 5"):
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'accumulate_step' must not exceed the "
+                                    "batch size 4, but got 5."):
         verify_equivalence(*args, 5)
-    with pytest.raises(TypeError, match="the argument 'optimizer' must be Optimizer"):
+    with raises_exactly(TypeError, "For 'verify_equivalence', the argument 'optimizer' must be Optimizer, but got None "
+                                   "of type NoneType."):
         verify_equivalence(net, loss_fn(), None, args[3], 2)
     x, y = args[3]
-    with pytest.raises(ValueError, match="'inputs' must be arrays sharing their first \\(batch\\) axis"):
+    with raises_exactly(ValueError, f"For 'verify_equivalence', the argument 'inputs' must be arrays sharing their "
+                                    f"first (batch) axis, but got shapes [{x.shape}, (3,)]."):
         verify_equivalence(*args[:3], (x, y[:3]), 2)
-    with pytest.raises(ValueError, match="'rtol' must be a positive float"):
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'rtol' must be a positive float, but got "
+                                    "-1.0."):
         verify_equivalence(*args, 2, rtol=-1.0)
+    # It builds a TrainAccumulationCell and its buffer: a bad reduction is still refused in its own name.
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'reduction' must be one of ['mean', 'sum', "
+                                    "'weighted_mean'], but got 'avg'."):
+        verify_equivalence(*args, 2, reduction="avg")
 
 
 ZOO_SCRIPT = """

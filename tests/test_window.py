@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, amp, nn
 
 from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainForwardBackward, TrainOptim, TrainWindowCell
-from conftest import make_optimizer
+from conftest import make_optimizer, raises_exactly
 
 K, B, FEATURES, CLASSES, WINDOWS = 4, 5, 6, 3, 3
 
@@ -149,12 +149,13 @@ def test_a_shorter_window_trains_the_first_micro_batches_of_the_stack_only():
         np.testing.assert_array_equal(a, e)
 
 
-@pytest.mark.parametrize("count,error,message", [(0, ValueError, "must be a positive int"),
-                                                 (K + 1, ValueError, f"must be at most 'accumulate_step' \\({K}\\)"),
-                                                 (1.5, TypeError, "must be a positive int")])
+@pytest.mark.parametrize("count,error,message", [
+    (0, ValueError, "must be a positive int, but got 0."),
+    (K + 1, ValueError, f"must be at most 'accumulate_step' ({K}), but got {K + 1}."),
+    (1.5, TypeError, "must be a positive int, but got 1.5 of type float.")])
 def test_bad_micro_batch_count(count, error, message):
     (window, _), _ = twins()
-    with pytest.raises(error, match=f"For 'TrainWindowCell.set_micro_batches', the argument 'count' {message}"):
+    with raises_exactly(error, f"For 'TrainWindowCell.set_micro_batches', the argument 'count' {message}"):
         window.set_micro_batches(count)
 
 
@@ -178,37 +179,51 @@ def test_non_finite_micro_batch_handled_as_the_fused_cell_does(policy):
 def test_wrong_window_length_is_refused_before_the_graph_runs():
     (window, _), _ = twins()
     x, y = windows(count=1)
-    with pytest.raises(ValueError, match="the inputs' leading axis must be 'accumulate_step' long"):
+    with raises_exactly(ValueError, f"For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long "
+                                    f"({K}), but got shape {x[0, :K - 1].shape}."):
         window(Tensor(x[0, :K - 1]), Tensor(y[0, :K - 1]))
 
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (1.5, TypeError), (None, TypeError),
-                                         (True, TypeError)])
-def test_bad_accumulate_step(value, error):
+@pytest.mark.parametrize("value,error,got", [
+    (0, ValueError, "0"), (-2, ValueError, "-2"), (1.5, TypeError, "1.5 of type float"),
+    (None, TypeError, "None of type NoneType"), (True, TypeError, "True of type bool")])
+def test_bad_accumulate_step(value, error, got):
     net = with_loss(small_net())
-    with pytest.raises(error, match="For 'TrainWindowCell', the argument 'accumulate_step' must be a positive int"):
+    with raises_exactly(error, f"For 'TrainWindowCell', the argument 'accumulate_step' must be a positive int, but got "
+                               f"{got}."):
         TrainWindowCell(net, nn.SGD(net.trainable_params(), 0.1), value)
 
 
 def test_bad_arguments():
     net = with_loss(small_net())
     opt = nn.SGD(net.trainable_params(), 0.1)
-    with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'optimizer' must be Optimizer"):
+    with raises_exactly(TypeError, "For 'TrainWindowCell', the argument 'optimizer' must be Optimizer, but got None of "
+                                   "type NoneType."):
         TrainWindowCell(net, None, K)
-    with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'network' must be Cell"):
-        TrainWindowCell(lambda x: x, opt, K)
-    with pytest.raises(ValueError, match="For 'TrainWindowCell', the argument 'network' must have trainable"):
+    function = lambda x: x  # noqa: E731
+    with raises_exactly(TypeError, f"For 'TrainWindowCell', the argument 'network' must be Cell, but got {function!r} "
+                                   f"of type function."):
+        TrainWindowCell(function, opt, K)
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the argument 'network' must have trainable parameters, but "
+                                    "got none."):
         TrainWindowCell(nn.WithLossCell(nn.ReLU(), nn.MSELoss()), opt, K)
-    with pytest.raises(ValueError, match="For 'TrainWindowCell', the argument 'clip_norm' must be a positive float"):
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the argument 'clip_norm' must be a positive float, but got "
+                                    "0.0."):
         TrainWindowCell(net, opt, K, clip_norm=0.0)
-    with pytest.raises(ValueError, match=r"the argument 'reduction' must be one of \['mean', 'sum', "
-                                         r"'weighted_mean'\], but got 'avg'"):
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the argument 'reduction' must be one of ['mean', 'sum', "
+                                    "'weighted_mean'], but got 'avg'."):  # its buffer's check, in its name
         TrainWindowCell(net, opt, K, reduction="avg")
-    with pytest.raises(TypeError, match="For 'TrainWindowCell', the argument 'buffer' must be AccumulationBuffer"):
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the argument 'policy' must be one of ['skip_window', "
+                                    "'skip_microbatch'], but got 'bad'."):
+        TrainWindowCell(net, opt, K, policy="bad")
+    with raises_exactly(TypeError, "For 'TrainWindowCell', the argument 'buffer' must be AccumulationBuffer, but got "
+                                   "[] of type list."):
         TrainWindowCell(net, opt, K, buffer=[])
-    with pytest.raises(ValueError, match="'buffer' must hold one gradient per optimizer parameter"):
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the argument 'buffer' must hold one gradient per optimizer "
+                                    "parameter (4), but holds 1."):
         TrainWindowCell(net, opt, K, buffer=AccumulationBuffer(opt.parameters[:1]))
-    with pytest.raises(ValueError, match="'policy' and 'loss_scaler' belong to the buffer"):
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the arguments 'policy' and 'loss_scaler' belong to the "
+                                    "buffer: pass them to the AccumulationBuffer given as 'buffer', not here."):
         TrainWindowCell(net, opt, K, buffer=AccumulationBuffer(opt.parameters), policy="skip_microbatch")
 
 
@@ -243,7 +258,7 @@ def test_an_open_window_in_the_buffer_is_refused():
     x, y = x[0], y[0]
     TrainForwardBackward(net, opt, buffer)(Tensor(x[0]), Tensor(y[0]))
     before = [p.asnumpy().copy() for p in net.trainable_params()]
-    with pytest.raises(ValueError, match="For 'TrainWindowCell', the buffer must hold no open window when called, but "
-                                         "it holds 1 micro-batch"):
+    with raises_exactly(ValueError, "For 'TrainWindowCell', the buffer must hold no open window when called, but it "
+                                    "holds 1 micro-batch(es): close it first (TrainOptim and TrainClear)."):
         window(Tensor(x), Tensor(y))
     assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(net.trainable_params(), before))

@@ -91,8 +91,9 @@ def pairs_text(pairs) -> str:
     return ",".join(f"{samples}:{value}" for samples, value in pairs)
 
 
-def parse_schedule(text: str, arg_name: str = "--accumulate-schedule", cls_name: str = "ms-accum train") -> dict:
-    """``"0:2,4096:4,16384:8"`` (samples:K) as a dict, checked as `AccumulationSchedule` checks it.
+def parse_schedule(text: str, arg_name: str = "text", cls_name: str = "parse_schedule") -> dict:
+    """``"0:2,4096:4,16384:8"`` (samples:K) as a dict, checked as `AccumulationSchedule` checks it. Errors name
+    `cls_name` and its argument `arg_name` (the command line passes ``"ms-accum train"``, ``"--accumulate-schedule"``).
 
     Raises:
         ValueError: If `text` is not comma-separated ``samples:K`` pairs of ints, or the pairs are not a schedule.
