@@ -35,6 +35,9 @@ class Parts:
 
 
 CASES = [
+    ("executor-recompute-str", lambda p: p.executor(recompute="conv1"), TypeError,
+     "For 'GradientAccumulation', the argument 'recompute' must be a list of cell paths, e.g. ['conv1'], but got the "
+     "str 'conv1'."),
     ("accumulator-reduction", lambda p: Accumulator(p.opt, 4, reduction="avg"), ValueError,
      f"For 'Accumulator', the argument 'reduction' must be one of {REDUCTIONS}, but got 'avg'."),
     ("accumulator-step", lambda p: Accumulator(p.opt, 0), ValueError,

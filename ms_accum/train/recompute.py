@@ -31,7 +31,7 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], cls_name: str = "rec
         list[str], the marked paths.
 
     Raises:
-        TypeError: If `network` is not a Cell or a name is not a str.
+        TypeError: If `network` is not a Cell, `names` is a str rather than a list of them, or a name is not a str.
         ValueError: If a name is not a sub-cell of `network` (the message lists the valid paths).
 
     Examples:
@@ -42,6 +42,9 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], cls_name: str = "rec
     """
     check_isinstance(network, "network", nn.Cell, cls_name)
     cells = {path: cell for path, cell in network.cells_and_names() if path}
+    if isinstance(names, str):  # a str is iterable too: its letters are no cell paths
+        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a list of cell paths, e.g. "
+                        f"['{names}'], but got the str '{names}'.")
     names = list(names)
     for name in names:
         check_isinstance(name, arg_name, str, cls_name)
