@@ -169,6 +169,7 @@ def test_verify_needs_k_times_b_images(synthetic, capsys):
         "2048 with drop_remainder=True (num_samples=2048, num_shards=None).\n")
 
 
+@pytest.mark.slow  # make test-all
 def test_make_run_falls_back_to_synthetic_data_when_mnist_is_nowhere(tmp_path):
     # `make run`'s command with no --data, no MS_ACCUM_MNIST, no ./datasets/MNIST_Data and no --download (CI must
     # not depend on the network): it trains on the synthetic set, learns it, and says so on every result line.

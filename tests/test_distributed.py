@@ -245,6 +245,7 @@ def test_ranks_equal_single_process_on_global_batch(dp_run, name):
         np.testing.assert_allclose(ranks[0][key], value, rtol=RTOL, atol=ATOL, err_msg=f"{name}: '{key}'")
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", list(NODE_CASES))
 def test_two_nodes_of_two_workers_equal_single_process_on_global_batch(two_nodes, name):
@@ -317,6 +318,7 @@ def test_executor_saves_on_rank_0_only_and_refuses_uneven_shards(dp_run):
     assert "loss is" not in "\n".join(log_lines(str(out / "logs"), 1))
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_cli_train_under_msrun(tmp_path):
     # No MNIST where the CLI looks: each worker falls back to a synthetic set of its own.
@@ -416,6 +418,7 @@ def test_data_parallel_before_init_is_refused(restore_parallel_context):
 RESUME_WORKER = os.path.join(os.path.dirname(SCRIPTS), "fault_scripts", "resume_worker.py")
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_a_worker_killed_mid_window_then_resumed_under_msrun_is_bit_identical(tmp_path):
     def launch(ckpt_dir, fault):
@@ -449,6 +452,7 @@ def test_a_worker_killed_mid_window_then_resumed_under_msrun_is_bit_identical(tm
         assert np.array_equal(final[name].asnumpy(), value.asnumpy()), name
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_path):
     # 192 samples, micro-batches of 8 per rank: 2 ranks with K=3 and 1 process with K=6 both update on 48 samples,
@@ -474,6 +478,7 @@ def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_
     assert_checkpoints_close(ranks / "run.ckpt", tmp_path / "one" / "run.ckpt")
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
     # The same global micro-batch of 32 (8 on each of 4 ranks, or 32 in one process), read in the same order: the
@@ -493,6 +498,7 @@ def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
     assert_checkpoints_close(tmp_path / "one" / "lenet5.ckpt", tmp_path / "nodes" / "lenet5.ckpt")
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
     # --batch-size is the global micro-batch: 16 on each of 2 workers, then 32 in one process, the same 32 samples.

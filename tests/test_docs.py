@@ -116,7 +116,9 @@ def run(block: Block, directory: Path, env: dict) -> None:
                                  f"{block.code}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-5000:]}")
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(b.language in RUN for b in blocks(p))],
+# make test runs the README's blocks, a newcomer's first path; make test-all every page's.
+@pytest.mark.parametrize("page", [pytest.param(p, marks=() if p.name == "README.md" else pytest.mark.slow)
+                                  for p in PAGES if any(b.language in RUN for b in blocks(p))],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_block_of_a_page_runs(page, env, tmp_path):
     for block in blocks(page):

@@ -12,7 +12,7 @@ import mindspore.dataset as ds
 
 from ms_accum import (AccumulationBuffer, Accumulator, GradientAccumulation, TrainAccumulationCell, TrainClear,
                       TrainForwardBackward, TrainOptim)
-from conftest import batch_for, make_net, make_optimizer, params_of
+from conftest import MODES, batch_for, make_net, make_optimizer, params_of
 
 RTOL, ATOL = 1e-5, 1e-6
 MICRO = 4      # samples per micro-batch
@@ -60,6 +60,14 @@ def run_micro_steps(kind, k, step_fn, net, expected):
             if i < k - 1:
                 assert_unchanged(params_of(net), before)
         assert_close(params_of(net), expected[w])
+
+
+@pytest.fixture(params=["graph", pytest.param("pynative", marks=pytest.mark.slow)])
+def mode(request):
+    # Graph mode, what the library is for, in make test; PyNative too in make test-all (it doubles the 144 cases).
+    ms.set_context(mode=MODES[request.param])
+    yield request.param
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 CASES = [(kind, opt, k) for kind in ("mlp", "lenet5") for opt in ("sgd", "momentum", "adam") for k in (1, 2, 4)]

@@ -57,6 +57,7 @@ def test_measure_sees_activations(peaks):
     assert peaks["one_kb"] > 1.6 * peaks["one_b"]
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("structure, option, before", [
     ("fused", "--partial", "a partial window ran through TrainForwardBackward: 363 against 262 MiB"),
     ("fused", "--ramp", "one TrainAccumulationCell per K: 370 against 246 MiB"),
@@ -81,6 +82,7 @@ def window_peaks():
     return runs
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("option, before", [
     ("statistics", "squaring a large gradient with Mul before ReduceSum held a copy of it: +0.37x"),
     ("clip", "summing the global norm as ops.clip_by_global_norm does (Square, ReduceSum): +0.66x"),

@@ -104,6 +104,7 @@ def measured_peak(spec, batch_size, k, structure, reduction):
     return trial.peak_mib
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("net", ["conv_net", "char_transformer"])
 def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, tmp_path):
     # The activation-heavy demo networks (`ms_accum.demo.models`) at a global batch of 32. The budget lets the
@@ -163,6 +164,7 @@ def test_from_plan_takes_the_plans_structure_reduction_and_k(tmp_path):
         GradientAccumulation(net, loss, nn.SGD(net.trainable_params())).train_process(1, data)
 
 
+@pytest.mark.slow  # make test-all
 def test_cli_plans_lenet5_and_trains_with_the_plan(tmp_path, capsys):
     # LeNet5's step at B=1 is mostly fixed costs (~65 MiB); 1.5x of it lies between B=1 and the whole global batch of
     # 1024 (~210 MiB).

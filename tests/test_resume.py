@@ -40,7 +40,8 @@ def final_params(ckpt_dir) -> dict:
     return {name: value.asnumpy() for name, value in params.items()}
 
 
-@pytest.fixture(scope="module", params=["fused", "window", "three_graphs"])
+@pytest.fixture(scope="module", params=[pytest.param("fused", marks=pytest.mark.slow),
+                                        pytest.param("window", marks=pytest.mark.slow), "three_graphs"])
 def reference(request, tmp_path_factory):
     ckpt_dir = tmp_path_factory.mktemp(f"reference_{request.param}")
     done = run_worker(ckpt_dir, request.param)
@@ -57,7 +58,9 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("fault", list(FAULTS.values()), ids=list(FAULTS))
+# make test kills one structure mid-window; make test-all every structure at every fault.
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=() if f == FAULTS["mid-window"] else pytest.mark.slow)
+                                   for f in FAULTS.values()], ids=list(FAULTS))
 def test_killed_and_resumed_run_is_bit_identical(reference, fault, tmp_path):
     structure, expected = reference
     if structure != "window" and not fault.startswith("micro:"):
@@ -98,6 +101,7 @@ RAMP = "0:2,40:3,120:4"
 RAMP_FAULTS = {"K=2": "micro:5", "K=3": "micro:11", "K=4": "micro:23"}
 
 
+@pytest.mark.slow  # make test-all
 def test_a_run_killed_inside_each_segment_of_a_ramp_resumes_bit_identical(tmp_path):
     done = run_worker(tmp_path / "whole", "fused", "none", RAMP)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -135,6 +139,7 @@ def test_resume_true_without_a_state_starts_afresh(tmp_path):
     assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [1, 2, 3]
 
 
+@pytest.mark.slow  # make test-all
 def test_resume_refuses_a_different_run(tmp_path):
     _train(tmp_path, save_every=1)
     latest = find_latest(str(tmp_path), "run")
@@ -154,6 +159,7 @@ def test_resume_refuses_a_different_run(tmp_path):
         _train(tmp_path, resume=str(tmp_path / "missing.ckpt"))
 
 
+@pytest.mark.slow  # make test-all
 def test_resume_with_another_micro_batch_and_k_keeping_the_global_batch(tmp_path):
     # Saved with windows of 2 x 8, resumed as 4 x 4: the same 16 samples per update, read in the same order.
     _train(tmp_path / "whole", epochs=2, save_every=1)
@@ -195,6 +201,7 @@ def files_limited_to(size: int):
         signal.signal(signal.SIGXFSZ, handler)
 
 
+@pytest.mark.slow  # make test-all
 def test_a_failed_save_names_the_newest_state_and_loses_nothing(tmp_path):
     _train(tmp_path / "whole", epochs=2, save_every=1)
     _train(tmp_path, epochs=1, save_every=1)  # states of steps 1-3

@@ -99,7 +99,8 @@ def test_a_callables_bad_value_is_refused_when_first_evaluated_naming_the_sample
         model.train_process(1, dataset(), lambda s: 2 if s < 64 else 0, ckpt_dir=None)
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow),
+                                       pytest.param("window", marks=pytest.mark.slow)])
 def test_a_ramped_run_equals_its_fixed_k_segments_bit_for_bit(structure):
     net, model = executor(structure)
     result = model.train_process(1, dataset(), SCHEDULE, ckpt_dir=None, verbose=False)

@@ -199,6 +199,7 @@ def test_a_window_that_is_not_finite_is_skipped_whether_its_norm_is_measured_or_
     assert not buffer.grad_sum[0].asnumpy().any()  # cleared for the next window
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("k, batch", [(2, 4), (2, 16), (8, 4), (8, 16)])
 def test_noise_scale_matches_the_data_sets_exact_value(k, batch):
     # Learning rate 0 holds the parameters, so the data set's tr(Σ)/|G|² is the exact answer the estimate must reach:
@@ -269,7 +270,8 @@ def train_outliers(x, y, mini_steps, structure="three_graphs", **kwargs):
     return net, model, result
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow),
+                                       pytest.param("window", marks=pytest.mark.slow)])
 def test_an_outlier_micro_batch_is_left_out_as_if_it_were_not_there(structure):
     x, y = outlier_data()
     net, _, result = train_outliers(x, y, K, structure)
@@ -288,6 +290,7 @@ def test_an_outlier_micro_batch_is_left_out_as_if_it_were_not_there(structure):
     assert losses[BAD] > 100 * np.median(losses)
 
 
+@pytest.mark.slow  # make test-all
 def test_the_outlier_statistics_resume_with_the_training_state(tmp_path):
     x, y = outlier_data()
     _, whole, _ = train_outliers(x, y, K, ckpt_dir=str(tmp_path / "whole"), save_every=1)
@@ -309,6 +312,7 @@ def test_the_outlier_statistics_resume_with_the_training_state(tmp_path):
         assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
 
 
+@pytest.mark.slow  # make test-all
 def test_a_token_weighted_outlier_is_left_out_with_its_tokens():
     # Micro-batches of 1 to 6 real tokens; batch 9's embeddings are hit by tokens whose targets are scrambled and
     # whose loss is scaled by a spike in the inputs: leaving it out corrects the divisor by its tokens.

@@ -29,6 +29,7 @@ def accuracies(stdout):
 
 
 @requires_mnist
+@pytest.mark.slow  # make test-all
 def test_accumulator_mlp_one_epoch(tmp_path):
     out = run_tutorial("accumulator_mlp.py", "--epochs", "1", "--data", mnist_dir(), cwd=tmp_path)
     assert "Epoch 1" in out and "Done!" in out
@@ -37,6 +38,7 @@ def test_accumulator_mlp_one_epoch(tmp_path):
 
 
 @requires_mnist
+@pytest.mark.slow  # make test-all
 def test_lenet5_one_epoch_then_evaluate_checkpoint(tmp_path):
     out = run_tutorial("lenet5_gradient_accumulation.py", "--epochs", "1", "--data", mnist_dir(), cwd=tmp_path)
     assert "epoch: 1 step: 50 loss is" in out
@@ -48,6 +50,7 @@ def test_lenet5_one_epoch_then_evaluate_checkpoint(tmp_path):
     assert accuracies(out) == [trained]  # the checkpoint reproduces the accuracy printed after training
 
 
+@pytest.mark.slow  # make test-all
 def test_tutorials_learn_generated_idx_files(tmp_path):
     # Anywhere, without MNIST: each tutorial learns the synthetic digits far above chance (0.1), and the saved
     # checkpoint reproduces the LeNet5 tutorial's accuracy. (Measured: MLP 0.87 on 6000 images, LeNet5 0.98 on 30000.)
@@ -111,6 +114,7 @@ def test_char_transformer_refuses_bad_command_lines_with_one_line(argv, message,
     assert out.stderr.strip().splitlines()[-1] == f"char_transformer_shakespeare.py: error: {message}"
 
 
+@pytest.mark.slow  # make test-all
 def test_char_transformer_trains_on_any_text_large_enough(tmp_path):
     rng = np.random.default_rng(0)
     words = "the king queen sword night day love war heart crown blood rain river stone".split()
@@ -122,6 +126,7 @@ def test_char_transformer_trains_on_any_text_large_enough(tmp_path):
     assert "checkpoint evaluated again:" in out.stdout and (tmp_path / "ckpt" / "char_transformer.ckpt").is_file()
 
 
+@pytest.mark.slow  # make test-all
 def test_mindcv_plan_fits_a_zoo_model_to_a_budget_that_its_global_batch_does_not_fit(tmp_path):
     # mindcv's resnet18 on generated 32x32 images, global batch 32, the budget 4/5 of one global-batch step's peak:
     # the zoo's model fails verification naming BatchNorm, the GroupNorm one passes, the plan accumulates within the

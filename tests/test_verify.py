@@ -129,6 +129,7 @@ print(json.dumps(reports))
 """
 
 
+@pytest.mark.slow  # make test-all
 def test_real_models_of_mindspores_zoo(tmp_path):
     # mindcv's resnet18 has BatchNorm layers: named, with the fix; convnext_tiny (LayerNorm) passes. In a process of
     # its own: MindSpore keeps these large networks until exit, and tears them down noisily then.
