@@ -127,7 +127,9 @@ def dataset_of(kind, k, windows, micro=MICRO):
     return ds.NumpySlicesDataset({"image": x, "label": y}, shuffle=False).batch(micro)
 
 
-@pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
+# The default in make test; the other structures (also checked against it in test_window) in make test-all.
+@pytest.mark.parametrize("structure", [pytest.param("fused", marks=pytest.mark.slow),
+                                       pytest.param("window", marks=pytest.mark.slow), "three_graphs"])
 @pytest.mark.parametrize("kind,opt_name,k", [c for c in CASES if c[2] != 1])
 def test_executor_matches_big_batch(kind, opt_name, k, structure, mode, tmp_path):
     _, expected = reference_run(kind, opt_name, k)

@@ -123,7 +123,7 @@ def test_fused_cell_matches_big_batch(optimizer):
     assert_matches(params_of(sparse), expected)
 
 
-@pytest.mark.parametrize("structure", ["fused", "three_graphs"])
+@pytest.mark.parametrize("structure", [pytest.param("fused", marks=pytest.mark.slow), "three_graphs"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_executor_matches_big_batch(optimizer, structure):
     ids, labels = token_batches()

@@ -89,7 +89,8 @@ def test_both_squared_norms_equal_numpys_on_any_shapes(shapes):
     assert buffer_half == pytest.approx(0.5 * exact, rel=2e-6)
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow),
+                                       pytest.param("window", marks=pytest.mark.slow)])
 def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(structure):
     # SGD with lr 0 keeps the parameters, so every window's gradients can be recomputed from the data; a loss scaler
     # and clipping must change none of the norms (unscaled, before clipping).
@@ -108,7 +109,8 @@ def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(s
         assert record.noise_scale is None  # not asked for
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow),
+                                       pytest.param("window", marks=pytest.mark.slow)])
 def test_statistics_are_off_by_default_and_measuring_changes_no_update(structure):
     # Off, nothing is measured (nan, no norms); on, the same windows train bit for bit the same weights and losses
     # (the fused and window Cells' optimizer step sits in a tensor `if` after the measuring: README, "Known MindSpore
