@@ -77,6 +77,7 @@ SHAKESPEARE = os.environ.get("MS_ACCUM_SHAKESPEARE") or str(
     Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt")
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.skipif(not os.path.isfile(SHAKESPEARE), reason="Tiny Shakespeare is not beside the checkout")
 def test_char_transformer_accumulated_equals_the_large_batch_and_reloads(tmp_path):
     out = run_tutorial("char_transformer_shakespeare.py", "--steps", "4", "--data", SHAKESPEARE, cwd=tmp_path)
