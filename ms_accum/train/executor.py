@@ -77,10 +77,8 @@ class GradientAccumulation:
             float16 and bfloat16 parameters, else theirs.
         statistics (bool): Measure each micro-batch's and each window's gradient norm in the graph
             (`ms_accum.core.statistics`), in `StepRecord.grad_norm` and `StepRecord.micro_batch_grad_norms`. A norm, not
-            a
-            copy, but a few more kernels per micro-batch (8.5 on LeNet5, its window's share included), which a small
-            network's step feels (docs/statistics.md). Default: ``False``; on whenever `noise_scale` or
-            `skip_outliers` is set.
+            a copy, but a few more kernels per micro-batch (docs/statistics.md). Default: ``False``; on whenever
+            `noise_scale` or `skip_outliers` is set.
         noise_scale (bool): Estimate the gradient noise scale B_simple from the micro-batches' and the windows'
             gradient norms (`ms_accum.core.statistics.NoiseScale`), in `StepRecord.noise_scale`. Default: ``False``.
         skip_outliers (float, optional): Leave out of its window a micro-batch whose loss or gradient norm lies beyond
