@@ -154,3 +154,14 @@ def test_mindcv_plan_refuses_a_bad_budget(tmp_path):
     assert out.stderr.strip().splitlines()[-1] == (
         "mindcv_plan.py: error: For 'mindcv_plan', the argument '--memory' must be a memory size such as '800MiB', "
         "'2GiB' or a number of bytes, but got 'lots'.")
+
+
+@pytest.mark.parametrize("tutorial", ["accumulator_mlp.py", "lenet5_gradient_accumulation.py"])
+def test_mnist_tutorials_without_mnist_say_what_to_do_in_one_line(tutorial, tmp_path):
+    out = subprocess.run([sys.executable, str(TUTORIALS / tutorial), "--data", "nowhere"], capture_output=True,
+                         text=True, cwd=str(tmp_path), timeout=300)
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"{tutorial}: error: MNIST directory 'nowhere' does not exist or is not a directory. Put MNIST (the four idx "
+        f"files, uncompressed, as MNIST_Data/train/ and MNIST_Data/test/) in a directory and pass it with --data DIR "
+        f"or set the environment variable MS_ACCUM_MNIST=DIR.")

@@ -18,7 +18,7 @@ from mindspore import nn, ops, value_and_grad  # noqa: E402
 from ms_accum import Accumulator  # noqa: E402
 from ms_accum.demo.evaluation import evaluate  # noqa: E402
 from ms_accum.demo.models import MLP  # noqa: E402
-from ms_accum.demo.data import datapipe, resolve_data_dir  # noqa: E402
+from ms_accum.demo.data import DataError, check_mnist_dir, datapipe, resolve_data_dir  # noqa: E402
 
 # Configuration: the page's values.
 EPOCHS = 3
@@ -74,4 +74,8 @@ if __name__ == "__main__":
     parser.add_argument("--data", help="MNIST directory (default: $MS_ACCUM_MNIST, else ./datasets/MNIST_Data)")
     parser.add_argument("--num-samples", type=int, help="train on the first N images only")
     args = parser.parse_args()
+    try:  # missing or broken MNIST: one line and exit status 2, as for any bad argument
+        args.data = check_mnist_dir(resolve_data_dir(args.data))
+    except DataError as err:
+        parser.error(str(err))
     main(args.epochs, args.data, args.num_samples)

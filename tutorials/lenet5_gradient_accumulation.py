@@ -19,7 +19,7 @@ from ms_accum import GradientAccumulation  # noqa: E402
 from ms_accum.demo.evaluation import evaluate_checkpoint  # noqa: E402
 from ms_accum.demo.models import LeNet5  # noqa: E402
 from ms_accum.demo.evaluation import recorded_data_dir  # noqa: E402
-from ms_accum.demo.data import create_dataset, resolve_data_dir  # noqa: E402
+from ms_accum.demo.data import DataError, check_mnist_dir, create_dataset, resolve_data_dir  # noqa: E402
 
 # Configuration: the tutorial's values.
 EPOCHS = 3
@@ -64,4 +64,8 @@ if __name__ == "__main__":
     parser.add_argument("--num-samples", type=int, help="train on the first N images only")
     parser.add_argument("--ckpt-dir", default=CKPT_DIR)
     args = parser.parse_args()
+    try:  # missing or broken MNIST: one line and exit status 2, as for any bad argument
+        args.data = check_mnist_dir(resolve_data_dir(args.data))
+    except DataError as err:
+        parser.error(str(err))
     main(args.epochs, args.data, args.num_samples, args.ckpt_dir)
