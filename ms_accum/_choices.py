@@ -8,8 +8,8 @@ DEVICES = ("CPU", "GPU", "Ascend")
 REDUCTIONS = ("mean", "sum", "weighted_mean")
 # What a non-finite micro-batch costs (`ms_accum.core.guard`): its whole window, or itself alone.
 POLICIES = ("skip_window", "skip_microbatch")
-# How the executor runs micro-batches (docs/structures.md). "auto" runs AUTO_STRUCTURE: the one structure whose peak
-# memory stayed within one micro-batch's step (plus the buffer) at every K measured.
+# How the executor runs micro-batches (docs/structures.md). "auto" runs AUTO_STRUCTURE: the structure with the least
+# peak memory at every K measured (benchmarks/README.md).
 TIMED_STRUCTURES = ("three_graphs", "fused", "window")
 STRUCTURES = ("auto",) + TIMED_STRUCTURES
 AUTO_STRUCTURE = "three_graphs"
