@@ -1,6 +1,7 @@
 """Runs the benchmark suite and prints its tables under the machine's CPU and the date (see benchmarks/README.md).
 
-    .venv/bin/python -m benchmarks [--quick] [--only SECTION,...] [--repeats N] [--data DIR] [--json PATH]
+    .venv/bin/python -m benchmarks [--quick] [--only SECTION,...] [--repeats N] [--encoder-layers L]
+        [--encoder-seq S] [--data DIR] [--json PATH]
 """
 import argparse
 import json
@@ -17,7 +18,9 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
     "char_transformer": "speed: the Shakespeare tutorial's transformer through the executor, K=4 x B=8",
     "activations": "memory: conv net and transformer, K = 4, 8, 16, as multiples of one micro-batch's step",
     "parameters": "memory: a 192 MiB MLP, as multiples of its parameters",
+    "real_size": "memory: a deep MLP and a BERT-shaped encoder, B=1, K=4, above the plain step, x the parameters",
     "parallel": "speed: LeNet5 on two msrun workers, one all-reduce a window against one a step",
+    "cached": "gradient caching: a contrastive conv net's memory (K = 4, 8, 16) and time per window vs one K·B step",
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
@@ -30,6 +33,9 @@ PARALLEL_WINDOWS = (8, 2)        # per round and contender
 ACTIVATION_KS = ((4, 8, 16), (4,))
 QUICK_ACTIVATIONS = ("conv_net",), ("one_kb", "three_graphs")     # networks, contenders besides the plain step
 QUICK_PARAMETERS = ("one_b", "three_graphs+statistics")
+# (factory, layers, seq), None for the factory's default; the encoder's sizes are options (12 x 768 at seq 512, BERT-
+# base, peaks at 4-5 GB with AdamW), --quick a tiny pair with SGD and the default structure only
+QUICK_REAL = (("deep_mlp", 2, None), ("encoder", 1, 32)), ("sgd",), ("one_b", "three_graphs")
 
 
 def parse_args(argv=None):
@@ -40,6 +46,10 @@ def parse_args(argv=None):
                         help="comma-separated sections: " + ", ".join(SECTIONS) + " (default: all)")
     parser.add_argument("--repeats", type=int, metavar="N",
                         help="fresh processes per memory figure, whose median is shown (default 3; 1 with --quick)")
+    parser.add_argument("--encoder-layers", type=int, default=12, metavar="L",
+                        help="real_size: the BERT-shaped encoder's layers (default 12)")
+    parser.add_argument("--encoder-seq", type=int, default=512, metavar="S",
+                        help="real_size: the encoder's sequence length (default 512)")
     parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
     parser.add_argument("--json", metavar="PATH", help="also write every sample and figure to PATH")
     args = parser.parse_args(argv)
@@ -93,8 +103,23 @@ def main(argv=None) -> int:
                                  common.log)
         print(memory.render_parameters(rows) + "\n", flush=True)
         results["memory"]["parameters"] = rows
+    if section("real_size"):
+        if args.quick:
+            networks, optimizers, contenders = QUICK_REAL
+        else:
+            networks = (("deep_mlp", None, None), ("encoder", args.encoder_layers, args.encoder_seq))
+            optimizers, contenders = memory.REAL_OPTIMIZERS, memory.REAL_CONTENDERS
+        rows = memory.real_size(networks, optimizers, contenders, args.repeats, common.log)
+        print(memory.render_real_size(rows) + "\n", flush=True)
+        results["memory"]["real_size"] = rows
     if section("parallel"):
         show(parallel.table(ROUNDS["parallel"][mode], PARALLEL_WINDOWS[mode]))
+    if section("cached"):
+        from . import cached
+        rows = cached.memory(ACTIVATION_KS[mode], args.repeats, common.log)
+        print(cached.render_memory(rows) + "\n", flush=True)
+        results["memory"]["cached"] = rows
+        show(cached.speed(4, ROUNDS["heavy"][mode], HEAVY_WINDOWS[mode], WARMUP[mode]))
 
     print(f"total {time.time() - started:.0f} s; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

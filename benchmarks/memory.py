@@ -13,6 +13,12 @@ MindSpore reports no peak memory of its own, and a fresh process's peak does not
   is worth its name when a window of K x B costs about one B step, not one K·B step.
 - ``parameters``: `wide_mlp`, 192 MiB of parameters, K=4 x B=8, as multiples of the parameters and over the plain
   step: what the buffer and each option that touches every gradient add.
+- ``real_size``: real-size, parameter-heavy networks at B=1, K=4: `deep_mlp` (12 x Dense(2048, 2048), 192 MiB) and
+  the BERT-shaped `encoder` (written-out layers; 12 x 768 at seq 512 by default, 418 MiB), with SGD, Momentum and
+  AdamW: each structure's peak minus the plain step's, in units of the parameters' bytes (the buffer alone is
+  1.00x), and what a final `mindspore.save_checkpoint` of the network adds above training's peak.
+
+    python -m benchmarks.memory real FACTORY OPTIMIZER CONTENDER [--layers L] [--seq S]   (one real_size figure)
 
 The ms_accum contenders run through the executor (`GradientAccumulation.train_process`); the Accumulator, the
 documentation's code and the plain steps in the loop their documentation writes.
@@ -48,6 +54,11 @@ ACTIVATION_COLUMNS = ("one_kb", "docs_page", "docs_tutorial", "accumulator", "th
 PARAMETER_ROWS = ("one_b", "one_kb", "docs_page", "docs_tutorial", "accumulator", "accumulator_weighted",
                   "three_graphs", *(f"three_graphs+{option}" for option in OPTIONS), "fused", "window")
 GOAL = 1.15  # a window's peak: at most this many one-B steps, plus the buffer (1x the parameters)
+REAL_FACTORIES = ("deep_mlp", "encoder")
+REAL_OPTIMIZERS = ("sgd", "momentum", "adamw")
+REAL_CONTENDERS = ("one_b", *STRUCTURES)
+REAL_K, REAL_WINDOWS = 4, 2
+REAL_GOALS = {"three_graphs": 1.10, "fused": 1.25, "window": 1.25}  # over the plain step, x the parameters (issue 37)
 
 
 # ------------------------------------------------------------------------------------------- in the fresh process
@@ -80,7 +91,47 @@ def measure(factory: str, contender: str, k: int):
     return process_status("VmHWM") - start, int(sum(p.nbytes for p in net.trainable_params()))
 
 
+def measure_real(factory: str, optimizer: str, contender: str, layers: Optional[int] = None,
+                 seq: Optional[int] = None):
+    """(training's peak RSS growth, the final save's addition above it, trainable bytes) of `contender` training
+    two windows of K=4 micro-batches of 1 sample of `factory`'s network with `optimizer`, here."""
+    import os
+    import tempfile
+    import mindspore as ms
+    import mindspore.dataset as ds
+    from ms_accum.demo import models
+    from ms_accum.tools.planner import process_status
+    from .common import executor, one_step_cell, over, setup
+    setup()
+    sizes = {name: value for name, value in (("layers", layers), ("seq", seq)) if value is not None}
+    net, loss, opt, sample = getattr(models, factory)(optimizer, **sizes)
+    x, y = sample(REAL_K * REAL_WINDOWS)
+    dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(1, drop_remainder=True)
+    start = process_status("VmRSS")
+    if contender == "one_b":
+        over(dataset, one_step_cell(net, loss, opt))(0)
+    else:
+        executor(net, loss, opt, contender).train_process(1, dataset, REAL_K, ckpt_dir=None, verbose=False)
+    train = process_status("VmHWM") - start
+    with tempfile.TemporaryDirectory() as folder:  # what the executor's final checkpoint does
+        ms.save_checkpoint(net, os.path.join(folder, "final.ckpt"))
+    return train, process_status("VmHWM") - start - train, int(sum(p.nbytes for p in net.trainable_params()))
+
+
 def main(argv=None) -> None:
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["real"]:
+        parser = argparse.ArgumentParser(description="one real_size figure")
+        parser.add_argument("factory", choices=REAL_FACTORIES)
+        parser.add_argument("optimizer", choices=REAL_OPTIMIZERS)
+        parser.add_argument("contender", choices=REAL_CONTENDERS)
+        parser.add_argument("--layers", type=int)
+        parser.add_argument("--seq", type=int)
+        args = parser.parse_args(argv[1:])
+        peak, save, params = measure_real(args.factory, args.optimizer, args.contender, args.layers, args.seq)
+        print(json.dumps({"peak": int(peak), "save": int(save), "params": params}), flush=True)
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("factory", choices=ACTIVATION_NETS + ("wide_mlp",))
     parser.add_argument("contender", choices=list(CONTENDERS))
@@ -146,6 +197,50 @@ def render_parameters(rows: List[dict]) -> str:
     for row in rows:
         lines.append(f"   {CONTENDERS[row['contender']]:<{width}}{row['peak'] / MIB:>8.0f}{row['peak'] / params:>10.2f}"
                      f"{(row['peak'] - plain) / params:>+21.2f}")
+    return "\n".join(lines)
+
+
+def real_size(networks, optimizers=REAL_OPTIMIZERS, contenders=REAL_CONTENDERS, repeats: int = 3,
+              log=None) -> List[dict]:
+    """Figures of every (network, optimizer, contender); `networks` holds `(factory, layers, seq)`, None for the
+    factory's default."""
+    rows = []
+    for factory, layers, seq in networks:
+        sizes = [flag for name, value in (("--layers", layers), ("--seq", seq)) if value is not None
+                 for flag in (name, str(value))]
+        for optimizer in optimizers:
+            for contender in contenders:
+                if log:
+                    log(f"   {factory} {' '.join(sizes)} {optimizer} {contender}")
+                runs = [fresh_process(["-m", "benchmarks.memory", "real", factory, optimizer, contender, *sizes],
+                                      timeout=3600) for _ in range(repeats)]
+                rows.append({"factory": factory, "layers": layers, "seq": seq, "optimizer": optimizer,
+                             "contender": contender, "peak": statistics.median(r["peak"] for r in runs),
+                             "peaks": [r["peak"] for r in runs], "save": statistics.median(r["save"] for r in runs),
+                             "params": runs[0]["params"]})
+    return rows
+
+
+def render_real_size(rows: List[dict]) -> str:
+    structures = [c for c in REAL_CONTENDERS if c != "one_b" and any(r["contender"] == c for r in rows)]
+    lines = [f"== real_size. peak RSS growth over two windows of K={REAL_K} x B=1 above the plain step's, in units of "
+             f"the parameters' bytes (the buffer alone: +1.00x; median of {len(rows[0]['peaks'])} fresh process(es))",
+             "   goals: " + ", ".join(f"{name} <= +{REAL_GOALS[name]:.2f}x" for name in structures)
+             + "; '!!' marks a figure above its goal; save: a final save_checkpoint's addition above training's peak",
+             f"   {'network':<22}{'optimizer':>10}{'params MiB':>11}{'plain MiB':>10}"
+             + "".join(f"{name:>15}" for name in structures) + f"{'save':>8}"]
+    for key in dict.fromkeys((r["factory"], r["layers"], r["seq"], r["optimizer"]) for r in rows):
+        group = {r["contender"]: r for r in rows if (r["factory"], r["layers"], r["seq"], r["optimizer"]) == key}
+        plain, params = group["one_b"]["peak"], group["one_b"]["params"]
+        name = key[0] + "".join(f" {label}{value}" for label, value in (("L", key[1]), ("seq", key[2]))
+                                if value is not None)
+        cells = ""
+        for contender in structures:
+            over_plain = (group[contender]["peak"] - plain) / params
+            cells += f"{over_plain:>+12.2f}{' !!' if over_plain > REAL_GOALS[contender] else '':<3}"
+        saves = [group[c]["save"] for c in structures] or [group["one_b"]["save"]]
+        lines.append(f"   {name:<22}{key[3]:>10}{params / MIB:>11.0f}{plain / MIB:>10.0f}{cells}"
+                     f"{max(saves) / params:>+7.2f}x")
     return "\n".join(lines)
 
 

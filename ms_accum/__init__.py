@@ -28,6 +28,7 @@ _EXPORTS = {
     "TrainClear": "graphs.cells",
     "TrainAccumulationCell": "graphs.cells",
     "TrainWindowCell": "graphs.window",
+    "TrainCachedWindowCell": "graphs.cached",
     "TokenCrossEntropy": "core.losses",
     "LossOnly": "core.losses",
     # training

@@ -11,7 +11,8 @@ POLICIES = ("skip_window", "skip_microbatch")
 # How the executor runs micro-batches (docs/structures.md). "auto" runs AUTO_STRUCTURE: the structure with the least
 # peak memory at every K measured (benchmarks/README.md).
 TIMED_STRUCTURES = ("three_graphs", "fused", "window")
-STRUCTURES = ("auto",) + TIMED_STRUCTURES
+# "cached": gradient caching for losses that couple the batch (ms_accum.graphs.cached); chosen by name, never "auto".
+STRUCTURES = ("auto",) + TIMED_STRUCTURES + ("cached",)
 AUTO_STRUCTURE = "three_graphs"
 # An epoch's last window, when K does not divide its batches: applied as the mean over what it holds, or dropped.
 PARTIAL_WINDOWS = ("apply", "drop")

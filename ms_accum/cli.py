@@ -1,4 +1,4 @@
-"""`ms-accum`: train LeNet5 or the MLP on MNIST with gradient accumulation, evaluate checkpoints, verify that
+"""`ms-accum`: train LeNet5, the MLP or your own model with gradient accumulation, evaluate checkpoints, verify that
 accumulation equals the large batch, and plan the micro-batch and K for a global batch within a memory budget.
 
     ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
@@ -6,9 +6,11 @@ accumulation equals the large batch, and plan the micro-batch and K for a global
     ms-accum verify --model lenet5 --accumulate-steps 4 --batch-size 32 [--json]
     ms-accum verify --model mypackage.models:build --accumulate-steps 4 --batch-size 8   (your own model)
     ms-accum plan --model mypackage.models:build --global-batch 256 --memory 2GiB --output plan.json
-    ms-accum train --model lenet5 --plan plan.json   (a plan made with --model lenet5)
+    ms-accum train --plan plan.json   (the plan's model, B, K and structure)
+    ms-accum eval --ckpt ckpt/mypackage_models_build.ckpt   (on the factory's own evaluation data)
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
 
+Your model is a factory, ``package.module:function`` (`ms_accum.tools.factory`, docs/your-model.md).
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
 per micro-batch, the windows are all-reduced, and only rank 0 prints, plots, saves and evaluates.
 
@@ -21,8 +23,9 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import List, Optional
 
 from ._choices import DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
@@ -37,7 +40,7 @@ FALLBACK_SIZES = (30000, 2000)
 
 
 # What `train` uses when neither the command line nor a plan (--plan) says.
-TRAIN_DEFAULTS = {"batch_size": 32, "accumulate_steps": 4, "structure": "auto"}
+TRAIN_DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_steps": 4, "structure": "auto"}
 
 
 class CliError(Exception):
@@ -126,9 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require data parallelism over msrun's workers (automatic under msrun); --batch-size "
                             "is then the global micro-batch, split evenly over the workers")
 
-    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the MNIST test set (strict loading)")
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the MNIST test set, or a factory's evaluation "
+                                           "data (strict loading)")
     evaluate.add_argument("--ckpt", required=True, metavar="FILE")
-    evaluate.add_argument("--model", choices=MODEL_NAMES, help="default: the model recorded in the checkpoint")
+    _add_model_argument(evaluate, None)
     evaluate.add_argument("--batch-size", type=positive_int, default=256, metavar="B")
     evaluate.add_argument("--num-samples", type=positive_int, metavar="N", help="evaluate the first N test images")
     _add_data_arguments(evaluate)
@@ -136,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check that K accumulated micro-batches give the update of one K*B "
                                            "batch, parameter by parameter (exit 1 if not)")
     _add_training_arguments(verify, "micro-batch size; the large batch is the first K*B training images, or K*B "
-                                    "samples from a factory's sample() (default 32)", factories=True)
+                                    "samples from a factory's sample() (default 32)")
     verify.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance (default 1e-5)")
     verify.add_argument("--atol", type=positive_float, default=1e-6, help="absolute tolerance (default 1e-6)")
     _add_data_arguments(verify)
@@ -144,9 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     planner = sub.add_parser("plan", help="choose the micro-batch, K and structure for a global batch within a "
                                           "memory budget, from peak memory measured in fresh processes")
-    planner.add_argument("--model", type=model_or_factory, default="lenet5", metavar="{lenet5,mlp,MODULE:FUNCTION}",
-                         help="a built-in model, or your factory returning (network, loss, optimizer, sample) "
-                              "(default lenet5)")
+    _add_model_argument(planner, "lenet5")
     planner.add_argument("--global-batch", type=positive_int, required=True, metavar="N",
                          help="samples per optimizer step, over all ranks")
     planner.add_argument("--memory", type=memory_size, metavar="SIZE",
@@ -186,15 +188,9 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, factories: bool = False) -> None:
-    """What `train` and `verify` share: the model (with `factories`, also your own), K, B, the optimizer and the
-    seed."""
-    if factories:
-        parser.add_argument("--model", type=model_or_factory, default="lenet5", metavar="{lenet5,mlp,MODULE:FUNCTION}",
-                            help="a built-in model, or your factory returning (network, loss, optimizer, sample), "
-                                 "whose optimizer is used as it is (default lenet5)")
-    else:
-        parser.add_argument("--model", choices=MODEL_NAMES, default="lenet5")
+def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str) -> None:
+    """What `train` and `verify` share: the model (a built-in one or your own), K, B, the optimizer and the seed."""
+    _add_model_argument(parser, "lenet5")
     parser.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
                         help="micro-batches per optimizer step (default 4)")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help=batch_help)
@@ -202,6 +198,13 @@ def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, fa
     parser.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
     parser.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
     parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
+
+
+def _add_model_argument(parser: argparse.ArgumentParser, default: Optional[str]) -> None:
+    parser.add_argument("--model", type=model_or_factory, default=default, metavar="{lenet5,mlp,MODULE:FUNCTION}",
+                        help=f"a built-in model, or your factory returning (network, loss, optimizer, sample[, "
+                             f"dataset]), whose optimizer and data are used as they are (docs/your-model.md; default "
+                             f"{default or 'the model recorded in the checkpoint'})")
 
 
 def _add_fallback_arguments(parser: argparse.ArgumentParser) -> None:
@@ -299,11 +302,62 @@ def _launcher_world_size(args: argparse.Namespace) -> Optional[int]:
     return world
 
 
+@dataclass
+class _Job:
+    """What `train` trains: the network, loss, optimizer and dataset, where the data came from, and how the result is
+    evaluated."""
+
+    network: object
+    loss_fn: object
+    optimizer: object
+    dataset: object
+    ckpt_name: str
+    source: str  # the data, as the summary names it
+    synthetic: bool
+    settings: dict  # recorded in the checkpoint: the optimizer and where the data is
+
+
+def _demo_job(args: argparse.Namespace, parallel, world: int) -> _Job:
+    """LeNet5 or the MLP on MNIST (found, downloaded or generated), with the optimizer of the command line."""
+    from mindspore import nn
+    from .demo.data import dataset_for
+    from .demo.evaluation import recorded_data_dir
+    from .demo.models import build_model, make_optimizer
+    data_dir, synthetic = find_data(args, None if parallel is None else parallel.rank)
+    settings = _optimizer_settings(args)
+    network = build_model(args.model)
+    shards, num_samples = {}, args.num_samples
+    if parallel is not None:
+        # Same seed on every rank: one shuffle of the whole set, cut into disjoint shards. num_samples counts
+        # per shard in MindSpore's DistributedSampler (measured), so each worker takes its share, rounded up.
+        shards = {"num_shards": world, "shard_id": parallel.rank}
+        num_samples = None if num_samples is None else -(-num_samples // world)
+    dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
+                          seed=args.seed, num_samples=num_samples, cls_name="ms-accum train", **shards)
+    return _Job(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                make_optimizer(settings, network.trainable_params()), dataset, args.model, os.path.abspath(data_dir),
+                synthetic, {**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic})
+
+
+def _factory_job(args: argparse.Namespace, parallel, world: int) -> _Job:
+    """Your factory's network, loss and optimizer (as it built them) on its own training data, this rank's shard."""
+    from .tools.factory import load_model
+    user = load_model(args.model, "ms-accum train")
+    rank = 0 if parallel is None else parallel.rank
+    dataset = user.data(args.batch_size // world, "train", rank, world, "ms-accum train")
+    return _Job(user.network, user.loss_fn, user.optimizer, dataset, re.sub(r"\W", "_", args.model),
+                f"the data of {args.model}", False, {"optimizer": type(user.optimizer).__name__})
+
+
 def run_train(args: argparse.Namespace) -> Optional[dict]:
     """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
     from ._validation import check_writable_dir
+    from .tools.factory import is_factory
     parallel = None
-    planned_ranks = _apply_plan(args)
+    planned = _apply_plan(args)
+    factory = is_factory(args.model)
+    _refuse_with_factory(args, factory, ("optimizer", "lr", "momentum", "data", "num_samples", "download",
+                                         "synthetic_fallback"))
     launched = _launcher_world_size(args) is not None
     runtime.set_device(args.device)
     if launched:
@@ -312,57 +366,39 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         from .train.distributed import init_data_parallel
         parallel = init_data_parallel()
     world = 1 if parallel is None else parallel.group_size
-    if planned_ranks not in (None, world):
-        raise CliError(f"the plan {args.plan} is for {planned_ranks} rank(s), but this run has {world}: plan again "
-                       f"with --ranks {world}.")
     main = parallel is None or parallel.is_main
     ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
-    data_dir, synthetic = find_data(args, None if parallel is None else parallel.rank)
 
     import mindspore as ms
-    from mindspore import nn
-    from .demo.data import dataset_for
-    from .demo.evaluation import evaluate_checkpoint, recorded_data_dir
+    from .demo.evaluation import evaluate_checkpoint
     from .train.executor import GradientAccumulation
     from .train.recompute import recompute_cells
     from .train.windows import count_windows
     from .train.schedule import pairs_text
-    from .demo.models import build_model, make_optimizer
 
-    settings = _optimizer_settings(args)
     ms.set_seed(args.seed)
-    network = build_model(args.model)
-    optimizer = make_optimizer(settings, network.trainable_params())
-    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    shards = {}
-    num_samples = args.num_samples
-    if parallel is not None:
-        # Same seed on every rank: one shuffle of the whole set, cut into disjoint shards. num_samples counts
-        # per shard in MindSpore's DistributedSampler (measured), so each worker takes its share, rounded up.
-        shards = {"num_shards": parallel.group_size, "shard_id": parallel.rank}
-        num_samples = None if num_samples is None else -(-num_samples // parallel.group_size)
-    dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
-                          seed=args.seed, num_samples=num_samples, cls_name="ms-accum train", **shards)
+    job = (_factory_job if factory else _demo_job)(args, parallel, world)
+    if planned is not None:
+        planned.check_fits(job.network, world, "ms-accum train")
+    dataset = job.dataset
     mini_steps = args.accumulate_schedule or args.accumulate_steps
     k_text = pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_steps
     windows = count_windows(dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
                             args.partial_window)
     if args.recompute:  # marked here, so that a bad cell is refused in the command's terms
-        recompute_cells(network, args.recompute, "ms-accum train", "--recompute")
-    executor = GradientAccumulation(network, loss_fn, optimizer, clip_norm=args.clip_norm, structure=args.structure,
-                                    policy=args.policy, loss_scaler=_loss_scaler(args),
+        recompute_cells(job.network, args.recompute, "ms-accum train", "--recompute")
+    executor = GradientAccumulation(job.network, job.loss_fn, job.optimizer, clip_norm=args.clip_norm,
+                                    structure=args.structure, policy=args.policy, loss_scaler=_loss_scaler(args),
                                     stop_on_nonfinite=args.stop_on_nonfinite,
                                     statistics=args.statistics, noise_scale=args.noise_scale,
                                     skip_outliers=args.skip_outliers,
                                     outlier_warmup=args.outlier_warmup)
     label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
-        f" ({SYNTHETIC_NOTE})" if synthetic else "")
+        f" ({SYNTHETIC_NOTE})" if job.synthetic else "")
     if parallel is not None:
         label += f", {world} workers"
-    metadata = {"model": args.model, "accumulate_steps": k_text, "batch_size": args.batch_size,
-                "optimizer": settings["optimizer"], "lr": settings["lr"], "momentum": settings["momentum"],
-                "seed": args.seed, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic,
-                "world_size": world}
+    metadata = {"model": args.model, "accumulate_steps": k_text, "batch_size": args.batch_size, "seed": args.seed,
+                "world_size": world, **job.settings}
     with _progress(windows, f"train {label}", args.quiet or not main) as bar:
         def on_step(record):
             bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
@@ -370,16 +406,16 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
             bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
                             refresh=False)
         result = executor.train_process(args.epochs, dataset, mini_steps,
-                                        partial_window=args.partial_window, ckpt_dir=ckpt_dir, ckpt_name=args.model,
-                                        verbose=False, on_step=on_step, metadata=metadata,
+                                        partial_window=args.partial_window, ckpt_dir=ckpt_dir,
+                                        ckpt_name=job.ckpt_name, verbose=False, on_step=on_step, metadata=metadata,
                                         save_every=args.save_every, keep_last=args.keep_last, resume=args.resume)
     if not main:
         return None
-    plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{args.model}_loss.png"), label,
+    plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{job.ckpt_name}_loss.png"), label,
                           [record.accumulate_step for record in result.steps],
                           [record.noise_scale for record in result.steps] if args.noise_scale else None)
-    summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": synthetic,
-               "data": os.path.abspath(data_dir), "optimizer_steps": len(result.steps), "world_size": world,
+    summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": job.synthetic,
+               "data": job.source, "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
                "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
                "accumulate_steps": [record.accumulate_step for record in result.steps],
@@ -388,7 +424,7 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
                "outliers": result.outliers,
                "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
     if not args.json:
-        tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
+        tag = f" [{SYNTHETIC_NOTE}]" if job.synthetic else ""
         resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
         loss = "" if summary["final_loss"] is None else f", final window loss {summary['final_loss']:.6f}"
         skipped = f", {result.skipped_windows} non-finite window(s) skipped" if result.skipped_windows else ""
@@ -399,16 +435,26 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
               f"{tag}")
         print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
     if not args.no_eval:
-        evaluation, _ = evaluate_checkpoint(result.checkpoint, args.model, data_dir, 256)
+        evaluation, _ = evaluate_checkpoint(result.checkpoint, args.model, None if factory else args.data, 256,
+                                            arg_name="--model")
         summary.update(evaluation.as_dict())
         if not args.json:
-            print(_accuracy_line(evaluation, synthetic))
+            print(_accuracy_line(evaluation, job.synthetic))
     return summary
 
 
-def _apply_plan(args: argparse.Namespace) -> Optional[int]:
-    """Fills the batch size, K and structure from --plan (refusing flags that contradict it), else from
-    TRAIN_DEFAULTS; returns the plan's rank count, or None without a plan."""
+def _refuse_with_factory(args: argparse.Namespace, factory: bool, names) -> None:
+    """A factory brings its own optimizer and data: the flags that would set them are refused, not ignored."""
+    given = [name for name in names if getattr(args, name, None) not in (None, False)]
+    if factory and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise CliError(f"{flag} applies to the built-in models, but --model is the factory '{args.model}', whose "
+                       f"optimizer and data are its own (change them in the factory).")
+
+
+def _apply_plan(args: argparse.Namespace):
+    """Fills the model, batch size, K and structure from --plan (refusing flags that contradict it), else from
+    TRAIN_DEFAULTS; returns the plan, or None without one."""
     if args.accumulate_schedule is not None and (args.accumulate_steps is not None or args.plan is not None):
         raise CliError("--accumulate-schedule sets K: give it without --accumulate-steps or --plan.")
     if args.plan is None:
@@ -416,18 +462,16 @@ def _apply_plan(args: argparse.Namespace) -> Optional[int]:
             if getattr(args, name) is None:
                 setattr(args, name, value)
         return None
-    from .tools.planner import Plan
+    from .train.plan import Plan
     plan = Plan.load(args.plan)
-    if plan.model != args.model:
-        raise CliError(f"the plan {args.plan} is for the model '{plan.model}', but --model is '{args.model}'.")
-    planned = {"batch_size": plan.batch_size * plan.ranks, "accumulate_steps": plan.accumulate_step,
-               "structure": plan.structure}
+    planned = {"model": plan.model, "batch_size": plan.batch_size * plan.ranks,
+               "accumulate_steps": plan.accumulate_step, "structure": plan.structure}
     for name, value in planned.items():
         given = getattr(args, name)
         if given is not None and given != value:
             raise CliError(f"--{name.replace('_', '-')} {given} contradicts the plan {args.plan}, which says {value}.")
         setattr(args, name, value)
-    return plan.ranks
+    return plan
 
 
 def _loss_scaler(args: argparse.Namespace):
@@ -454,14 +498,17 @@ def run_eval(args: argparse.Namespace) -> dict:
     runtime.set_device(args.device)
     from .demo.data import is_synthetic
     from .demo.evaluation import checkpoint_data_dir, evaluate_checkpoint
-    evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.batch_size, args.num_samples)
-    synthetic = is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
+    from .tools.factory import is_factory
+    _refuse_with_factory(args, args.model is not None and is_factory(args.model), ("data", "num_samples"))
+    evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.batch_size, args.num_samples,
+                                               arg_name="--model")
+    model = args.model or metadata["model"]
+    synthetic = not is_factory(model) and is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:
-        print(f"{args.ckpt} ({metadata.get('model', args.model)}, trained {metadata.get('step', '?')} optimizer "
-              f"steps with accumulate_steps={metadata.get('accumulate_steps', '?')})")
+        print(f"{args.ckpt} ({model}, trained {metadata.get('step', '?')} optimizer steps with "
+              f"accumulate_steps={metadata.get('accumulate_steps', '?')})")
         print(_accuracy_line(evaluation, synthetic))
-    return {"checkpoint": args.ckpt, "model": metadata.get("model", args.model), "synthetic": synthetic,
-            **evaluation.as_dict()}
+    return {"checkpoint": args.ckpt, "model": model, "synthetic": synthetic, **evaluation.as_dict()}
 
 
 def run_verify(args: argparse.Namespace) -> dict:
@@ -471,12 +518,14 @@ def run_verify(args: argparse.Namespace) -> dict:
     from mindspore import nn
     from .tools.factory import is_factory, load_model
     from .tools.verify import verify_equivalence
+    factory = is_factory(args.model)
+    _refuse_with_factory(args, factory, ("optimizer", "lr", "momentum", "data", "download", "synthetic_fallback"))
     ms.set_seed(args.seed)
     large = args.accumulate_steps * args.batch_size
-    if is_factory(args.model):
+    if factory:
         user = load_model(args.model, "ms-accum verify")
         network, loss_fn, optimizer = user.network, user.loss_fn, user.optimizer
-        batch = tuple(user.sample(large))
+        batch = user.batch(large, "ms-accum verify")
         optimizer_name, synthetic, source = type(optimizer).__name__, False, f"{large} samples of its sample()"
     else:
         data_dir, synthetic = find_data(args)
@@ -515,9 +564,8 @@ def run_plan(args: argparse.Namespace) -> dict:
     from .tools.planner import plan
     log = None if args.quiet or args.json else (lambda line: print(f"ms-accum plan: {line}", file=sys.stderr,
                                                                    flush=True))
-    result = plan(args.model, args.global_batch, args.memory, ranks=args.ranks, device=args.device, log=log)
-    if args.output:
-        result.save(args.output)
+    result = plan(args.model, args.global_batch, args.memory, ranks=args.ranks, device=args.device, log=log,
+                  output=args.output)
     if not args.json:
         print(result)
         if args.output:

@@ -133,7 +133,8 @@ def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, ca
     assert report["passed"] is True and report["optimizer"] == "SGD" and len(report["per_parameter"]) == 4
     for spec, message in [
             ("users_model:two_things", "the factory 'users_model:two_things' must return (network, loss_fn, "
-                                       "optimizer, sample), but returned a tuple of 2."),
+                                       "optimizer, sample) or (network, loss_fn, optimizer, sample, dataset), but "
+                                       "returned a tuple of 2."),
             ("users_model:no_optimizer", "the factory 'users_model:no_optimizer' must return an nn.Optimizer as its "
                                          "optimizer, but returned a str."),
             ("users_model:broken", "the factory 'users_model:broken' failed: RuntimeError: no weights here."),
@@ -206,7 +207,8 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
     (["train", "--epochs", "zero"], "argument --epochs: must be a positive int, but got 'zero'"),
     (["train", "--lr", "nan"], "argument --lr: must be a positive float, but got nan"),
     (["train", "--clip-norm", "0"], "argument --clip-norm: must be a positive float, but got 0"),
-    (["train", "--model", "resnet"], "argument --model: invalid choice: 'resnet' (choose from 'lenet5', 'mlp')"),
+    (["train", "--model", "resnet"], "argument --model: must be one of lenet5, mlp or package.module:function (a "
+                                     "factory returning network, loss, optimizer and sample), but got 'resnet'"),
     (["eval", "--model", "lenet5"], "the following arguments are required: --ckpt"),
     (["eval", "--ckpt", "x.ckpt", "--device", "TPU"],
      "argument --device: invalid choice: 'TPU' (choose from 'CPU', 'GPU', 'Ascend')"),
@@ -263,13 +265,13 @@ def test_bad_data_and_checkpoints_exit_1_naming_the_file(tmp_path, synthetic, ca
         (["eval", "--ckpt", random_file], unreadable.format(random_file, random_file)),
         (["eval", "--ckpt", cut_file], unreadable.format(cut_file, cut_file)),
         (["eval", "--ckpt", good, "--model", "lenet5", "--data", synthetic],
-         f"Checkpoint '{good}' was saved with model='mlp', but model='lenet5' was asked for. Its parameters are those "
-         f"of model 'mlp' (the file does not record its model): evaluate it as 'mlp'."),
+         f"Checkpoint '{good}' was saved with model='mlp', but model='lenet5' was asked for."),
         (["eval", "--ckpt", bare, "--data", synthetic],
-         f"Checkpoint '{bare}' does not record its model: pass model= one of ['lenet5', 'mlp']."),
+         f"Checkpoint '{bare}' does not record its model: pass --model, one of ['lenet5', 'mlp'] or "
+         f"package.module:function."),
         (["eval", "--ckpt", bare, "--model", "lenet5", "--data", synthetic],  # and says which model it is
-         f"Checkpoint '{bare}' does not fit the network: {mlp_params}. Its parameters are those of model 'mlp' (the "
-         f"file does not record its model): evaluate it as 'mlp'."),
+         f"Checkpoint '{bare}' does not fit the network of the model 'lenet5' (--model): {mlp_params}. Its parameters "
+         f"are those of the model 'mlp' (the file does not record its model): evaluate it as 'mlp'."),
     ]
     for argv, message in cases:
         assert cli.main(argv + ["--quiet"]) == 1, argv

@@ -9,6 +9,8 @@ from mindspore import nn
 
 from ms_accum import (AccumulationBuffer, Accumulator, GradientAccumulation, TrainAccumulationCell,
                       TrainForwardBackward, plan, verify_equivalence)
+from ms_accum import Plan, SamplesLR
+from ms_accum.train.schedule import parse_schedule
 from conftest import raises_exactly
 
 REDUCTIONS = "['mean', 'sum', 'weighted_mean']"
@@ -85,6 +87,18 @@ CASES = [
      ValueError, f"For 'verify_equivalence', the argument 'reduction' must be one of {REDUCTIONS}, but got 'avg'."),
     ("plan-global-batch", lambda p: plan("mod:fn", global_batch=0), ValueError,
      "For 'plan', the argument 'global_batch' must be a positive int, but got 0."),
+    ("plan-output-directory", lambda p: plan("mlp", 64, output="/"), ValueError,
+     "For 'plan', the argument 'output' must be a file path that can be written, but got '/', a directory."),
+    ("plan-check-fits-ranks",
+     lambda p: Plan("mlp", 16, 2, 4, 2, "fused", "mean", 1.0, None, 9.0, 1.0, 1.0, "CPU").check_fits(p.net, 1),
+     ValueError, "For 'Plan.check_fits', the plan for 'mlp' was made for 2 rank(s) (a global batch of 16 = K 2 x B 4 x "
+                 "2 rank(s)), but this run has 1: plan again with ranks=1."),
+    ("parse-schedule-threshold-twice", lambda p: parse_schedule("0:2,100:4,100:8"), ValueError,
+     "For 'parse_schedule', the argument 'text' must give each threshold once, but got 100 twice in "
+     "'0:2,100:4,100:8'."),
+    ("samples-lr-class", lambda p: SamplesLR(nn.WarmUpLR), TypeError,
+     "For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a callable lr(samples), but got the "
+     "class mindspore.nn.learning_rate_schedule.WarmUpLR: give an instance of it, e.g. WarmUpLR(...)."),
 ]
 
 

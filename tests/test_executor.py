@@ -204,7 +204,7 @@ def test_bad_options():
                                     "'sum', 'weighted_mean'], but got 'max'."):
         GradientAccumulation(*args, reduction="max")
     with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'structure' must be one of ['auto', "
-                                    "'three_graphs', 'fused', 'window'], but got 'unrolled'."):
+                                    "'three_graphs', 'fused', 'window', 'cached'], but got 'unrolled'."):
         GradientAccumulation(*args, structure="unrolled")
 
 
@@ -249,9 +249,42 @@ def test_optimizer_over_another_network_is_refused():
 def test_loss_without_reduction_is_refused(loss):
     net = make_net("mlp")
     with raises_exactly(ValueError, f"For 'GradientAccumulation', the argument 'loss_fn' must reduce the batch to a "
-                                    f"scalar (reduction 'mean' or 'sum'), but got {type(loss).__name__} with reduction "
-                                    f"'none'."):
+                                    f"scalar, but got {type(loss).__name__} with reduction 'none': build it with "
+                                    f"reduction='mean' (or 'sum')."):
         GradientAccumulation(net, loss, nn.SGD(net.trainable_params()))
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("summing", [nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
+                                     nn.CrossEntropyLoss(reduction="sum")])
+def test_a_summing_loss_accumulates_to_the_large_batch_sum(summing, structure):
+    # The loss says it sums (its `reduction`, or LossBase's `average` flag): the window is the sum over all its
+    # samples, one step on the concatenated batch with that loss, partial window and unequal micro-batches included.
+    x, y = batch_for("mlp", 22, seed=3)
+    ref = make_net("mlp")
+    step = nn.TrainOneStepCell(nn.WithLossCell(ref, summing), nn.Momentum(ref.trainable_params(), 0.002, 0.9))
+    step.set_train()
+    for lo, hi in ((0, 12), (12, 22)):
+        step(Tensor(x[lo:hi]), Tensor(y[lo:hi]))
+    net = make_net("mlp")
+    executor = GradientAccumulation(net, summing, nn.Momentum(net.trainable_params(), 0.002, 0.9),
+                                    structure=structure)
+    assert executor.buffer.reduction.name == "sum"
+    executor.train_process(1, dataset(x, y, 4), mini_steps=3, ckpt_dir=None, verbose=False)
+    for a, e in zip(params_of(net), params_of(ref)):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_a_summing_loss_with_a_mean_asked_for_is_refused():
+    net = make_net("mlp")
+    for reduction in ("mean", "weighted_mean"):
+        with raises_exactly(ValueError, f"For 'GradientAccumulation', the argument 'reduction' must be 'sum' or None "
+                                        f"for a loss_fn that sums over its batch (MSELoss with reduction 'sum'), but "
+                                        f"got '{reduction}': a window of K sums divided by its samples is 1/K of the "
+                                        f"large batch's update. Leave 'reduction' out, or build the loss with "
+                                        f"reduction='mean'."):
+            GradientAccumulation(net, nn.MSELoss(reduction="sum"), nn.SGD(net.trainable_params()),
+                                 reduction=reduction)
 
 
 def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_path, monkeypatch):
@@ -279,3 +312,24 @@ def test_windows_per_epoch_is_what_the_executor_trains(partial_window, steps):
     result = GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1)).train_process(
         2, data, 3, partial_window=partial_window, ckpt_dir=None, verbose=False)
     assert len(result.steps) == 2 * windows_per_epoch(10, 3, partial_window) == 2 * steps
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_clipping_applies_the_window_clipped_to_its_norm(structure, scaled):
+    # Half the window's own norm: every structure must apply the large batch's gradient scaled by 1/2. (The check
+    # graph's clipping writes the buffer in place and its verdict reads only the norm: a graph that pruned the writes
+    # would apply the unclipped gradient.)
+    from mindspore import amp, ops
+    x, y = batch_for("mlp", 16, seed=4)
+    ref = make_net("mlp")
+    grads = ops.GradOperation(get_by_list=True)(nn.WithLossCell(ref, loss_fn()), ref.trainable_params())(
+        Tensor(x), Tensor(y))
+    norm = float(np.sqrt(sum(float((g.asnumpy().astype(np.float64) ** 2).sum()) for g in grads)))
+    net = make_net("mlp")
+    start = params_of(net)
+    GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), clip_norm=norm / 2,
+                         structure=structure, loss_scaler=amp.StaticLossScaler(1024.0) if scaled else None
+                         ).train_process(1, dataset(x, y, 4), 4, ckpt_dir=None, verbose=False)
+    for a, s, g in zip(params_of(net), start, grads):
+        np.testing.assert_allclose(a, s - 0.1 * g.asnumpy() / 2, rtol=1e-5, atol=1e-6)

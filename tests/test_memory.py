@@ -83,15 +83,49 @@ def window_peaks():
 
 
 @pytest.mark.slow  # make test-all
-@pytest.mark.parametrize("option, before", [
-    ("statistics", "squaring a large gradient with Mul before ReduceSum held a copy of it: +0.37x"),
-    ("clip", "summing the global norm as ops.clip_by_global_norm does (Square, ReduceSum): +0.66x"),
-    ("skip_microbatch", "a select of every gradient against zeros_like: +7.4x"),
-    ("outliers", "a select of every gradient against zeros_like: +7.4x")])
-def test_an_option_on_the_window_costs_no_copy_of_a_gradient(window_peaks, option, before):
+@pytest.mark.parametrize("option, bound, before", [
+    ("statistics", 0.25, "each gradient waited for the whole micro-batch norm before the buffer's add: +0.37x "
+                         "(earlier, squaring a large gradient with Mul before ReduceSum held a copy of it: +0.37x)"),
+    ("clip", 0.25, "the guard read the clipped buffer again, and MindSpore copied its large tensors: +0.67x (earlier, "
+                   "summing the global norm as ops.clip_by_global_norm does, Square and ReduceSum: +0.66x)"),
+    ("skip_microbatch", 0.85, "a select of every gradient against zeros_like: +7.4x"),
+    ("outliers", 0.85, "a select of every gradient against zeros_like: +7.4x")])
+def test_an_option_on_the_window_costs_no_copy_of_a_gradient(window_peaks, option, bound, before):
     # Each weight is a third of the parameters, so a copy of any one of them exceeds the 0.25x allowed; the graphs'
-    # own memory is about 0.01-0.11x (measured). `before`: what the option cost when it held copies (measured).
+    # own memory is about 0.01-0.11x (measured: statistics +0.05x, clipping +0.01x). `before`: what the option cost
+    # when it held copies (measured). Leaving a micro-batch out (`skip_microbatch`, `outliers`) needs its whole
+    # gradient's finiteness, or norm, before any of it is added: every gradient is alive at once until that tensor
+    # `if`, 1.00x the parameters, where the plain default adds and frees each as the backward makes it (about one
+    # weight's, 0.33x). That +0.67x is inherent, with the control flow's own 0.1x: measured +0.77x and +0.76x; 0.85x
+    # still fails on one more copy of a weight's gradient (docs/memory.md).
     plain, peak = window_peaks["three_graphs"], window_peaks[f"three_graphs_{option}"]
     report = "peak RSS growth MiB: " + ", ".join(f"{name} {run['peak'] / 2**20:.0f}"
                                                  for name, run in window_peaks.items())
-    assert peak["peak"] - plain["peak"] < 0.25 * plain["params"], f"{report} (before the fix, {before})"
+    assert peak["peak"] - plain["peak"] < bound * plain["params"], f"{report} (before the fix, {before})"
+
+
+REAL_SIZE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_scripts", "real_size.py")
+
+
+def real_size(optimizer: str, contender: str) -> dict:
+    """``{"peak": bytes, "params": bytes}`` of `memory_scripts/real_size.py` (12 x Dense(2048, 2048), B=1, K=4)."""
+    out = subprocess.run([sys.executable, REAL_SIZE_SCRIPT, optimizer, contender], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow  # make test-all
+@pytest.mark.parametrize("optimizer, bound, before", [
+    ("sgd", 1.25, "+1.86x: every gradient alive before its assign_add (a forward HyperMap)"),
+    ("adamw", 0.60, "+1.16x, the issue's figure")])
+def test_a_window_costs_its_buffer_on_a_parameter_heavy_network(optimizer, bound, before):
+    # The buffer is 1.00x the parameters; a plain step's gradients are transient. The default structure measured
+    # +1.03-1.11x with SGD and +0.20x with AdamW (whose plain step peaks at the optimizer's temporaries beside the
+    # gradients), one process's figure moving by about 0.08x: `bound` leaves that margin and fails on the regression
+    # `before` describes (docs/memory.md).
+    plain, window = real_size(optimizer, "one_b"), real_size(optimizer, "three_graphs")
+    above = (window["peak"] - plain["peak"]) / plain["params"]
+    assert above < bound, (f"{optimizer}: the default structure's peak is +{above:.2f}x the parameters above the "
+                           f"plain step's ({plain['peak'] / 2**20:.0f} / {window['peak'] / 2**20:.0f} MiB; before "
+                           f"the fix, {before})")

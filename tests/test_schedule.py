@@ -90,6 +90,11 @@ def test_bad_ramps_and_command_line_schedules():
     with raises_exactly(ValueError, "For 'parse_schedule', the thresholds of 'text' must start at 0 and increase, but "
                                     "got [64, 0]."):
         parse_schedule("64:2,0:4")
+    # A threshold given twice is refused, not overwritten by the later pair.
+    for text, twice in (("0:2,100:4,100:8", 100), ("0:2,0:4", 0), ("0:2,100:4,0100:8", 100)):
+        with raises_exactly(ValueError, f"For 'ms-accum train', the argument '--accumulate-schedule' must give each "
+                                        f"threshold once, but got {twice} twice in '{text}'."):
+            parse_schedule(text, "--accumulate-schedule", "ms-accum train")
 
 
 def test_a_callables_bad_value_is_refused_when_first_evaluated_naming_the_sample_count():
@@ -163,6 +168,16 @@ def test_samples_lr_warms_up_over_samples_whatever_the_ramp():
     with raises_exactly(TypeError, "For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a "
                                    "callable lr(samples), but got 0.1 of type float."):
         SamplesLR(0.1)
+    # A class is callable, but calling it builds a schedule: refused, naming the argument and the fix.
+    with raises_exactly(TypeError, "For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a "
+                                   "callable lr(samples), but got the class "
+                                   "mindspore.nn.learning_rate_schedule.CosineDecayLR: give an instance of it, e.g. "
+                                   "CosineDecayLR(...)."):
+        SamplesLR(nn.CosineDecayLR)
+    with raises_exactly(TypeError, "For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a "
+                                   "callable lr(samples), but got the class builtins.float: give an instance or a "
+                                   "function."):
+        SamplesLR(float)
 
 
 def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_batches(tmp_path):
@@ -185,6 +200,24 @@ def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_
         run(tmp_path / "cut", 2, resume=state)
     with raises_exactly(CheckpointError, refused.format("callable", 64, 12)):
         run(tmp_path / "cut", lambda s: 2 if s < 64 else 3, resume=state)
+    # A saved run's callable is compared with this run's at every window the saved run opened, not only where its K
+    # changed: K=2 everywhere, then a callable that agrees at 0 but differs at the window opened at 16 samples.
+    run(tmp_path / "callable", lambda s: 2)
+    by_callable = str(tmp_path / "callable" / "run-000000010.ckpt")  # windows at 0, 8, ..., 72
+    with raises_exactly(CheckpointError, f"Checkpoint '{by_callable}' was saved by a run whose global batch schedule "
+                                         f"(samples consumed: global batch) is callable, evaluated as 0:8 in the 10 "
+                                         f"windows it opened up to 72 samples, but this run's is callable: from 16 "
+                                         f"samples consumed the saved run's global batch is 8, this run's 16; resuming "
+                                         f"would not continue the same training."):
+        run(tmp_path / "callable", lambda s: 4 if s == 16 else 2, resume=by_callable)
+    with raises_exactly(CheckpointError, f"Checkpoint '{by_callable}' was saved by a run whose global batch schedule "
+                                         f"(samples consumed: global batch) is callable, evaluated as 0:8 in the 10 "
+                                         f"windows it opened up to 72 samples, but this run's is 0:8,64:16: from 64 "
+                                         f"samples consumed the saved run's global batch is 8, this run's 16; resuming "
+                                         f"would not continue the same training."):
+        run(tmp_path / "callable", {0: 2, 64: 4}, resume=by_callable)
+    # Differing only after the saved position (80 samples) is another schedule from there on: it resumes.
+    run(tmp_path / "callable", lambda s: 2 if s < 80 else 4, resume=by_callable)
     # Micro-batches of 2 with twice the K keep every global batch (as another device count would): it resumes.
     resumed = run(tmp_path / "cut", {0: 4, 64: 8, 160: 16}, batch=2, resume=state)
     for a, b in zip(whole, resumed):

@@ -217,11 +217,13 @@ def test_noise_scale_matches_the_data_sets_exact_value(k, batch):
 def test_noise_scale_needs_two_batch_sizes_and_a_mean():
     net, x, y, _ = regression_problem(64, 12.0)
     model = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=True)
-    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'mini_steps' must be at "
-                                    "least 2 with noise_scale=True on one rank: the noise scale compares the "
-                                    "micro-batch's gradient with the window's, and with mini_steps=1 they are one "
-                                    "batch size, but got 1."):
-        model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}).batch(4), 1, ckpt_dir=None)
+    tail = ("noise_scale=True on one rank: the noise scale compares the micro-batch's gradient with the window's, and "
+            "with one micro-batch per window they are one batch size, but got ")
+    for mini_steps, got in ((1, "1"), (lambda samples: 1, "a schedule that is 1 in every window of this run"),
+                            ({0: 1, 10 ** 6: 4}, "a schedule that is 1 in every window of this run")):
+        with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'mini_steps' must be "
+                                        f"at least 2 in some window with {tail}{got}."):
+            model.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}).batch(4), mini_steps, ckpt_dir=None)
     with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'noise_scale' needs the window's mean "
                                     "(reduction 'mean' or 'weighted_mean'), but got reduction 'sum'."):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), reduction="sum",

@@ -58,14 +58,27 @@ class _BatchCentred(nn.Cell):
         return self.loss(logits * 3.0 - logits.mean(0, keep_dims=True) * 2.0, labels)
 
 
+class _Summing(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="none")
+
+    def construct(self, logits, labels):
+        return self.loss(logits, labels).sum()
+
+
 def test_names_a_loss_that_sums_an_optimizer_that_magnifies_rounding_and_a_coupled_loss():
     batch = batch_for("mlp", 16, seed=1)
     net = make_net("mlp")
-    summing = verify_equivalence(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
-                                 nn.SGD(net.trainable_params(), 0.1), batch, 4)
+    # A Cell of one's own that sums without saying so: the window is a mean, the large batch's a sum.
+    summing = verify_equivalence(net, _Summing(), nn.SGD(net.trainable_params(), 0.1), batch, 4)
     assert not summing.passed and [c.name for c in summing.causes] == [
         "a loss that sums over the batch instead of averaging"]
     assert "the big batch's gradient is 4.00x the window's (K = 4)" in summing.causes[0].evidence
+    # A MindSpore loss built with reduction="sum" says so, and is accumulated as the sum it is.
+    net = make_net("mlp")
+    assert verify_equivalence(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
+                              nn.SGD(net.trainable_params(), 0.01), batch, 4).passed
 
     net = make_net("mlp")
     coupled = verify_equivalence(net, _BatchCentred(), nn.SGD(net.trainable_params(), 0.1), batch, 4)

@@ -9,6 +9,10 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 _hyper_map = ops.HyperMap()
+# In the backward's order, last layer first, as MindSpore's optimizers map: each gradient is added and freed as soon
+# as it is made; mapped forward, every gradient waited for the first layer's (docs/mindspore.md, gradients in the
+# backward's order).
+_reverse_map = ops.HyperMap(reverse=True)
 
 _accumulate_op = ops.MultitypeFuncGraph("ms_accum_accumulate")
 _weigh_op = ops.MultitypeFuncGraph("ms_accum_weigh")
@@ -127,7 +131,7 @@ def _counted(mini_step, num_samples, weight):
 
 def accumulate(grad_sum, mini_step, num_samples, grads, weight):
     """Add one micro-batch's `grads`, which already carry its weight, and count `weight`; returns the micro-steps."""
-    done = _hyper_map(_accumulate_op, grad_sum, grads)
+    done = _reverse_map(_accumulate_op, grad_sum, grads)
     return _counted(mini_step, num_samples, ops.depend(ops.cast(weight, ms.float32), done))
 
 
@@ -139,7 +143,7 @@ def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
     (docs/mindspore.md, masking a gradient).
     """
     if weight > 0:
-        weight = ops.depend(weight, _hyper_map(_accumulate_op, grad_sum, grads))
+        weight = ops.depend(weight, _reverse_map(_accumulate_op, grad_sum, grads))
     return _counted(mini_step, num_samples, ops.cast(weight, ms.float32))
 
 
@@ -207,6 +211,24 @@ def half_squared_norm(tensors):
 
 _norm_terms_op = ops.MultitypeFuncGraph("ms_accum_norm_terms")
 _norm_weights_op = ops.MultitypeFuncGraph("ms_accum_norm_weights")
+_after_op = ops.MultitypeFuncGraph("ms_accum_after")
+
+
+@_after_op.register("Tensor", "Tensor")
+def _after(grad, measured):
+    return ops.depend(grad, measured)
+
+
+@_after_op.register("RowTensor", "Tensor")
+def _after_row_tensor(grad, measured):
+    return grad
+
+
+def after_each(grads, measures):
+    """`grads`, each after its own measure: the buffer's `assign_add` of a gradient then follows that gradient's sum
+    of squares, not the whole norm, and the gradient is freed by whichever comes last (docs/mindspore.md, gradients in
+    the backward's order)."""
+    return _hyper_map(_after_op, grads, measures)
 
 
 @_norm_terms_op.register("Tensor")
@@ -234,7 +256,10 @@ def grads_squared_norm(grads):
     Parameter (a buffer's tensor) is a copy kernel in MindSpore 2.10's graphs, so a buffer is summed by
     `half_squared_norm`, which flattens only its large tensors.
     """
-    terms = _hyper_map(_norm_terms_op, grads)
+    return _terms_norm(grads, _reverse_map(_norm_terms_op, grads))
+
+
+def _terms_norm(grads, terms):
     weights = _hyper_map(_norm_weights_op, grads, terms)
     return ops.reshape(_dot(ops.concat(terms, 1), ops.concat(weights, 1)), ())
 
@@ -246,6 +271,12 @@ class DenseGradsNorm:
     def __call__(self, grads):
         return grads_squared_norm(grads)
 
+    def measure(self, grads):
+        """`(the squared norm, grads each after its own term)`: mapped in the backward's order, each gradient's term
+        is taken as it is made, and the buffer may add it right after (`after_each`)."""
+        terms = _reverse_map(_norm_terms_op, grads)
+        return _terms_norm(grads, terms), after_each(grads, terms)
+
 
 @ms.jit_class
 class SparseGradsNorm:
@@ -255,11 +286,15 @@ class SparseGradsNorm:
         # A RowTensor among them makes the sums' types undetermined: `AddN` refuses them, `Add`s take them. Over an
         # unrolled list `AddN` compiles, but the graph's peak grew by 0.06x the parameters of a
         # 192 MiB MLP.
-        halves = _hyper_map(_half_sum_of_squares_op, grads)
+        return self.measure(grads)[0]
+
+    def measure(self, grads):
+        """`(the squared norm, grads each after its own sum)`, as `DenseGradsNorm.measure`."""
+        halves = _reverse_map(_half_sum_of_squares_op, grads)
         total = halves[0]
         for value in halves[1:]:
             total = total + value
-        return total * 2.0
+        return total * 2.0, after_each(grads, halves)
 
 
 def squared_norm(tensors):
@@ -273,26 +308,38 @@ def _clip_in_place(clip_norm, global_norm, grad):
     return grad.mul_(ops.cast(clip_norm, grad.dtype)).div_(ops.cast(global_norm, grad.dtype))
 
 
-def clip_in_place(grads, clip_norm: float):
+def clip_in_place(grads, clip_norm: float, sq_norm=None):
     """`grads` clipped to the global norm `clip_norm` in place, as `ops.clip_by_global_norm` clips.
 
     The global norm is summed without a temporary (`squared_norm`): `clip_by_global_norm` squares each tensor into a
     copy first (docs/mindspore.md, small reductions). Its sums differ from ours by float32 rounding
-    only.
+    only. `sq_norm`, the squared global norm already measured (by statistics), is not summed again.
     """
+    return clip_measured(grads, clip_norm, sq_norm)[0]
+
+
+def clip_measured(grads, clip_norm: float, sq_norm=None):
+    """`(grads clipped in place as clip_in_place clips, their squared global norm before clipping)`."""
+    if sq_norm is None:
+        sq_norm = squared_norm(grads)
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
-    global_norm = ops.sqrt(squared_norm(grads))
+    global_norm = ops.sqrt(sq_norm)
     global_norm = ops.select(global_norm >= clip, global_norm, clip)
-    return _hyper_map(ops.partial(_clip_in_place_op, clip, global_norm), grads)
+    return _hyper_map(ops.partial(_clip_in_place_op, clip, global_norm), grads), sq_norm
 
 
 def window_grads(grad_sum, divisor, clip_norm, statistics):
     """The gradient a window applies: `grad_sum` divided by `divisor` and clipped to `clip_norm` if given, both in
     place, so the buffer holds it afterwards (a graph launched next can apply it); and its squared norm before
-    clipping, if `statistics` measure it (else None)."""
+    clipping if it was measured, by `statistics` or for the clipping (else None).
+
+    Clipping measures the window's norm anyway, between the division and its own writes: the guard then tests that
+    norm for finiteness rather than reading the clipped buffer again, which made MindSpore copy the buffer's large
+    tensors (docs/mindspore.md, in-place operations). With statistics on, clipping reuses their norm.
+    """
     grads, sq_norm = statistics.window(_hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum))
     if clip_norm is not None:
-        grads = clip_in_place(grads, clip_norm)
+        grads, sq_norm = clip_measured(grads, clip_norm, sq_norm)
     return grads, sq_norm
 
 

@@ -311,7 +311,10 @@ class AccumulationBuffer:
         micro-batch: the executor's three graphs choose between them on the host, so no graph holds a tensor `if`
         (docs/structures.md).
         """
-        return self._window(clip_norm)[1]
+        grads, applied = self._window(clip_norm)
+        # The verdict waits for the in-place writes: no output would need them otherwise (the guard judges the norm
+        # clipping measured, not the buffer), and the graph would leave the clipping out.
+        return ops.depend(applied, grads)
 
     def step(self, optimizer):
         """Steps `optimizer` on the gradient `check` left in the buffer and closes the window; returns the micro-step

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Sequence
+from typing import Optional, Sequence
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from .._validation import check_isinstance
+from .._choices import REDUCTIONS
+from .._validation import check_isinstance, check_value_in
 from .inference import in_inference
 
 
@@ -98,6 +99,53 @@ class LossOnly(nn.Cell):
 
 
 WEIGHTED = "weighted_mean"
+
+
+def declared_reduction(loss_fn: nn.Cell) -> Optional[str]:
+    """What `loss_fn` says it reduces the batch to: ``"mean"``, ``"sum"`` or ``"none"`` for MindSpore's losses (their
+    `reduction`, or `LossBase`'s `average` and `reduce` flags where a loss keeps no `reduction`), None for a Cell that
+    does not say."""
+    own = getattr(loss_fn, "reduction", None)
+    if own in ("mean", "sum", "none"):
+        return own
+    if isinstance(loss_fn, nn.LossBase):
+        return "none" if not loss_fn.reduce else "mean" if loss_fn.average else "sum"
+    return None
+
+
+def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: str) -> str:
+    """
+    The window's reduction for `loss_fn`, honouring what the loss says it computes: a loss that sums over its batch
+    is accumulated by summing (the window's gradient is then the gradient of the sum over the whole window, one step
+    on the concatenated batch with that loss), a mean by the sample-weighted mean.
+
+    Args:
+        loss_fn (nn.Cell): The loss.
+        reduction (str, optional): The reduction asked for; None takes the loss's own.
+        cls_name (str): The caller's name, for messages.
+
+    Returns:
+        str, ``"mean"``, ``"sum"`` or ``"weighted_mean"``.
+
+    Raises:
+        ValueError: If `loss_fn` does not reduce its batch to a scalar (``reduction="none"``), or `reduction` is
+            unknown, or `loss_fn` sums and `reduction` asks for a mean: the update would silently be a fraction of
+            the large batch's.
+    """
+    own = declared_reduction(loss_fn)
+    if own == "none":  # one loss per sample: there is no window of it to accumulate
+        raise ValueError(f"For '{cls_name}', the argument 'loss_fn' must reduce the batch to a scalar, but got "
+                         f"{type(loss_fn).__name__} with reduction 'none': build it with reduction='mean' (or "
+                         f"'sum').")
+    if reduction is None:
+        return "sum" if own == "sum" else "mean"
+    check_value_in(reduction, "reduction", REDUCTIONS, cls_name)
+    if own == "sum" and reduction != "sum":
+        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be 'sum' or None for a loss_fn that sums "
+                         f"over its batch ({type(loss_fn).__name__} with reduction 'sum'), but got '{reduction}': "
+                         f"a window of K sums divided by its samples is 1/K of the large batch's update. Leave 'reduction' "
+                         f"out, or build the loss with reduction='mean'.")
+    return reduction
 _checked = weakref.WeakKeyDictionary()  # network -> the reductions its output was checked for
 
 
@@ -149,13 +197,17 @@ def _eager_output(network: nn.Cell, inputs: Sequence[Tensor]):
 
 @contextlib.contextmanager
 def _eager_inference(network: nn.Cell):
-    mode = ms.get_context("mode")
+    # Without the backward's flag: with it, PyNative records the pass for a gradient and keeps its activations, memory
+    # that stays with the process beside the graph's (docs/mindspore.md, an eager pass's memory).
+    mode, requires_grad = ms.get_context("mode"), network.requires_grad
     with in_inference(network) as hold:
         hold()
         ms.set_context(mode=ms.PYNATIVE_MODE)
+        network.set_grad(False)
         try:
             yield
         finally:
+            network.set_grad(requires_grad)
             ms.set_context(mode=mode)
 
 

@@ -75,12 +75,16 @@ class Statistics(NoStatistics):
                                         requires_grad=False)
 
     def micro_batch(self, loss, grads, weight, sens, grads_norm):
-        return loss, grads, weight, ops.stack([self._sq_norm(grads, sens, grads_norm), ops.zeros((), ms.float32)])
+        sq, grads = self._sq_norm(grads, sens, grads_norm)
+        return loss, grads, weight, ops.stack([sq, ops.zeros((), ms.float32)])
 
     def _sq_norm(self, grads, sens, grads_norm):
+        """`(the micro-batch's squared norm, grads)`: each gradient handed on after its own sum of squares, so the
+        buffer adds it as soon as it is measured and does not wait for the whole norm."""
         sens = ops.cast(sens, ms.float32)
+        sq, grads = grads_norm.measure(grads)
         # One factor: for a constant sensitivity it is a compile-time constant, and the norm costs one Mul.
-        return grads_norm(grads) * (1.0 / (sens * sens))
+        return sq * (1.0 / (sens * sens)), grads
 
     def output(self, out, stats):
         return out, stats
@@ -132,7 +136,7 @@ class OutlierFilter(Statistics):
         self.var = Parameter(Tensor([0.0, 0.0], ms.float32), name=f"{prefix}.outlier_var", requires_grad=False)
 
     def micro_batch(self, loss, grads, weight, sens, grads_norm):
-        sq = self._sq_norm(grads, sens, grads_norm)
+        sq, grads = self._sq_norm(grads, sens, grads_norm)
         value = ops.stack([ops.cast(loss, ms.float32), ops.sqrt(sq)])  # [loss, gradient norm]
         deviation = value - self.mean
         judged = self.seen >= self.warmup

@@ -5,6 +5,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
+
 from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
@@ -13,31 +15,37 @@ from .._validation import check_isinstance, check_positive_int, check_value_in
 from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
 from .models import MODELS, build_model
+from ..tools.factory import is_factory, load_model
 
 
 @dataclass
 class EvalResult:
-    """Test metrics: `accuracy` in [0, 1], mean `loss` per batch, and the number of `batches`."""
+    """Test metrics: `accuracy` in [0, 1] (None for a network that is not a classifier), mean `loss` per batch, and
+    the number of `batches`."""
 
-    accuracy: float
+    accuracy: Optional[float]
     loss: float
     batches: int
 
-    def as_dict(self) -> Dict[str, float]:
+    def as_dict(self) -> Dict[str, Optional[float]]:
         return asdict(self)
 
     def __str__(self) -> str:
-        return f"Accuracy: {100 * self.accuracy:.2f}%, Avg loss: {self.loss:.6f}"
+        accuracy = "" if self.accuracy is None else f"Accuracy: {100 * self.accuracy:.2f}%, "
+        return f"{accuracy}Avg loss: {self.loss:.6f}"
 
 
 def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = None,
              callbacks: Optional[List[Callback]] = None) -> EvalResult:
     """
-    Accuracy and loss of `network` on `dataset`, through `mindspore.train.Model.eval`.
+    Loss and, for a classifier, accuracy of `network` on `dataset`, through `mindspore.train.Model.eval`.
+
+    A classifier is told by its labels: integer labels are classes (accuracy of the logits' argmax), any other labels
+    are targets (regression, embeddings), for which only the loss is reported.
 
     Args:
-        network (nn.Cell): Returns logits.
-        dataset (Dataset): Yields (image, label) batches.
+        network (nn.Cell): The network.
+        dataset (Dataset): Yields (data, label) batches.
         loss_fn (nn.Cell, optional): Default: softmax cross-entropy with sparse labels, mean over the batch.
         callbacks (list[Callback], optional): Passed to `Model.eval` (a progress bar, for instance).
 
@@ -50,9 +58,11 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     check_isinstance(network, "network", nn.Cell, "evaluate")
     check_isinstance(dataset, "dataset", Dataset, "evaluate")
     loss_fn = loss_fn or nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    model = Model(network, loss_fn, metrics={"accuracy": Accuracy(), "loss": Loss()})
-    metrics = model.eval(dataset, callbacks=callbacks, dataset_sink_mode=False)
-    return EvalResult(float(metrics["accuracy"]), float(metrics["loss"]), dataset.get_dataset_size())
+    classifier = np.issubdtype(np.dtype(dataset.output_types()[-1]), np.integer)
+    metrics = {"loss": Loss(), **({"accuracy": Accuracy()} if classifier else {})}
+    found = Model(network, loss_fn, metrics=metrics).eval(dataset, callbacks=callbacks, dataset_sink_mode=False)
+    return EvalResult(float(found["accuracy"]) if classifier else None, float(found["loss"]),
+                      dataset.get_dataset_size())
 
 
 def recorded_data_dir(data_dir: str, ckpt_dir: str) -> str:
@@ -78,19 +88,26 @@ def _holds(params: Dict[str, Parameter], model: str) -> bool:
 
 def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
                         batch_size: int = 256, num_samples: Optional[int] = None,
-                        callbacks: Optional[List[Callback]] = None) -> Tuple[EvalResult, Dict[str, MetaValue]]:
+                        callbacks: Optional[List[Callback]] = None,
+                        arg_name: str = "model") -> Tuple[EvalResult, Dict[str, MetaValue]]:
     """
-    Rebuilds the model a checkpoint was trained with, loads it strictly, and evaluates it on the test split.
+    Rebuilds the model a checkpoint was trained with, loads it strictly, and evaluates it on its evaluation data.
+
+    A built-in model (``"lenet5"``, ``"mlp"``) is evaluated on MNIST's test split; a factory's
+    (``package.module:function``, `ms_accum.tools.factory`) on the ``"eval"`` split of its ``dataset``, with its
+    loss.
 
     Args:
         ckpt (str): A checkpoint written by ms_accum (or any checkpoint of one of `MODELS`, with `model`).
-        model (str, optional): ``"lenet5"`` or ``"mlp"``; default: the model recorded in the checkpoint. If both
-            are known they must agree.
-        data (str, optional): MNIST directory; default: the one the checkpoint was trained on, else
-            `resolve_data_dir`.
+        model (str, optional): ``"lenet5"``, ``"mlp"`` or a factory's ``package.module:function``; default: the model
+            recorded in the checkpoint. If both are known they must agree.
+        data (str, optional): MNIST directory of a built-in model; default: the one the checkpoint was trained on,
+            else `resolve_data_dir`.
         batch_size (int): Evaluation batch size. Default: ``256``.
-        num_samples (int, optional): Evaluate on the first `num_samples` test images only.
+        num_samples (int, optional): Evaluate on the first `num_samples` test images only (built-in models).
         callbacks (list[Callback], optional): Passed to `Model.eval`.
+        arg_name (str): The caller's name for `model`, for messages (``"--model"`` on the command line). Default:
+            ``"model"``.
 
     Returns:
         tuple (EvalResult, metadata of the checkpoint).
@@ -99,6 +116,7 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         CheckpointError: If the file is missing, unreadable, of another model, or does not fit the network
             (missing, extra or reshaped parameters); nothing is half-loaded.
         DataError: If the test data is missing or corrupt.
+        ValueError: If a factory fails, or provides no evaluation data, or `data` or `num_samples` is given with one.
     """
     name = "evaluate_checkpoint"
     check_positive_int(batch_size, "batch_size", name)
@@ -108,20 +126,43 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
     metadata = contents[1]
     recorded = metadata.get("model")
     if model is None:
-        if recorded not in MODELS:
-            raise CheckpointError(f"Checkpoint '{ckpt}' does not record its model: pass model= one of "
-                                  f"{sorted(MODELS)}.")
+        if not isinstance(recorded, str) or not (recorded in MODELS or is_factory(recorded)):
+            raise CheckpointError(f"Checkpoint '{ckpt}' does not record its model: pass {arg_name}, one of "
+                                  f"{sorted(MODELS)} or package.module:function.")
         model = recorded
-    check_value_in(model, "model", MODELS, name)
+    if is_factory(model):
+        return _evaluate_factory(ckpt, model, contents, data, batch_size, num_samples, callbacks, arg_name), metadata
+    check_value_in(model, arg_name, MODELS, name)
     network = build_model(model)
-    try:
-        load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents)
-    except CheckpointError as err:
-        fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
-        if not fits:
-            raise
-        raise CheckpointError(f"{err} Its parameters are those of model '{fits[0]}' (the file does not record its "
-                              f"model): evaluate it as '{fits[0]}'.") from None
+    _load(network, ckpt, model, contents, arg_name)
     dataset = dataset_for(model, checkpoint_data_dir(metadata, data, ckpt), batch_size, usage="test",
                           num_samples=num_samples)
     return evaluate(network, dataset, callbacks=callbacks), metadata
+
+
+def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> None:
+    """Loads strictly, naming the model chosen; a file that records no model and holds another built-in model's
+    parameters is named as that model's."""
+    try:
+        load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents,
+                  network_name=f"the network of the model '{model}' ({arg_name})")
+    except CheckpointError as err:
+        if "model" in contents[1]:
+            raise
+        fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
+        if not fits:
+            raise
+        raise CheckpointError(f"{err} Its parameters are those of the model '{fits[0]}' (the file does not record its "
+                              f"model): evaluate it as '{fits[0]}'.") from None
+
+
+def _evaluate_factory(ckpt: str, spec: str, contents, data: Optional[str], batch_size: int,
+                      num_samples: Optional[int], callbacks: Optional[List[Callback]], arg_name: str) -> EvalResult:
+    name = "evaluate_checkpoint"
+    for given, what in ((data, "data"), (num_samples, "num_samples")):
+        if given is not None:
+            raise ValueError(f"For '{name}', the argument '{what}' applies to the built-in models' MNIST, but got "
+                             f"{given!r} with the factory '{spec}', whose dataset() decides its evaluation data.")
+    user = load_model(spec, name)
+    _load(user.network, ckpt, spec, contents, arg_name)
+    return evaluate(user.network, user.data(batch_size, "eval", 0, 1, name), user.loss_fn, callbacks)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
-from mindspore.common.initializer import Normal
+from mindspore.common.initializer import Normal, Uniform, initializer
 
 from .._validation import check_positive_int, check_value_in
 from ..core.losses import TokenCrossEntropy
@@ -85,9 +85,12 @@ class MLP(nn.Cell):
 
 class CharTransformer(nn.Cell):
     r"""
-    A small causal language model from MindSpore's layers: character embedding plus learned positions, causal
-    `nn.TransformerEncoderLayer` blocks, a linear head over the characters. The Shakespeare tutorial's model
-    (`char_transformer` is its factory).
+    A small causal language model: character embedding plus learned positions, causal post-norm Transformer blocks
+    (`EncoderLayer`, ReLU feed-forward of 4x the width, no dropout), a linear head over the characters. The
+    Shakespeare tutorial's model (`char_transformer` is its factory).
+
+    The blocks are written out rather than MindSpore's `nn.TransformerEncoderLayer`, which computes the same but
+    holds more memory on CPU (docs/memory.md, `CharTransformer`).
 
     Args:
         vocab (int): Number of character ids (the head's classes).
@@ -117,8 +120,15 @@ class CharTransformer(nn.Cell):
                              f"{heads}.")
         self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(max_len, width)
-        self.blocks = nn.CellList([nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True)
-                                   for _ in range(layers)])
+        # nn.TransformerEncoderLayer's settings: ReLU, LayerNorm epsilon 1e-5, no dropout.
+        self.blocks = nn.CellList([EncoderLayer(width, heads, 4 * width, dropout=0.0, activation="relu",
+                                                epsilon=1e-5) for _ in range(layers)])
+        for block in self.blocks:
+            # And its initialisation: nn.MultiheadAttention draws its joint (3·width, width) in-projection
+            # Xavier-uniform, bound sqrt(6 / (4·width)), with zero biases; the other Dense layers are as nn.Dense's.
+            for dense in (block.query, block.key, block.value):
+                dense.weight.set_data(initializer(Uniform(float(np.sqrt(1.5 / width))), dense.weight.shape))
+                dense.bias.set_data(initializer("zeros", dense.bias.shape))
         self.head = nn.Dense(width, vocab)
 
     def construct(self, tokens):
@@ -126,7 +136,7 @@ class CharTransformer(nn.Cell):
         x = self.embed(tokens) + self.position(ops.arange(length).astype(ms.int32))
         causal = ops.triu(ops.ones((length, length), ms.float32), 1) * -1e9  # no position sees a later one
         for block in self.blocks:
-            x = block(x, src_mask=causal)
+            x = block(x, causal)
         return self.head(x)
 
 
@@ -258,3 +268,160 @@ def wide_mlp():
                             lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
     return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
             nn.SGD(network.trainable_params(), 0.01), sample)
+
+
+# ------------------------------------------------------------------------------- real-size networks (benchmarks/)
+class EncoderLayer(nn.Cell):
+    r"""
+    A post-norm Transformer encoder layer written out from MindSpore's basic layers, as BERT's: Dense query, key and
+    value, scaled dot-product attention with `ops.matmul` and softmax, an output Dense, a GELU feed-forward block,
+    a LayerNorm after each residual sum, dropout on the attention weights and on each block's output.
+
+    MindSpore's own `nn.TransformerEncoderLayer` computes the same but, on CPU, held many times the memory: 4 layers
+    of width 768 at sequence 512 were killed above 24 GB where these layers took 1.6 GB (docs/memory.md).
+
+    Args:
+        width (int): Model width.
+        heads (int): Attention heads; must divide `width`.
+        ffn (int): Width of the feed-forward block.
+        dropout (float): Dropout probability. Default: ``0.1``.
+        activation (str): ``"gelu"`` (BERT's, exact) or ``"relu"``. Default: ``"gelu"``.
+        epsilon (float): LayerNorm's epsilon. Default: ``1e-12`` (BERT's).
+
+    Inputs:
+        - **x** (Tensor) - float32 :math:`(N, L, width)`.
+        - **mask** (Tensor) - float32, added to the attention scores, broadcastable to :math:`(N, heads, L, L)`
+          (``-1e9`` where a position must not see another), or None.
+
+    Outputs:
+        Tensor of shape :math:`(N, L, width)`.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, width: int, heads: int, ffn: int, dropout: float = 0.1, activation: str = "gelu",
+                 epsilon: float = 1e-12) -> None:
+        super().__init__()
+        for arg_name, value in (("width", width), ("heads", heads), ("ffn", ffn)):
+            check_positive_int(value, arg_name, "EncoderLayer")
+        if width % heads:
+            raise ValueError(f"For 'EncoderLayer', the argument 'heads' must divide 'width' ({width}), but got "
+                             f"{heads}.")
+        check_value_in(activation, "activation", ("gelu", "relu"), "EncoderLayer")
+        self.heads, self.head_width = heads, width // heads
+        self.scale = 1.0 / float(np.sqrt(self.head_width))
+        self.query, self.key, self.value = nn.Dense(width, width), nn.Dense(width, width), nn.Dense(width, width)
+        self.output = nn.Dense(width, width)
+        self.ffn_in, self.ffn_out = nn.Dense(width, ffn), nn.Dense(ffn, width)
+        self.activation = nn.GELU(approximate=False) if activation == "gelu" else nn.ReLU()
+        self.attention_norm = nn.LayerNorm((width,), epsilon=epsilon)
+        self.ffn_norm = nn.LayerNorm((width,), epsilon=epsilon)
+        self.attention_dropout = nn.Dropout(p=dropout)
+        self.dropout = nn.Dropout(p=dropout)
+
+    def _split(self, x, batch, length):
+        return ops.transpose(ops.reshape(x, (batch, length, self.heads, self.head_width)), (0, 2, 1, 3))
+
+    def construct(self, x, mask=None):
+        batch, length, width = x.shape
+        query = self._split(self.query(x), batch, length)
+        key = self._split(self.key(x), batch, length)
+        value = self._split(self.value(x), batch, length)
+        scores = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2))) * self.scale
+        if mask is not None:
+            scores = scores + mask
+        weights = self.attention_dropout(ops.softmax(scores, -1))
+        context = ops.reshape(ops.transpose(ops.matmul(weights, value), (0, 2, 1, 3)), (batch, length, width))
+        x = self.attention_norm(x + self.dropout(self.output(context)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(self.activation(self.ffn_in(x)))))
+
+
+class Encoder(nn.Cell):
+    r"""
+    A BERT-shaped classifier: token and position embeddings with LayerNorm and dropout, `layers` `EncoderLayer`s,
+    BERT's pooler (Dense and tanh on the first position) and a Dense head. With the defaults (BERT-base: vocabulary
+    30,522, width 768, 12 heads, 12 layers, positions up to 512) it holds 109.5 million float32 parameters, 418 MiB.
+
+    Args:
+        vocab (int): Token ids. Default: ``30522``.
+        width (int): Model width. Default: ``768``.
+        heads (int): Attention heads. Default: ``12``.
+        layers (int): Encoder layers. Default: ``12``.
+        max_len (int): Longest sequence. Default: ``512``.
+        num_class (int): Classes of the head. Default: ``2``.
+        dropout (float): Dropout probability. Default: ``0.1``.
+
+    Inputs:
+        - **tokens** (Tensor) - int32 :math:`(N, L)`, :math:`L \le max\_len`.
+
+    Outputs:
+        Tensor of shape :math:`(N, num\_class)`, the logits.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, vocab: int = 30522, width: int = 768, heads: int = 12, layers: int = 12, max_len: int = 512,
+                 num_class: int = 2, dropout: float = 0.1) -> None:
+        super().__init__()
+        for arg_name, value in (("vocab", vocab), ("layers", layers), ("max_len", max_len),
+                                ("num_class", num_class)):
+            check_positive_int(value, arg_name, "Encoder")
+        self.embed = nn.Embedding(vocab, width)
+        self.position = nn.Embedding(max_len, width)
+        self.norm = nn.LayerNorm((width,), epsilon=1e-12)
+        self.dropout = nn.Dropout(p=dropout)
+        self.blocks = nn.CellList([EncoderLayer(width, heads, 4 * width, dropout) for _ in range(layers)])
+        self.pooler = nn.Dense(width, width, activation="tanh")
+        self.head = nn.Dense(width, num_class)
+
+    def construct(self, tokens):
+        x = self.embed(tokens) + self.position(ops.arange(tokens.shape[1]).astype(ms.int32))
+        x = self.dropout(self.norm(x))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.pooler(x[:, 0]))
+
+
+REAL_SIZE_OPTIMIZERS = ("sgd", "momentum", "adamw")
+
+
+def real_size_optimizer(name: str, params) -> nn.Optimizer:
+    """``"sgd"`` (no state), ``"momentum"`` (one state tensor per parameter) or ``"adamw"`` (two) on `params`:
+    the optimizers the real-size memory figures compare (benchmarks/memory.py)."""
+    check_value_in(name, "optimizer", REAL_SIZE_OPTIMIZERS, "real_size_optimizer")
+    if name == "sgd":
+        return nn.SGD(params, 0.01)
+    if name == "momentum":
+        return nn.Momentum(params, 0.01, 0.9)
+    return nn.AdamWeightDecay(params, 1e-4, weight_decay=0.01)
+
+
+def deep_mlp(optimizer: str = "sgd", layers: int = 12, width: int = 2048):
+    """Factory: a parameter-heavy MLP, `layers` Dense(`width`, `width`) with ReLU and a Dense(`width`, 10) head (the
+    defaults: 192 MiB of float32 parameters in 12 tensors of 16 MiB), the mean cross-entropy and `optimizer` (see
+    `real_size_optimizer`); ``sample(n)``: random `width`-vectors, labels 0-9. Its gradients, not its activations,
+    decide a step's memory."""
+    check_positive_int(layers, "layers", "deep_mlp")
+    check_positive_int(width, "width", "deep_mlp")
+    cells = []
+    for _ in range(layers):
+        cells += [nn.Dense(width, width), nn.ReLU()]
+    network = nn.SequentialCell(cells + [nn.Dense(width, 10)])
+    sample = _random_sample(lambda rng, n: rng.standard_normal((n, width)).astype(np.float32),
+                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
+    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+            real_size_optimizer(optimizer, network.trainable_params()), sample)
+
+
+def encoder(optimizer: str = "adamw", layers: int = 12, seq: int = 512, width: int = 768, vocab: int = 30522):
+    """Factory: the BERT-shaped `Encoder` (BERT-base with the defaults: 418 MiB of parameters) on sequences of `seq`
+    tokens, a two-class head, the mean cross-entropy and `optimizer` (see `real_size_optimizer`); ``sample(n)``:
+    random token ids and labels."""
+    check_positive_int(seq, "seq", "encoder")
+    network = Encoder(vocab, width, max(1, width // 64), layers, seq)
+    sample = _random_sample(lambda rng, n: rng.integers(0, vocab, (n, seq)).astype(np.int32),
+                            lambda rng, n: rng.integers(0, 2, (n,)).astype(np.int32))
+    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+            real_size_optimizer(optimizer, network.trainable_params()), sample)

@@ -16,7 +16,7 @@ from ..core import _ops
 from .._validation import check_isinstance, check_positive_float, check_positive_int
 from ..core.buffer import AccumulationBuffer
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
-from ..core.losses import check_loss_output
+from ..core.losses import check_loss_output, window_reduction
 from ..core.parallel import data_parallel_info
 from ..runtime import check_cpu_kernels
 
@@ -39,19 +39,26 @@ def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], cls_n
                          f"the AccumulationBuffer decides the reduction.")
 
 
-def _own_buffer(optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
+def _own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
                 loss_scaler: Optional[LossScaler], reduction: Optional[str], cls_name: str) -> AccumulationBuffer:
-    """The buffer a window Cell trains on: the one given, or a new one with `policy`, `loss_scaler`, `reduction`."""
+    """The buffer a window Cell trains on: the one given, or a new one with `policy`, `loss_scaler`, `reduction`;
+    the reduction honours what the loss of a `nn.WithLossCell` says it computes (`window_reduction`)."""
+    loss_fn = getattr(network, "_loss_fn", None)
     if buffer is None:
         check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
         data_parallel_info(cls_name)  # an unsupported parallel mode is refused in the caller's name
+        if isinstance(loss_fn, nn.Cell):
+            reduction = window_reduction(loss_fn, reduction, cls_name)
         return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                   reduction=reduction or "mean", cls_name=cls_name)
     if policy != "skip_window" or loss_scaler is not None:
         raise ValueError(f"For '{cls_name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
                          f"them to the AccumulationBuffer given as 'buffer', not here.")
     _check_reduction(buffer, reduction, cls_name)
-    return _check_buffer(buffer, optimizer, cls_name)
+    buffer = _check_buffer(buffer, optimizer, cls_name)
+    if isinstance(loss_fn, nn.Cell):
+        window_reduction(loss_fn, buffer.reduction.name, cls_name)
+    return buffer
 
 
 class _BufferCell(nn.Cell):
@@ -379,8 +386,8 @@ class TrainAccumulationCell(_MicroBatchCell):
         name = type(self).__name__
         self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
         clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        super().__init__(network, optimizer, _own_buffer(optimizer, buffer, policy, loss_scaler, reduction, name),
-                         name)
+        super().__init__(network, optimizer,
+                         _own_buffer(network, optimizer, buffer, policy, loss_scaler, reduction, name), name)
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):

@@ -67,8 +67,8 @@ def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: Lis
             "BatchNorm layers in training mode",
             f"{_listed(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch by the "
             f"batch's; the gradients differ by up to {grad_diff:.3e}",
-            "ms_accum.replace_batchnorm(network) (GroupNorm, before the optimizer is built), or accept the "
-            "difference"))
+            "ms_accum.replace_batchnorm(network) before the optimizer is built (every BatchNorm1d/2d/3d becomes a "
+            "GroupNorm, which normalizes each sample on its own), or accept the difference"))
     if accumulate_step > 1 and abs(ratio - accumulate_step) <= 0.1 * accumulate_step:
         causes.append(Cause(
             "a loss that sums over the batch instead of averaging",
@@ -87,5 +87,6 @@ def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: Lis
             "a loss that couples the samples of a batch",
             f"the gradients differ by up to {grad_diff:.3e} and no BatchNorm or summing loss explains it: in-batch "
             f"negatives or a normalization over the batch inside the loss see K small batches instead of one",
-            "make the loss a mean of per-sample terms, or accept the difference"))
+            "use structure=\"cached\" (GradientAccumulation(..., structure=\"cached\"), gradient caching: the loss "
+            "runs once on the whole window's outputs, docs/cached.md), or make the loss a mean of per-sample terms"))
     return causes

@@ -1,9 +1,17 @@
 """Your own model, for the command line: a factory named ``package.module:function`` that a fresh process imports.
 
-The function takes no arguments and returns ``(network, loss_fn, optimizer, sample)``: the network, its loss (a mean
-over the batch), the optimizer over the network's parameters, and ``sample(batch_size)``, which returns one batch of
-`batch_size` samples as the network and the loss take it, ``(data, label)`` (numpy arrays or Tensors). `sample` is how
-the command line gets batches of any size without knowing your data: random ones of the right shapes are enough.
+The function takes no arguments and returns ``(network, loss_fn, optimizer, sample)`` or
+``(network, loss_fn, optimizer, sample, dataset)``:
+
+- the network, its loss (a mean or a sum over the batch) and the optimizer over the network's parameters;
+- ``sample(batch_size)``, one batch of `batch_size` samples as the network and the loss take it, ``(data, label)``
+  (numpy arrays or Tensors, `batch_size` rows each): how `verify` and `plan` get batches of any size without knowing
+  your data (random ones of the right shapes are enough);
+- ``dataset(batch_size, usage, shard_id, num_shards)``, for `train` and `eval`: a `mindspore.dataset.Dataset` of
+  ``(data, label)`` batches of `batch_size`, of the ``"train"`` or ``"eval"`` split, the shard `shard_id` of
+  `num_shards` (data parallel under msrun: give every shard the same number of batches).
+
+docs/your-model.md shows one end to end.
 """
 from __future__ import annotations
 
@@ -11,23 +19,78 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
-from mindspore import nn
+import numpy as np
+from mindspore import Tensor, nn
+from mindspore.dataset import Dataset
 
 from .._choices import DEMO_FACTORIES
 
 SEPARATOR = ":"
+USAGES = ("train", "eval")
 
 
 @dataclass
 class UserModel:
-    """What a factory returned, checked."""
+    """What a factory returned, checked; `spec` names the factory."""
 
+    spec: str
     network: nn.Cell
     loss_fn: nn.Cell
     optimizer: nn.Optimizer
     sample: Callable[[int], Sequence]
+    dataset: Optional[Callable[..., Dataset]] = None
+
+    def batch(self, batch_size: int, cls_name: str) -> Tuple[np.ndarray, ...]:
+        """
+        ``sample(batch_size)`` as numpy arrays, checked: ``(data, label)``, `batch_size` rows each.
+
+        Raises:
+            ValueError: If `sample` raises, or returns anything else.
+        """
+        try:
+            batch = self.sample(batch_size)
+        except Exception as err:  # noqa: BLE001  (whatever the user's sample raises, it is theirs that failed)
+            raise ValueError(f"For '{cls_name}', sample({batch_size}) of the factory '{self.spec}' failed: "
+                             f"{type(err).__name__}: {err}.") from err
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(
+                isinstance(value, (np.ndarray, Tensor)) for value in batch):
+            raise ValueError(f"For '{cls_name}', sample({batch_size}) of the factory '{self.spec}' must return "
+                             f"(data, label), two numpy arrays or Tensors, but returned {_kind(batch)}.")
+        arrays = tuple(value.asnumpy() if isinstance(value, Tensor) else value for value in batch)
+        rows = [value.shape[0] if value.ndim else None for value in arrays]
+        if rows != [batch_size, batch_size]:
+            shapes = ", ".join(str(value.shape) for value in arrays)
+            raise ValueError(f"For '{cls_name}', sample({batch_size}) of the factory '{self.spec}' must return "
+                             f"{batch_size} rows of data and of label, but returned arrays of shapes {shapes}.")
+        return arrays
+
+    def data(self, batch_size: int, usage: str, shard_id: int, num_shards: int, cls_name: str) -> Dataset:
+        """
+        ``dataset(batch_size, usage, shard_id, num_shards)``, checked: a Dataset of two columns in batches of
+        `batch_size`.
+
+        Raises:
+            ValueError: If the factory provides no dataset, or it raises, or returns anything else.
+        """
+        where = f"the factory '{self.spec}'"
+        if self.dataset is None:
+            raise ValueError(f"For '{cls_name}', {where} provides no data: return dataset(batch_size, usage, "
+                             f"shard_id, num_shards) as its fifth item (docs/your-model.md).")
+        call = f"dataset({batch_size}, '{usage}', {shard_id}, {num_shards})"
+        try:
+            data = self.dataset(batch_size, usage, shard_id, num_shards)
+        except Exception as err:  # noqa: BLE001
+            raise ValueError(f"For '{cls_name}', {call} of {where} failed: {type(err).__name__}: {err}.") from err
+        if not isinstance(data, Dataset):
+            raise ValueError(f"For '{cls_name}', {call} of {where} must return a mindspore.dataset.Dataset, but "
+                             f"returned {_kind(data)}.")
+        if len(data.get_col_names()) != 2 or data.get_batch_size() != batch_size:
+            raise ValueError(f"For '{cls_name}', {call} of {where} must yield (data, label) in batches of "
+                             f"{batch_size}, but yields the columns {data.get_col_names()} in batches of "
+                             f"{data.get_batch_size()}.")
+        return data
 
 
 def is_factory(name: str) -> bool:
@@ -40,18 +103,21 @@ def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
     Imports the factory `spec` names, calls it and checks what it returns; a demo network's name (``"lenet5"``,
     ``"mlp"``) stands for its factory in `ms_accum.demo.models`.
 
-    The current directory is searched first, as ``python -m`` does, so a module beside the caller is found.
+    The current directory is searched first, as ``python -m`` does, so a module beside the caller is found. Its
+    ``sample(2)`` is checked (two rows of data and label) and run once through the network and the loss, eagerly and
+    in inference mode, so that samples the network cannot take are refused here, in the factory's terms.
 
     Args:
         spec (str): ``package.module:function``, or ``"lenet5"`` / ``"mlp"``.
         cls_name (str): The caller's name, for messages. Default: ``"load_model"``.
 
     Returns:
-        UserModel, the network, loss, optimizer and sample function.
+        UserModel, the network, loss, optimizer, sample function and dataset function (None if not given).
 
     Raises:
         ValueError: If `spec` is not ``module:function``, the module cannot be imported, it has no such function, the
-            function raises, or it does not return ``(network, loss_fn, optimizer, sample)`` of the right kinds.
+            function raises, it does not return ``(network, loss_fn, optimizer, sample[, dataset])`` of the right
+            kinds, or ``sample(2)`` does not return two rows of data and label that the network and loss take.
     """
     module_name, _, function_name = DEMO_FACTORIES.get(spec, spec).partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
@@ -73,17 +139,33 @@ def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
     except Exception as err:  # noqa: BLE001
         raise ValueError(f"For '{cls_name}', the factory '{spec}' failed: {type(err).__name__}: {err}.") from err
     kinds = (("network", nn.Cell), ("loss_fn", nn.Cell), ("optimizer", nn.Optimizer))
-    if not isinstance(parts, (tuple, list)) or len(parts) != 4:
-        raise ValueError(f"For '{cls_name}', the factory '{spec}' must return (network, loss_fn, optimizer, sample), "
-                         f"but returned {_kind(parts)}.")
+    if not isinstance(parts, (tuple, list)) or len(parts) not in (4, 5):
+        raise ValueError(f"For '{cls_name}', the factory '{spec}' must return (network, loss_fn, optimizer, sample) "
+                         f"or (network, loss_fn, optimizer, sample, dataset), but returned {_kind(parts)}.")
     for (what, kind), value in zip(kinds, parts):
         if not isinstance(value, kind):
             raise ValueError(f"For '{cls_name}', the factory '{spec}' must return an nn.{kind.__name__} as its {what}, "
                              f"but returned {_kind(value)}.")
-    if not callable(parts[3]):
-        raise ValueError(f"For '{cls_name}', the factory '{spec}' must return sample(batch_size) as its fourth item, "
-                         f"but returned {_kind(parts[3])}.")
-    return UserModel(*parts)
+    for position, what in ((3, "sample(batch_size) as its fourth item"),
+                           (4, "dataset(batch_size, usage, shard_id, num_shards) as its fifth item")):
+        if position < len(parts) and not callable(parts[position]):
+            raise ValueError(f"For '{cls_name}', the factory '{spec}' must return {what}, but returned "
+                             f"{_kind(parts[position])}.")
+    user = UserModel(spec, *parts)
+    _check_sample(user, cls_name)
+    return user
+
+
+def _check_sample(user: UserModel, cls_name: str) -> None:
+    from ..core.losses import returns_weight  # one eager forward pass in inference mode: nothing compiles or moves
+    batch = user.batch(2, cls_name)
+    try:
+        returns_weight(nn.WithLossCell(user.network, user.loss_fn), [Tensor(value) for value in batch])
+    except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        dtypes = ", ".join(f"{value.dtype} {value.shape}" for value in batch)
+        raise ValueError(f"For '{cls_name}', the network and loss of the factory '{user.spec}' do not take the batch "
+                         f"its sample(2) returns ({dtypes}): {type(err).__name__}: {first}") from err
 
 
 def _kind(value) -> str:

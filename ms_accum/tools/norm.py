@@ -8,10 +8,10 @@ swap changes the model: train it from scratch.
 """
 from __future__ import annotations
 
-import warnings
 from typing import List
 
 from mindspore import nn
+from mindspore.nn.layer.normalization import _BatchNorm
 
 from .._validation import check_isinstance, check_positive_int
 
@@ -23,16 +23,21 @@ def _groups_for(channels: int, num_groups: int) -> int:
 
 def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
     r"""
-    Replaces every `nn.BatchNorm2d` in `network`, in place, by an `nn.GroupNorm` over the same channels.
+    Replaces every BatchNorm in `network` that normalizes by the batch's statistics, in place, by an
+    `nn.GroupNorm` over the same channels, which normalizes each sample on its own.
 
-    Each replacement uses the largest group count not above `num_groups` that divides the channels, keeps
-    the BatchNorm's `eps` and `affine`, and takes its parameter names (``<path>.gamma``, ``<path>.beta``), so
-    optimizers must be built after the swap. `nn.BatchNorm1d` (inputs :math:`(N, C)`) has no GroupNorm
-    counterpart in MindSpore and is left in place with a warning.
+    Every kind `verify_equivalence` names is replaced: `nn.BatchNorm2d`, `nn.SyncBatchNorm` and other subclasses of
+    MindSpore's BatchNorm get the largest group count not above `num_groups` that divides the channels;
+    `nn.BatchNorm1d` (inputs :math:`(N, C)` or :math:`(N, C, L)`) gets one group, a normalization over all of a
+    sample's features as LayerNorm's, since groups of one channel of an :math:`(N, C)` input would normalize every
+    value to 0; `nn.BatchNorm3d` is a cell around a BatchNorm2d (``<path>.bn2d``), which is replaced, so its
+    parameter names stay. Each replacement keeps the BatchNorm's `eps`, `affine` and dtype and takes its parameter
+    names (``<path>.gamma``, ``<path>.beta``), so optimizers must be built after the swap. A BatchNorm with
+    ``use_batch_statistics=False`` (frozen: it normalizes by its moving statistics, per sample) is left as it is.
 
     Args:
         network (nn.Cell): The network to change.
-        num_groups (int): The most groups per GroupNorm. Default: ``32``.
+        num_groups (int): The most groups per GroupNorm (BatchNorm1d's take one). Default: ``32``.
 
     Returns:
         list[str], the paths of the replaced cells.
@@ -54,17 +59,17 @@ def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
     for path, cell in list(network.cells_and_names()):
         for name, child in list(cell.name_cells().items()):
             full = f"{path}.{name}" if path else name
-            if isinstance(child, nn.BatchNorm2d):
-                groups = _groups_for(child.num_features, num_groups)
-                # BatchNorm keeps gamma and beta either way; affine=False freezes them (requires_grad False).
-                norm = nn.GroupNorm(groups, child.num_features, eps=child.eps, affine=child.gamma.requires_grad)
-                if isinstance(cell, (nn.SequentialCell, nn.CellList)):
-                    cell[int(name)] = norm  # also updates the list their construct iterates
-                else:
-                    cell.insert_child_to_cell(name, norm)
-                norm.update_parameters_name(full + ".")
-                replaced.append(full)
-            elif isinstance(child, nn.BatchNorm1d):
-                warnings.warn(f"For 'replace_batchnorm', '{full}' is a BatchNorm1d and stays: accumulation with it "
-                              f"is not exact.", stacklevel=2)
+            if not isinstance(child, _BatchNorm) or child.use_batch_statistics is False:
+                continue
+            channels = child.num_features
+            groups = 1 if isinstance(child, nn.BatchNorm1d) else _groups_for(channels, num_groups)
+            # BatchNorm keeps gamma and beta either way; affine=False freezes them (requires_grad False).
+            norm = nn.GroupNorm(groups, channels, eps=float(child.eps), affine=child.gamma.requires_grad,
+                                dtype=child.gamma.dtype)
+            if isinstance(cell, (nn.SequentialCell, nn.CellList)):
+                cell[int(name)] = norm  # also updates the list their construct iterates
+            else:
+                cell.insert_child_to_cell(name, norm)
+            norm.update_parameters_name(full + ".")
+            replaced.append(full)
     return replaced

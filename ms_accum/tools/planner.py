@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
-from ..train.plan import Plan, Trial
+from ..train.plan import Plan, Trial, network_fingerprint
 from .._validation import check_isinstance, check_positive_int, check_value_in
 
 MIB = 2 ** 20
@@ -65,7 +66,7 @@ def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name
 
 def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int, None] = None, *, ranks: int = 1,
          structures: Sequence[str] = TIMED_STRUCTURES, device: str = "CPU", timeout: float = 1800.0,
-         log: Optional[Callable[[str], None]] = None) -> Plan:
+         log: Optional[Callable[[str], None]] = None, output: Optional[str] = None) -> Plan:
     """
     Chooses the micro-batch B, K and the structure that train `model` at `global_batch` within `memory`.
 
@@ -91,16 +92,19 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
         device (str): ``"CPU"``, ``"GPU"`` or ``"Ascend"``. Default: ``"CPU"``.
         timeout (float): Seconds a trial may take. Default: ``1800``.
         log (Callable[[str], None], optional): Called with a line before each trial.
+        output (str, optional): A file to write the plan to (`Plan.save`), checked writable before any trial.
+            Default: ``None``.
 
     Returns:
-        Plan, with every trial.
+        Plan, with every trial and the fingerprint of the factory's network (`Plan.network`).
 
     Raises:
         TypeError: If `global_batch` or `ranks` is not an int.
-        ValueError: Before any trial: if `memory` is not a size, `global_batch` is not positive or does not divide
-            by `ranks`, a structure is unknown, or the factory cannot be imported, returns the wrong things, or its
-            network and loss do not take its samples. After the first trial: if even a micro-batch of one sample
-            does not fit `memory` (the message gives the smallest budget that works).
+        ValueError: Before any trial: if `output` cannot be written, `memory` is not a size, `global_batch` is not
+            positive or does not divide by `ranks`, a structure is unknown, or the factory cannot be imported,
+            returns the wrong things, or its network and loss do not take its samples. After the first trial: if
+            even a micro-batch of one sample does not fit `memory` (the message gives the smallest budget that
+            works).
 
     Examples:
         >>> from ms_accum import plan
@@ -109,6 +113,8 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
     """
     name = "plan"
     spec = _factory_spec(model, name)
+    if output is not None:
+        check_output_path(output, "output", name)
     check_positive_int(global_batch, "global_batch", name)
     check_positive_int(ranks, "ranks", name)
     if global_batch % ranks:
@@ -140,9 +146,42 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
         chosen = min(timed, key=lambda t: t.ms_per_window, default=chosen)
     # The fitted line at B, moved by what the chosen structure measured over the memory-first one at B.
     predicted = line(batch_size) + chosen.peak_mib - runner.find(batch_size, memory_first).peak_mib
-    return Plan(spec, global_batch, ranks, batch_size, per_rank // batch_size, chosen.structure, facts["reduction"],
-                round(predicted, 1), None if budget is None else round(budget, 1), round(limit, 1),
-                round(line(0), 1), round(line(1) - line(0), 3), device, runner.trials)
+    result = Plan(spec, global_batch, ranks, batch_size, per_rank // batch_size, chosen.structure,
+                  facts["reduction"], round(predicted, 1), None if budget is None else round(budget, 1),
+                  round(limit, 1), round(line(0), 1), round(line(1) - line(0), 3), device, runner.trials,
+                  network=facts.get("network"))
+    if output is not None:
+        result.save(output)
+    return result
+
+
+def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output", cls_name: str = "plan") -> str:
+    """
+    `path` if a plan can be written there (`plan`'s `output`, ``ms-accum plan --output``): called before any trial,
+    so that hours of trials are not lost to a path found unwritable at the end. An existing file is left as it is;
+    none is created.
+
+    Raises:
+        TypeError: If `path` is not a path.
+        ValueError: If `path` is a directory, or its directory does not exist or cannot be written.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a file path, but got {path!r} of type "
+                        f"{type(path).__name__}.")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a file path that can be written, but "
+                         f"got '{path}', a directory.")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a file path that can be written, but "
+                         f"got '{path}': {err.strerror}.") from None
+    if not existed:
+        os.remove(path)
+    return path
 
 
 def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, structure: str = "three_graphs", *,
@@ -275,19 +314,51 @@ class _Trials:
         return next(t for t in self.trials if t.batch_size == batch_size and t.structure == structure)
 
     def _child(self, args: List[str]) -> dict:
+        # The trial dies with the planner: killed with it (the trial asks the kernel, `_die_with_parent`), or killed
+        # here when the planner is interrupted (KeyboardInterrupt, SystemExit) or fails. Its own session keeps Ctrl-C
+        # from the terminal to the planner, which then ends the trial and whatever it started.
+        process = subprocess.Popen([sys.executable, "-m", "ms_accum.tools.planner", *args],
+                                   env={**self.env, _PARENT: str(os.getpid())}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            done = subprocess.run([sys.executable, "-m", "ms_accum.tools.planner", *args], env=self.env,
-                                  capture_output=True, text=True, timeout=self.timeout, check=False)
+            stdout, stderr = process.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"took more than {self.timeout:.0f} s"}
-        for line in reversed(done.stdout.splitlines()):
+        finally:
+            if process.poll() is None:
+                _kill_trial(process)
+        for line in reversed(stdout.splitlines()):
             if line.startswith("{"):
                 return json.loads(line)
         # Killed (the kernel's out-of-memory killer sends SIGKILL) or crashed before it could answer.
-        tail = done.stderr.strip().splitlines()[-1:] or [""]
-        reason = (f"killed by signal {-done.returncode}" if done.returncode < 0
-                  else f"exit {done.returncode}: {tail[0][:200]}")
+        tail = stderr.strip().splitlines()[-1:] or [""]
+        reason = (f"killed by signal {-process.returncode}" if process.returncode < 0
+                  else f"exit {process.returncode}: {tail[0][:200]}")
         return {"error": reason}
+
+
+_PARENT = "MS_ACCUM_PLANNER_PID"  # the planner's pid, in a trial's environment
+
+
+def _die_with_parent() -> None:
+    """In a trial: asks the kernel to kill this process when the planner that started it ends, however it ends
+    (SIGKILL included; PR_SET_PDEATHSIG, Linux), and exits at once if the planner has already gone."""
+    parent = os.environ.get(_PARENT)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # the planner died before the request took effect
+        os._exit(1)
+
+
+def _kill_trial(process: subprocess.Popen) -> None:
+    """Kills a trial and whatever it started (its own session's process group), and reaps it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    process.wait()
 
 
 # ------------------------------------------------------------------------------------------------ in the fresh process
@@ -312,15 +383,11 @@ def _free_mib(device: str) -> float:
 def _child_check(spec: str, device: str) -> dict:
     from mindspore import Tensor, nn
     from .factory import load_model
-    from ..core.losses import returns_weight
-    user = load_model(spec, "plan")
-    try:
-        batch = [Tensor(value) for value in user.sample(2)]
-        weighted = returns_weight(nn.WithLossCell(user.network, user.loss_fn), batch)
-    except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
-        raise ValueError(f"For 'plan', the network and loss of '{spec}' do not take the batches its sample(2) "
-                         f"returns: {type(err).__name__}: {str(err).strip().splitlines()[0][:300]}") from err
-    return {"reduction": "weighted_mean" if weighted else "mean", "free_mib": _free_mib(device)}
+    from ..core.losses import returns_weight, window_reduction
+    user = load_model(spec, "plan")  # checks sample(2) and runs it through the network and loss
+    weighted = returns_weight(nn.WithLossCell(user.network, user.loss_fn), [Tensor(v) for v in user.batch(2, "plan")])
+    return {"reduction": "weighted_mean" if weighted else window_reduction(user.loss_fn, None, "plan"),
+            "free_mib": _free_mib(device), "network": network_fingerprint(user.network)}
 
 
 def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure: str, reduction: str) -> dict:
@@ -329,7 +396,7 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
     from ..train.executor import GradientAccumulation
     from .factory import load_model
     user = load_model(spec, "plan")
-    data, label = (getattr(v, "asnumpy", lambda v=v: v)() for v in user.sample(batch_size * (steps * WINDOWS + 1)))
+    data, label = user.batch(batch_size * (steps * WINDOWS + 1), "plan")
     dataset = ds.NumpySlicesDataset({"data": data, "label": label}, shuffle=False).batch(batch_size,
                                                                                           drop_remainder=True)
     on_cpu = device == "CPU"
@@ -356,6 +423,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("device", choices=DEVICES)
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args(argv)
+    _die_with_parent()
     os.environ.setdefault("GLOG_v", "3")
     from ..runtime import set_device
     set_device(args.device)

@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from .._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
-from .._choices import REDUCTIONS
+from .._validation import check_isinstance, check_positive_float, check_positive_int
 from ..core.buffer import RULES
 from ..core.inference import in_inference
 from .causes import Cause, batchnorm_cells, explain, stochastic_cells
 from ..graphs.cells import TrainAccumulationCell
-from ..core.losses import LossOnly, check_loss_output
+from ..graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature
+from .._choices import STRUCTURES
+from .._validation import check_value_in
+from ..core.losses import LossOnly, check_loss_output, window_reduction
 
 
 @dataclass
@@ -92,7 +94,7 @@ def _gradients(with_loss: nn.Cell, loss_only: nn.Cell, params, micro_batches, ar
 
 def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
                        accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6,
-                       reduction: str = "mean") -> EquivalenceReport:
+                       reduction: Optional[str] = None, structure: str = "auto") -> EquivalenceReport:
     r"""
     Compares one optimizer update from `accumulate_step` accumulated micro-batches with one big-batch update.
 
@@ -117,7 +119,12 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
         atol (float): Absolute tolerance. Default: ``1e-6``.
         reduction (str): How micro-batches are weighted, as in `AccumulationBuffer`. With ``"weighted_mean"``
             `loss_fn` returns ``(loss, weight)`` (e.g. `TokenCrossEntropy`) and the big batch's step trains its
-            `loss`, the mean over all its items. Default: ``"mean"``.
+            `loss`, the mean over all its items. Default: ``None``, what `loss_fn` says it computes (``"sum"`` for a
+            MindSpore loss built with ``reduction="sum"``, else ``"mean"``), as `GradientAccumulation` takes it.
+        structure (str): The executor's structure. Every one but ``"cached"`` gives the same update, checked through
+            `TrainAccumulationCell`; ``"cached"`` checks gradient caching (`TrainCachedWindowCell`: `network` returns
+            the outputs, ``loss_fn(outputs, labels)`` runs once on the whole window's), the way to train a loss that
+            couples the samples of a batch exactly. Default: ``"auto"``.
 
     Returns:
         EquivalenceReport; `print` it for a one-line verdict.
@@ -149,7 +156,10 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
     rtol = check_positive_float(rtol, "rtol", name)
     atol = check_positive_float(atol, "atol", name)
-    check_value_in(reduction, "reduction", REDUCTIONS, name)
+    reduction = window_reduction(loss_fn, reduction, name)
+    if check_value_in(structure, "structure", STRUCTURES, name) == "cached":
+        check_loss_signature(loss_fn, name)
+        reduction = check_cached_options(reduction, "skip_window", False, False, None, name)
     arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
     if not arrays or len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1 or arrays[0].ndim == 0:
         raise ValueError(f"For '{name}', the argument 'inputs' must be arrays sharing their first (batch) axis, "
@@ -176,14 +186,20 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
             expected = [p.asnumpy().copy() for p in optimizer.parameters]
             _restore(state, start)
 
-            accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step, reduction=reduction).set_train()
-            hold()
             moved = set()
-            for i, micro in enumerate(micro_batches):
-                accumulating(*[Tensor(a) for a in micro])
-                if i < accumulate_step - 1:
-                    moved.update(n for n, p in zip(names, optimizer.parameters) if not np.array_equal(
-                        p.asnumpy(), start[id(p)]))
+            if structure == "cached":  # one call trains the whole window: nothing can move before it closes
+                cached = TrainCachedWindowCell(network, loss_fn, optimizer).set_train()
+                hold()
+                cached.train_window([tuple(Tensor(a) for a in micro) for micro in micro_batches])
+            else:
+                accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step,
+                                                     reduction=reduction).set_train()
+                hold()
+                for i, micro in enumerate(micro_batches):
+                    accumulating(*[Tensor(a) for a in micro])
+                    if i < accumulate_step - 1:
+                        moved.update(n for n, p in zip(names, optimizer.parameters) if not np.array_equal(
+                            p.asnumpy(), start[id(p)]))
             actual = [p.asnumpy().copy() for p in optimizer.parameters]
         finally:
             _restore(state, start)
@@ -195,7 +211,10 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
                                 float((abs_diff / (np.abs(ref.astype(np.float64)) + atol)).max(initial=0.0)))
         passed = not moved and all(np.allclose(acc, ref, rtol=rtol, atol=atol) for ref, acc in zip(expected, actual))
         causes = []
-        if not passed and not moved:
+        if not passed and structure == "cached":  # the loss saw the whole window: only BatchNorm's statistics remain
+            causes = [c for c in explain(batchnorm_cells(network), [np.zeros(1)], [np.zeros(1)], 1, 0.0, rtol, atol)
+                      if c.name.startswith("BatchNorm")]
+        elif not passed and not moved:
             try:
                 window, big = _gradients(with_loss, loss_only, optimizer.parameters, micro_batches, arrays, reduction,
                                          hold)

@@ -158,7 +158,8 @@ def _python_value(value) -> MetaValue:
 
 def load_into(network: nn.Cell, path: str, strict: bool = True,
               expected: Optional[Dict[str, MetaValue]] = None,
-              contents: Optional[Tuple[Dict[str, Parameter], Dict[str, MetaValue]]] = None) -> Dict[str, MetaValue]:
+              contents: Optional[Tuple[Dict[str, Parameter], Dict[str, MetaValue]]] = None,
+              network_name: str = "the network") -> Dict[str, MetaValue]:
     """
     Loads a checkpoint into `network`, checking everything before changing anything.
 
@@ -172,6 +173,7 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
         expected (dict, optional): Metadata values the checkpoint must carry, e.g. ``{"model": "lenet5"}``.
         contents (tuple, optional): ``(params, metadata)`` of `path` as `load_checkpoint` returned them, for a
             caller that read the file already (to check its metadata first): the file is then not read again.
+        network_name (str): What the network is, for messages. Default: ``"the network"``.
 
     Returns:
         dict, the checkpoint's metadata.
@@ -195,10 +197,10 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
             parts.append(f"missing parameter(s) {_names(missing)}")
         if extra:
             parts.append(f"unexpected parameter(s) {_names(extra)}")
-        raise CheckpointError(f"Checkpoint '{path}' does not fit the network: {'; '.join(parts)}.")
+        raise CheckpointError(f"Checkpoint '{path}' does not fit {network_name}: {'; '.join(parts)}.")
     for name in sorted(set(own) & set(params)):
         if tuple(own[name].shape) != tuple(params[name].shape) or own[name].dtype != params[name].dtype:
-            raise CheckpointError(f"Checkpoint '{path}' does not fit the network: parameter '{name}' has shape "
+            raise CheckpointError(f"Checkpoint '{path}' does not fit {network_name}: parameter '{name}' has shape "
                                   f"{tuple(params[name].shape)} and dtype {params[name].dtype} in the file but "
                                   f"{tuple(own[name].shape)} and {own[name].dtype} in the network.")
     not_loaded, _ = ms.load_param_into_net(network, params, strict_load=True)

@@ -11,12 +11,12 @@ from mindspore.dataset import Dataset, config as ds_config
 
 from .._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
                           check_value_in, check_writable_dir)
-from .._choices import AUTO_STRUCTURE, OUTLIER_WARMUP, PARTIAL_WINDOWS, REDUCTIONS, STRUCTURES
+from .._choices import AUTO_STRUCTURE, OUTLIER_WARMUP, PARTIAL_WINDOWS, STRUCTURES
 from ..core.buffer import AccumulationBuffer, check_buffer_dtype
 from ..graphs.cells import (TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow,
                             _StepWindow)
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
-from ..core.losses import check_loss_output
+from ..core.losses import check_loss_output, window_reduction
 from .lr import SamplesLR
 from ..core.parallel import data_parallel_info
 from .distributed import check_same_on_all_ranks, gather_ints
@@ -24,12 +24,13 @@ from .plan import Plan
 from .recompute import recompute_cells
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
-from .runners import MicroBatches, FusedRunner, ThreeGraphsRunner, WindowRunner
+from .runners import CachedRunner, MicroBatches, FusedRunner, ThreeGraphsRunner, WindowRunner
 from .windows import _planned_windows, _samples_read, _windows
 from .schedule import AccumulationSchedule, ScheduleLike
 from ..core.statistics import NoiseScale, check_outliers
 from ..runtime import check_cpu_kernels
 from ..graphs.window import TrainWindowCell
+from ..graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature, check_same_masks
 
 
 class GradientAccumulation:
@@ -49,18 +50,26 @@ class GradientAccumulation:
 
     Args:
         network (nn.Cell): The network, returning logits.
-        loss_fn (nn.Cell): The loss, a mean over the batch (e.g. `nn.SoftmaxCrossEntropyWithLogits(sparse=True,
-            reduction="mean")`).
+        loss_fn (nn.Cell): The loss, reducing the batch to a scalar: a mean (e.g.
+            `nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")`) or a sum.
         optimizer (nn.Optimizer): The optimizer over `network`'s parameters.
         clip_norm (float, optional): Clip each window's gradient to this global norm. Default: ``None``.
-        reduction (str): ``"mean"`` (sample-weighted, the default), ``"sum"``, or ``"weighted_mean"``: `loss_fn`
-            returns ``(loss, weight)``, e.g. `TokenCrossEntropy`'s mean over real tokens and their count, and the
-            window is the mean over all its tokens (see `AccumulationBuffer`).
+        reduction (str, optional): How the window combines its micro-batches (see `AccumulationBuffer`): ``"mean"``
+            (sample-weighted), ``"sum"`` (the plain sum), or ``"weighted_mean"``: `loss_fn` returns ``(loss, weight)``,
+            e.g. `TokenCrossEntropy`'s mean over real tokens and their count, and the window is the mean over all its
+            tokens. Default: ``None``, what `loss_fn` says it computes: ``"sum"`` for a MindSpore loss built with
+            ``reduction="sum"`` (the window's update is then one step on the concatenated batch with that summing
+            loss), else ``"mean"``.
         structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` per
             micro-batch, then the window's check and its step (or clear) chosen on the host, least memory;
             ``"fused"``: one call per micro-batch (`TrainAccumulationCell`), faster, more memory; ``"window"``: a
             whole window in one graph call (`TrainWindowCell`), fastest, most memory of the three. ``"auto"``
-            (default) chooses by memory first: ``"three_graphs"``.
+            (default) chooses by memory first: ``"three_graphs"``. ``"cached"``: gradient caching
+            (`TrainCachedWindowCell`, docs/cached.md) for a loss that couples the samples of a batch (contrastive):
+            `network` maps a micro-batch to its outputs and ``loss_fn(outputs, labels)`` runs once per window on all
+            of them; the update equals one step on the concatenated batch. It takes reduction ``"mean"`` or
+            ``"sum"`` (both: the window's loss as `loss_fn` computes it), ``policy="skip_window"``, no statistics or
+            outlier skipping.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
             (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
             mean over the rest (see `ms_accum.core.guard`). Skips are counted, and warned about without a loss scaler.
@@ -94,7 +103,8 @@ class GradientAccumulation:
             `loss_scaler` is not a MindSpore loss scaler.
         ValueError: If `clip_norm` is not positive, or `reduction`, `structure` or `policy` is unknown, or
             `optimizer` updates a Parameter that is not `network`'s, or `loss_fn` does not reduce to a scalar
-            (``reduction="none"``), or MindSpore's parallel mode is neither stand-alone nor data parallel.
+            (``reduction="none"``), or `loss_fn` sums and `reduction` asks for a mean, or MindSpore's parallel mode is
+            neither stand-alone nor data parallel.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -110,7 +120,7 @@ class GradientAccumulation:
     """
 
     def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
-                 clip_norm: Optional[float] = None, reduction: str = "mean", structure: str = "auto",
+                 clip_norm: Optional[float] = None, reduction: Optional[str] = None, structure: str = "auto",
                  policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
                  stop_on_nonfinite: bool = False, recompute: Optional[Sequence[str]] = None,
                  buffer_dtype=None, statistics: bool = False, noise_scale: bool = False,
@@ -121,11 +131,14 @@ class GradientAccumulation:
         check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
         self._optimizer = check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
         _check_optimizer_updates(network, optimizer, name)
-        _check_scalar_loss(loss_fn, name)
+        reduction = window_reduction(loss_fn, reduction, name)
         self._clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        check_value_in(reduction, "reduction", REDUCTIONS, name)
         check_buffer_dtype(buffer_dtype, "buffer_dtype", name)
         self._structure = check_value_in(structure, "structure", STRUCTURES, name)
+        if self._structure == "cached":  # refused before anything compiles: what gradient caching cannot make exact
+            check_loss_signature(loss_fn, name)
+            reduction = check_cached_options(reduction, policy, statistics, noise_scale, skip_outliers, name)
+            check_same_masks(network, name)
         self._stop_on_nonfinite = check_isinstance(stop_on_nonfinite, "stop_on_nonfinite", bool, name)
         if check_isinstance(noise_scale, "noise_scale", bool, name) and reduction == "sum":
             raise ValueError(f"For '{name}', the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
@@ -154,6 +167,12 @@ class GradientAccumulation:
         self.plan = None  # the Plan it was built from (`from_plan`), if any
         rate = getattr(optimizer, "learning_rate", None)
         self._samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
+        if self._structure == "cached":
+            # Its loss sees whole windows: its Cell's own first-micro-batch check replaces the loss-output check.
+            cached = TrainCachedWindowCell(network, loss_fn, optimizer, clip_norm, buffer=self.buffer).set_train()
+            cached.caller = name
+            self._cells["cached"] = cached
+            self._check_output = cached.check_micro_batch
 
     @classmethod
     def from_plan(cls, plan, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
@@ -169,7 +188,8 @@ class GradientAccumulation:
 
         Raises:
             TypeError: If `plan` is not a `Plan`.
-            ValueError: If `options` set the structure or the reduction, which the plan chose.
+            ValueError: If `options` set the structure or the reduction, which the plan chose, or the plan was made
+                for another number of ranks or another network (`Plan.check_fits`).
         """
         check_isinstance(plan, "plan", Plan, "GradientAccumulation.from_plan")
         for arg_name in ("structure", "reduction"):
@@ -178,7 +198,8 @@ class GradientAccumulation:
                                  f"plan ('{getattr(plan, arg_name)}'), but it was also given: "
                                  f"'{options[arg_name]}'.")
         executor = cls(network, loss_fn, optimizer, structure=plan.structure, reduction=plan.reduction, **options)
-        executor.plan = plan
+        world = 1 if executor._parallel is None else executor._parallel.group_size
+        executor.plan = plan.check_fits(network, world, "GradientAccumulation.from_plan")
         return executor
 
     @property
@@ -187,8 +208,9 @@ class GradientAccumulation:
         return AUTO_STRUCTURE if self._structure == "auto" else self._structure
 
     def runner(self, mini_steps: int, largest: Optional[int] = None) -> ThreeGraphsRunner:
-        """The runner of the executor's structure (`ThreeGraphsRunner`, `FusedRunner` or `WindowRunner`) for windows
-        of `mini_steps` micro-batches.
+        """The runner of the executor's structure (`ThreeGraphsRunner`, `FusedRunner`, `WindowRunner` or
+        `CachedRunner`, whose one `TrainCachedWindowCell` takes windows of any size) for windows of `mini_steps`
+        micro-batches.
 
         Its Cells (``forward_backward``, ``check``, ``step``, ``clear``, and ``cell`` for ``"fused"`` and ``"window"``,
         whose K is a graph constant, built once per K, or per `largest`, and kept) all share `buffer`; `train_window`
@@ -199,6 +221,8 @@ class GradientAccumulation:
         """
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
+        if self.structure == "cached":
+            return CachedRunner(self.buffer, self._cells["cached"])
         cls, runner = (TrainWindowCell, WindowRunner) if self.structure == "window" else (TrainAccumulationCell,
                                                                                           FusedRunner)
         steps = mini_steps if largest is None else max(mini_steps, largest)
@@ -298,6 +322,12 @@ class GradientAccumulation:
         # Cells are built once, for the largest, and take the shorter windows too.
         largest = max((k for k, _, _ in _planned_windows(epoch, num_batches, schedule, per_batch, position)),
                       default=1)
+        if self.noise_scale is not None and self._parallel is None and largest == 1:
+            given = schedule.fixed or "a schedule that is 1 in every window of this run"
+            raise ValueError(f"For '{name}', the argument 'mini_steps' must be at least 2 in some window with "
+                             f"noise_scale=True on one rank: the noise scale compares the micro-batch's gradient with "
+                             f"the window's, and with one micro-batch per window they are one batch size, but got "
+                             f"{given}.")
         runner = self.runner(largest)
         log = WindowLog(log_every, verbose and self._writes, on_step, self._stop_on_nonfinite, self._scaled)
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
@@ -371,10 +401,6 @@ class GradientAccumulation:
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'", name)
         if num_batches <= 0:
             raise ValueError(f"For '{name}', the argument 'train_dataset' must not be empty, but it has no batches.")
-        if self.noise_scale is not None and self._parallel is None and schedule.fixed == 1:
-            raise ValueError(f"For '{name}', the argument 'mini_steps' must be at least 2 with noise_scale=True on one "
-                             f"rank: the noise scale compares the micro-batch's gradient with the window's, and with "
-                             f"mini_steps=1 they are one batch size, but got 1.")
         if schedule.fixed is not None and schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[partial_window]
             warnings.warn(f"For '{name}', 'mini_steps' ({schedule.fixed}) is larger than an epoch's {num_batches} "
@@ -416,9 +442,3 @@ def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer, name: st
             raise ValueError(f"For '{name}', the argument 'optimizer' must update Parameters of 'network', but "
                              f"'{param.name}' is not one of them (an optimizer built over another network?).")
 
-
-def _check_scalar_loss(loss_fn: nn.Cell, name: str) -> None:
-    # MindSpore's losses say how they reduce; "none" returns one loss per sample, which has no window mean.
-    if getattr(loss_fn, "reduction", None) == "none" or getattr(loss_fn, "reduce", True) is False:
-        raise ValueError(f"For '{name}', the argument 'loss_fn' must reduce the batch to a scalar (reduction "
-                         f"'mean' or 'sum'), but got {type(loss_fn).__name__} with reduction 'none'.")

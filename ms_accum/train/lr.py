@@ -74,7 +74,7 @@ class SamplesLR(LearningRateSchedule):
         Tensor, the rate for the samples last given to `update`, float32.
 
     Raises:
-        TypeError: If `schedule` is neither a `LearningRateSchedule` nor callable.
+        TypeError: If `schedule` is neither a `LearningRateSchedule` nor callable, or is a class (not an instance).
         ValueError: If the schedule gives a rate that is not a finite number, naming the sample count.
 
     Supported Platforms:
@@ -89,6 +89,12 @@ class SamplesLR(LearningRateSchedule):
 
     def __init__(self, schedule: Union[LearningRateSchedule, Callable[[int], float]]) -> None:
         super().__init__()
+        if isinstance(schedule, type):  # callable, but calling it would build one, with the samples as its argument
+            made = ("an instance of it, e.g. " + f"{schedule.__name__}(...)"
+                    if issubclass(schedule, LearningRateSchedule) else "an instance or a function")
+            raise TypeError(f"For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a callable "
+                            f"lr(samples), but got the class {schedule.__module__}.{schedule.__qualname__}: give "
+                            f"{made}.")
         if not callable(schedule):
             raise TypeError(f"For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a callable "
                             f"lr(samples), but got {schedule!r} of type {type(schedule).__name__}.")

@@ -6,10 +6,37 @@ making one is the planner's job.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
+
+from .._choices import DEVICES, REDUCTIONS, STRUCTURES
+
+
+def network_fingerprint(network: Any) -> dict:
+    """
+    What a plan records of the network it was made for (`Plan.network`): the number of trainable parameters, the
+    number of values they hold, and a short hash of their sorted ``(name, shape, dtype)``.
+
+    Args:
+        network (nn.Cell): The network, as its factory built it.
+
+    Returns:
+        dict, ``{"parameters": int, "values": int, "hash": str}``.
+    """
+    params = network.trainable_params()
+    described = sorted((p.name, [int(d) for d in p.shape], str(p.dtype)) for p in params)
+    digest = hashlib.sha256(json.dumps(described).encode("utf-8")).hexdigest()[:16]
+    return {"parameters": len(params), "values": int(sum(math.prod(shape) for _, shape, _ in described)),
+            "hash": digest}
+
+
+def _describe(fingerprint: dict) -> str:
+    return (f"{fingerprint['parameters']} trainable parameters of {fingerprint['values']} values (hash "
+            f"{fingerprint['hash']})")
 
 
 @dataclass
@@ -55,6 +82,9 @@ class Plan:
             structure).
         device (str): Where the trials ran.
         trials (list[Trial]): Every measurement, in the order made.
+        network (dict, optional): The network planned for (`network_fingerprint`), which `check_fits` compares;
+            None in a plan written before ms_accum recorded it (then the network is not checked).
+        path (str): The file the plan was loaded from (`load`), else None; not a field, not saved.
     """
 
     model: str
@@ -71,6 +101,9 @@ class Plan:
     slope_mib: float
     device: str
     trials: List[Trial] = field(default_factory=list)
+    network: Optional[dict] = None
+
+    path = None  # the file `load` read; a class attribute, not a field: neither saved nor compared
 
     @property
     def accumulate_steps(self) -> int:
@@ -82,14 +115,96 @@ class Plan:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "Plan":
+    def from_dict(cls, values: dict, path: Optional[str] = None) -> "Plan":
+        """The plan `to_dict` returned, each field checked (`path`, the file it came from, is named in errors).
+
+        Raises:
+            ValueError: If a field is missing or has the wrong type or value.
+        """
+        where = f"the field '{{}}' of the plan '{path}'" if path else "the field '{}' of the plan"
+        cls_name = "Plan.load" if path else "Plan.from_dict"
         names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(values, dict):
+            raise ValueError(f"For '{cls_name}', the plan{f' {path!r}' if path else ''} must be a JSON object of "
+                             f"{sorted(names)}, but got {type(values).__name__}.")
         values = _renamed(values)
-        missing = names - set(values)
+        missing = names - set(values) - _OPTIONAL
         if missing:
-            raise ValueError(f"For 'Plan', a plan must hold {sorted(names)}, but {sorted(missing)} are missing.")
-        trials = [Trial(**_renamed(trial)) for trial in values["trials"]]
-        return cls(**{**{k: values[k] for k in names}, "trials": trials})
+            raise ValueError(f"For '{cls_name}', a plan must hold {sorted(names - _OPTIONAL)}, but {sorted(missing)} "
+                             f"are missing.")
+
+        def bad(name: str, expected: str, value: Any = None) -> ValueError:
+            value = values[name] if value is None else value
+            return ValueError(f"For '{cls_name}', {where.format(name)} must be {expected}, but got {value!r}.")
+
+        if not isinstance(values["model"], str) or not values["model"]:
+            raise bad("model", "a factory 'package.module:function' or a model's name")
+        for name in ("global_batch", "ranks", "batch_size", "accumulate_step"):
+            value = values[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(name, "a positive int")
+        for name, options in (("structure", STRUCTURES), ("reduction", REDUCTIONS), ("device", DEVICES)):
+            if values[name] not in options or not isinstance(values[name], str):
+                raise bad(name, f"one of {list(options)}")
+        for name in ("predicted_peak_mib", "budget_mib", "intercept_mib", "slope_mib", "memory_mib"):
+            value = values[name]
+            if name == "memory_mib" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, "a number of MiB" + (" or null" if name == "memory_mib" else ""))
+        product = values["accumulate_step"] * values["batch_size"] * values["ranks"]
+        if product != values["global_batch"]:
+            raise bad("global_batch", f"accumulate_step x batch_size x ranks ({values['accumulate_step']} x "
+                                      f"{values['batch_size']} x {values['ranks']} = {product})")
+        network = values.get("network")
+        if network is not None and not (
+                isinstance(network, dict) and set(network) == {"parameters", "values", "hash"}
+                and all(isinstance(network[k], int) and not isinstance(network[k], bool) and network[k] >= 0
+                        for k in ("parameters", "values")) and isinstance(network["hash"], str)):
+            raise bad("network", "null or {'parameters': int, 'values': int, 'hash': str} (network_fingerprint)")
+        trial_names = [f.name for f in dataclasses.fields(Trial)]
+        trials = values["trials"]
+        if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+            raise bad("trials", f"a list of trials, each an object of {trial_names}")
+        try:
+            trials = [Trial(**_renamed(trial)) for trial in trials]
+        except TypeError as err:
+            raise bad("trials", f"a list of trials, each an object of {trial_names}") from err
+        plan = cls(**{**{k: values[k] for k in names if k in values}, "trials": trials})
+        plan.path = path
+        return plan
+
+    def check_fits(self, network: Any = None, ranks: Optional[int] = None,
+                   cls_name: str = "Plan.check_fits") -> "Plan":
+        """
+        Refuses to train with a plan made for another number of ranks or another network.
+
+        Args:
+            network (nn.Cell, optional): The network to train, as its factory built it; compared with the plan's
+                `network` fingerprint (`network_fingerprint`), unless the plan has none (written before ms_accum
+                recorded it). Default: ``None``, not checked.
+            ranks (int, optional): The ranks of this run. Default: ``None``, not checked.
+            cls_name (str): Who asks, named in the error. Default: ``"Plan.check_fits"``.
+
+        Returns:
+            Plan, this plan.
+
+        Raises:
+            ValueError: If `ranks` or `network` differ from what the plan was made for (the message names the plan,
+                what differs, and that it must be planned again).
+        """
+        name = f"'{self.path}'" if self.path else f"for '{self.model}'"
+        if ranks is not None and ranks != self.ranks:
+            raise ValueError(f"For '{cls_name}', the plan {name} was made for {self.ranks} rank(s) (a global batch of "
+                             f"{self.global_batch} = K {self.accumulate_step} x B {self.batch_size} x {self.ranks} "
+                             f"rank(s)), but this run has {ranks}: plan again with ranks={ranks}.")
+        if network is not None and self.network is not None:
+            actual = network_fingerprint(network)
+            if actual != self.network:
+                raise ValueError(f"For '{cls_name}', the plan {name} was made for another network, "
+                                 f"{_describe(self.network)}, but the network given has {_describe(actual)}: plan "
+                                 f"again for this network.")
+        return self
 
     def save(self, path: str) -> str:
         """Writes the plan as JSON (what ``ms-accum plan --output`` writes and ``ms-accum train --plan`` reads)."""
@@ -99,17 +214,24 @@ class Plan:
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        """Reads a plan that `save` wrote.
+        """Reads a plan that `save` wrote, each field checked; `path` is kept in the plan's `path`.
 
         Raises:
-            ValueError: If the file cannot be read or is not a plan.
+            ValueError: If the file cannot be read or is not a plan, or a field has the wrong type or value (the
+                message names the file and the field).
         """
         try:
             with open(path, encoding="utf-8") as handle:
-                return cls.from_dict(json.load(handle))
-        except (OSError, ValueError, TypeError, KeyError) as err:
+                values = json.load(handle)
+        except (OSError, ValueError) as err:
             raise ValueError(f"For 'Plan.load', the file '{path}' is not a plan written by 'ms-accum plan "
                              f"--output' or Plan.save: {err}") from err
+        required = {f.name for f in dataclasses.fields(cls)} - _OPTIONAL
+        if not isinstance(values, dict) or required - set(_renamed(values)):
+            held = sorted(values) if isinstance(values, dict) else type(values).__name__
+            raise ValueError(f"For 'Plan.load', the file '{path}' is not a plan written by 'ms-accum plan "
+                             f"--output' or Plan.save: a plan must hold {sorted(required)}, but got {held}.")
+        return cls.from_dict(values, path)
 
     def __str__(self) -> str:
         budget = (f"a budget of {self.memory_mib:.0f} MiB" if self.memory_mib is not None
@@ -126,6 +248,9 @@ class Plan:
             lines.append(f"  {trial.batch_size:>6} {trial.accumulate_step:>5}  {trial.structure:<13}{peak:>10}"
                          f"{time_:>11}{mark}")
         return "\n".join(lines)
+
+
+_OPTIONAL = {"network"}  # fields a plan written by an older ms_accum may lack
 
 
 def _renamed(values: dict) -> dict:

@@ -61,8 +61,11 @@ class StateCheckpoints:
                  schedule: Optional[AccumulationSchedule] = None) -> None:
         self.state, self.ckpt_dir, self.ckpt_name, self.run = state, ckpt_dir, ckpt_name, run
         self.schedule = schedule
-        # Where K changed so far, [(samples consumed, global batch)]: what a callable schedule is known by on resume.
+        # Where K changed so far, [(samples consumed, global batch)] (all that older files recorded).
         self.history: List[Tuple[int, int]] = []
+        # Every window opened so far, as runs of evenly spaced openings [start, global batch, count] (windows at start,
+        # start + batch, ...): the saved run's whole schedule, which a resumed run's callable is compared with.
+        self.windows: List[List[int]] = []
         self.extra: Callable[[], Dict[str, MetaValue]] = dict  # more of the run's state, saved with every file
         self.resumed: Dict[str, MetaValue] = {}  # the metadata of the file resumed from
         # The run's settings win over the caller's metadata: resuming checks them.
@@ -100,6 +103,7 @@ class StateCheckpoints:
             saved.pop("global_micro_batch")
         saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['mini_steps']) * _per_batch(saved)}")
         self.history = _pairs(meta.get("batch_history", ""))
+        self.windows = _runs(meta.get("batch_windows", ""))
         if _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
                 "callable" in (saved["global_batches"], self.run["global_batches"]):
             self._check_schedule(path, saved["global_batches"])
@@ -122,15 +126,25 @@ class StateCheckpoints:
         batch = k * _per_batch(self.run)
         if not self.history or self.history[-1][1] != batch:
             self.history.append((samples, batch))
+        last = self.windows[-1] if self.windows else None
+        if last is not None and last[1] == batch and last[0] + last[2] * batch == samples:
+            last[2] += 1
+        else:
+            self.windows.append([samples, batch, 1])
 
     def _check_schedule(self, path: str, saved: str) -> None:
         """Refuses a resume whose global batch schedule differs from the saved run's, naming where."""
         if "callable" not in (saved, self.run["global_batches"]):
             mine, theirs = dict(_pairs(self.run["global_batches"])), dict(_pairs(saved))
             points = sorted(set(mine) | set(theirs))
-        else:  # a callable is known where the saved run evaluated it: compare there
-            mine = {s: self.schedule(s) * _per_batch(self.run) for s, _ in self.history}
-            theirs, points = dict(self.history), [s for s, _ in self.history]
+        else:  # a callable is known where the saved run evaluated it: at every window it opened, compare there
+            theirs = dict(self.history)  # older files recorded only where K changed
+            theirs.update((start + i * batch, batch) for start, batch, count in self.windows for i in range(count))
+            points = sorted(theirs)
+            mine = {s: self.schedule(s) * _per_batch(self.run) for s in points}
+            if saved == "callable" and points:
+                saved = (f"callable, evaluated as {pairs_text(_changes(theirs))} in the {len(points)} windows it "
+                         f"opened up to {points[-1]} samples")
         for point in points:
             a, b = _at(theirs, point), _at(mine, point)
             if a != b:
@@ -146,7 +160,9 @@ class StateCheckpoints:
             return
         self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
                   {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),
-                   "batch_history": pairs_text(self.history), **self.extra()})
+                   "batch_history": pairs_text(self.history),
+                   "batch_windows": ",".join(f"{start}:{batch}:{count}" for start, batch, count in self.windows),
+                   **self.extra()})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
 
@@ -170,6 +186,20 @@ def _pairs(text: str) -> List[Tuple[int, int]]:
     if text in ("", "callable"):
         return []
     return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(","))]
+
+
+def _runs(text: str) -> List[List[int]]:
+    """``"0:64:8,512:128:3"`` (`StateCheckpoints.windows`) as [[0, 64, 8], [512, 128, 3]]."""
+    return [[int(v) for v in item.split(":")] for item in text.split(",")] if text else []
+
+
+def _changes(table: Dict[int, int]) -> List[Tuple[int, int]]:
+    """The points of a step table where its value changes."""
+    changes: List[Tuple[int, int]] = []
+    for point in sorted(table):
+        if not changes or changes[-1][1] != table[point]:
+            changes.append((point, table[point]))
+    return changes
 
 
 def _at(table: Dict[int, int], samples: int) -> Optional[int]:

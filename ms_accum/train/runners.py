@@ -101,6 +101,22 @@ class WindowRunner(FusedRunner):
         return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy()[:size])))
 
 
+class CachedRunner(ThreeGraphsRunner):
+    """``"cached"``: gradient caching, one `TrainCachedWindowCell.train_window` per window (pass 1 over the
+    micro-batches, the window's loss and its output gradient, pass 2 into the buffer, then the window's check and
+    step or clear, chosen on the host as the three graphs choose). Every micro-batch reports the window's one loss,
+    so the logged loss (the "sum" rule's sample-weighted mean of them) is that loss."""
+
+    def __init__(self, buffer: AccumulationBuffer, cell: nn.Cell) -> None:
+        super().__init__(buffer, None, cell.check, cell.step, cell.clear)
+        self.cell = cell
+
+    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
+        micro_batches = list(window)
+        loss, applied = self.cell.train_window(micro_batches)
+        return [loss] * len(micro_batches), applied
+
+
 def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:
     for inputs in window:
         samples.append(inputs[0].shape[0])

@@ -96,7 +96,8 @@ def parse_schedule(text: str, arg_name: str = "text", cls_name: str = "parse_sch
     `cls_name` and its argument `arg_name` (the command line passes ``"ms-accum train"``, ``"--accumulate-schedule"``).
 
     Raises:
-        ValueError: If `text` is not comma-separated ``samples:K`` pairs of ints, or the pairs are not a schedule.
+        ValueError: If `text` is not comma-separated ``samples:K`` pairs of ints, gives a threshold twice, or the pairs
+            are not a schedule.
     """
     pairs = {}
     for item in text.split(","):
@@ -104,6 +105,9 @@ def parse_schedule(text: str, arg_name: str = "text", cls_name: str = "parse_sch
         if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
             raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be comma-separated samples:K pairs "
                              f"such as '0:2,4096:4', but got '{text}'.")
+        if int(start) in pairs:
+            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must give each threshold once, but got "
+                             f"{int(start)} twice in '{text}'.")
         pairs[int(start)] = int(k)
     _check_steps(pairs, arg_name, cls_name)
     return pairs

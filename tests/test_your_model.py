@@ -1,0 +1,141 @@
+"""Your own model through the command line: `ms-accum train / eval / verify / plan --model package.module:function`,
+end to end with a factory that is neither LeNet5 nor the MLP (`fixtures/signals.py`: a Conv1d regression, and a
+classifier), and every way a factory can break its contract (`ms_accum.tools.factory`)."""
+import json
+import os
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import nn
+
+from ms_accum import GradientAccumulation, cli
+from ms_accum.train.checkpoint import load_checkpoint
+from conftest import cli_error
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+@pytest.fixture
+def signals(monkeypatch):
+    monkeypatch.syspath_prepend(FIXTURES)  # where a user's module would be: importable
+    import signals as module
+    return module
+
+
+def run(capsys, *argv):
+    """`ms-accum argv... --json --quiet` in this process: (exit status, the JSON summary or None, stderr)."""
+    code = cli.main([*argv, "--json", "--quiet"])
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    return code, (json.loads(lines[-1]) if code == 0 and lines else None), err
+
+
+def test_train_runs_the_executor_on_your_model_and_its_data_then_eval_reports_its_loss(signals, tmp_path, capsys):
+    code, summary, err = run(capsys, "train", "--model", "signals:build", "--accumulate-steps", "4", "--batch-size",
+                             "16", "--structure", "fused", "--statistics", "--epochs", "2", "--ckpt-dir",
+                             str(tmp_path))
+    assert code == 0, err
+    # 1024 signals in micro-batches of 16, windows of 4: 16 optimizer steps an epoch.
+    assert summary["optimizer_steps"] == 32 and summary["model"] == "signals:build"
+    assert summary["checkpoint"] == str(tmp_path / "signals_build.ckpt") and len(summary["grad_norm"]) == 32
+    assert summary["accuracy"] is None and summary["batches"] == 1  # a regression: its loss alone, on its eval split
+    # What the command line trained is the executor on the factory's own network, loss, optimizer and data.
+    ms.set_seed(0)
+    network, loss_fn, optimizer, _, dataset = signals.build()
+    GradientAccumulation(network, loss_fn, optimizer, structure="fused").train_process(
+        2, dataset(16, "train", 0, 1), 4, ckpt_dir=None, verbose=False)
+    saved, meta = load_checkpoint(summary["checkpoint"])
+    for param in network.trainable_params():
+        np.testing.assert_array_equal(saved[param.name].asnumpy(), param.asnumpy(), err_msg=param.name)
+    assert (meta["model"], meta["optimizer"], meta["step"]) == ("signals:build", "Adam", 32)
+    first = np.mean(summary["grad_norm"][:4])
+    assert summary["final_loss"] < 0.1 and summary["grad_norm"][-1] < first  # it learned the smoothing
+
+    code, evaluation, err = run(capsys, "eval", "--ckpt", summary["checkpoint"])  # the model the file records
+    assert code == 0, err
+    assert evaluation["model"] == "signals:build" and evaluation["loss"] == summary["loss"]
+    assert evaluation["accuracy"] is None and not evaluation["synthetic"]
+
+
+def test_a_classifier_of_yours_is_evaluated_with_its_accuracy(signals, tmp_path, capsys):
+    code, summary, err = run(capsys, "train", "--model", "signals:classify", "--accumulate-schedule", "0:1,512:4",
+                             "--batch-size", "16", "--epochs", "3", "--ckpt-dir", str(tmp_path), "--save-every", "16")
+    assert code == 0, err
+    assert summary["accumulate_steps"][:32] == [1] * 32 and set(summary["accumulate_steps"][32:]) == {4}
+    assert 0.6 < summary["accuracy"] <= 1.0  # chance is 1/3
+    expected, _ = load_checkpoint(summary["checkpoint"])
+    # Killed before the last training state was written: resumed from the one before, to the same parameters.
+    states = sorted(tmp_path.glob("signals_classify-*.ckpt"))
+    os.remove(states[-1])
+    os.remove(summary["checkpoint"])
+    code, resumed, err = run(capsys, "train", "--model", "signals:classify", "--accumulate-schedule", "0:1,512:4",
+                             "--batch-size", "16", "--epochs", "3", "--ckpt-dir", str(tmp_path), "--save-every", "16",
+                             "--resume")
+    assert code == 0, err
+    assert resumed["resumed_from"] == str(states[-2]) and resumed["accuracy"] == summary["accuracy"]
+    got, _ = load_checkpoint(resumed["checkpoint"])
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name].asnumpy(), value.asnumpy(), err_msg=name)
+
+
+def test_a_summing_loss_of_yours_verifies_as_the_large_batch_sum(signals, capsys):
+    code, report, err = run(capsys, "verify", "--model", "signals:summing", "--accumulate-steps", "4",
+                            "--batch-size", "4")
+    assert code == 0 and report["passed"], (err, report)
+
+
+def test_a_factory_that_breaks_its_contract_is_refused_before_anything_runs(signals, tmp_path, capsys):
+    def error(*argv):
+        code, _, err = run(capsys, *argv)
+        assert code == 1, argv
+        return cli_error(err)
+    train = ["train", "--ckpt-dir", str(tmp_path), "--batch-size", "16", "--model"]
+    assert error(*train, "signals:no_data") == (
+        "ms-accum train: error: For 'ms-accum train', the factory 'signals:no_data' provides no data: return "
+        "dataset(batch_size, usage, shard_id, num_shards) as its fifth item (docs/your-model.md).")
+    assert error(*train, "signals:unbatched_data") == (
+        "ms-accum train: error: For 'ms-accum train', dataset(16, 'train', 0, 1) of the factory "
+        "'signals:unbatched_data' must yield (data, label) in batches of 16, but yields the columns ['signal', "
+        "'target'] in batches of 2.")
+    assert error(*train, "signals:short_sample") == (
+        "ms-accum train: error: For 'ms-accum train', sample(2) of the factory 'signals:short_sample' must return 2 "
+        "rows of data and of label, but returned arrays of shapes (1, 1, 32), (1, 32).")
+    assert error(*train, "signals:float64_sample").startswith(
+        "ms-accum train: error: For 'ms-accum train', the network and loss of the factory 'signals:float64_sample' do "
+        "not take the batch its sample(2) returns (float64 (2, 1, 32), float64 (2, 32)): ")
+    for flag, value in (("--optimizer", "sgd"), ("--lr", "0.1"), ("--data", str(tmp_path)), ("--num-samples", "64")):
+        assert error(*train, "signals:build", flag, value) == (
+            f"ms-accum train: error: {flag} applies to the built-in models, but --model is the factory "
+            f"'signals:build', whose optimizer and data are its own (change them in the factory).")
+    assert error("verify", "--model", "signals:build", "--momentum", "0.9") == (
+        "ms-accum verify: error: --momentum applies to the built-in models, but --model is the factory "
+        "'signals:build', whose optimizer and data are its own (change them in the factory).")
+    assert error("eval", "--ckpt", "x.ckpt", "--model", "signals:build", "--data", str(tmp_path)) == (
+        "ms-accum eval: error: --data applies to the built-in models, but --model is the factory 'signals:build', "
+        "whose optimizer and data are its own (change them in the factory).")
+    assert os.listdir(tmp_path) == []  # nothing trained, nothing written
+
+
+@pytest.mark.slow  # make test-all
+def test_plan_then_train_with_the_plan_trains_your_model_and_refuses_it_once_changed(tmp_path, capsys, monkeypatch):
+    module = tmp_path / "mine.py"
+    module.write_text(open(os.path.join(FIXTURES, "signals.py"), encoding="utf-8").read())
+    monkeypatch.chdir(tmp_path)  # found beside the caller, in this process and in the planner's trials
+    code, plan, err = run(capsys, "plan", "--model", "mine:build", "--global-batch", "64", "--memory", "2GiB",
+                          "--output", "plan.json")
+    assert code == 0, err
+    assert plan["model"] == "mine:build" and plan["batch_size"] * plan["accumulate_step"] == 64
+    code, summary, err = run(capsys, "train", "--plan", "plan.json", "--ckpt-dir", "ckpt")  # no --model: the plan's
+    assert code == 0, err
+    _, meta = load_checkpoint(summary["checkpoint"])
+    assert summary["model"] == "mine:build" and summary["optimizer_steps"] == 1024 // 64
+    assert (meta["batch_size"], meta["accumulate_steps"]) == (plan["batch_size"], plan["accumulate_step"])
+    # The user widens the network after planning: the plan's measurements no longer hold.
+    module.write_text(module.read_text().replace("def build(channels=8", "def build(channels=16"))
+    monkeypatch.delitem(__import__("sys").modules, "mine")
+    code, _, err = run(capsys, "train", "--plan", "plan.json", "--ckpt-dir", "ckpt2")
+    assert code == 1 and cli_error(err).startswith(
+        "ms-accum train: error: For 'ms-accum train', the plan 'plan.json' was made for another network, 4 trainable "
+        "parameters of ")
+    assert cli_error(err).endswith(": plan again for this network.") and os.listdir("ckpt2") == []
