@@ -41,6 +41,7 @@ class UserModel:
     optimizer: nn.Optimizer
     sample: Callable[[int], Sequence]
     dataset: Optional[Callable[..., Dataset]] = None
+    returns_weight: bool = False  # whether the network with its loss returns (loss, weight): found by `load_model`
 
     def batch(self, batch_size: int, cls_name: str) -> Tuple[np.ndarray, ...]:
         """
@@ -160,7 +161,8 @@ def _check_sample(user: UserModel, cls_name: str) -> None:
     from ..core.losses import returns_weight  # one eager forward pass in inference mode: nothing compiles or moves
     batch = user.batch(2, cls_name)
     try:
-        returns_weight(nn.WithLossCell(user.network, user.loss_fn), [Tensor(value) for value in batch])
+        user.returns_weight = returns_weight(nn.WithLossCell(user.network, user.loss_fn),
+                                             [Tensor(value) for value in batch])
     except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         dtypes = ", ".join(f"{value.dtype} {value.shape}" for value in batch)

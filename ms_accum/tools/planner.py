@@ -82,8 +82,9 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
 
     Args:
         model (Union[str, Callable]): A factory, ``package.module:function`` (or the function itself, defined at a
-            module's top level), returning ``(network, loss_fn, optimizer, sample)`` (`ms_accum.tools.factory`), or
-            ``"lenet5"`` / ``"mlp"``. The trials import it in fresh processes, from the current directory.
+            module's top level), returning ``(network, loss_fn, optimizer, sample[, dataset])``
+            (`ms_accum.tools.factory`), or ``"lenet5"`` / ``"mlp"``. The trials import it in fresh processes, from the
+            current directory.
         global_batch (int): Samples per optimizer step, over all ranks.
         memory (Union[str, int], optional): The budget per rank: ``"800MiB"``, ``"2GiB"`` or bytes. Default: ``None``,
             the device's free memory (CPU: MemAvailable).
@@ -381,12 +382,10 @@ def _free_mib(device: str) -> float:
 
 
 def _child_check(spec: str, device: str) -> dict:
-    from mindspore import Tensor, nn
     from .factory import load_model
-    from ..core.losses import returns_weight, window_reduction
+    from ..core.losses import window_reduction
     user = load_model(spec, "plan")  # checks sample(2) and runs it through the network and loss
-    weighted = returns_weight(nn.WithLossCell(user.network, user.loss_fn), [Tensor(v) for v in user.batch(2, "plan")])
-    return {"reduction": "weighted_mean" if weighted else window_reduction(user.loss_fn, None, "plan"),
+    return {"reduction": "weighted_mean" if user.returns_weight else window_reduction(user.loss_fn, None, "plan"),
             "free_mib": _free_mib(device), "network": network_fingerprint(user.network)}
 
 

@@ -7,14 +7,13 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from .._validation import check_isinstance, check_positive_float, check_positive_int
+from .._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
 from ..core.buffer import RULES
 from ..core.inference import in_inference
 from .causes import Cause, batchnorm_cells, explain, stochastic_cells
 from ..graphs.cells import TrainAccumulationCell
 from ..graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature
 from .._choices import STRUCTURES
-from .._validation import check_value_in
 from ..core.losses import LossOnly, check_loss_output, window_reduction
 
 
@@ -111,7 +110,7 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
 
     Args:
         network (nn.Cell): Your network.
-        loss_fn (nn.Cell): Your loss, a mean over the batch.
+        loss_fn (nn.Cell): Your loss, a mean or a sum over the batch.
         optimizer (nn.Optimizer): Your optimizer over `network`'s parameters.
         inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch, e.g. ``(data, label)``.
         accumulate_step (int): K. Must not exceed the batch size.

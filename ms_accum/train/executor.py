@@ -164,6 +164,7 @@ class GradientAccumulation:
                         _StepWindow(optimizer, self.buffer).set_train(), self._clear)
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
+        self._cached = None  # the "cached" structure's TrainCachedWindowCell, which takes windows of any K
         self.plan = None  # the Plan it was built from (`from_plan`), if any
         rate = getattr(optimizer, "learning_rate", None)
         self._samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
@@ -171,7 +172,7 @@ class GradientAccumulation:
             # Its loss sees whole windows: its Cell's own first-micro-batch check replaces the loss-output check.
             cached = TrainCachedWindowCell(network, loss_fn, optimizer, clip_norm, buffer=self.buffer).set_train()
             cached.caller = name
-            self._cells["cached"] = cached
+            self._cached = cached
             self._check_output = cached.check_micro_batch
 
     @classmethod
@@ -222,7 +223,7 @@ class GradientAccumulation:
         if self.structure == "three_graphs":
             return ThreeGraphsRunner(self.buffer, *self._graphs)
         if self.structure == "cached":
-            return CachedRunner(self.buffer, self._cells["cached"])
+            return CachedRunner(self.buffer, self._cached)
         cls, runner = (TrainWindowCell, WindowRunner) if self.structure == "window" else (TrainAccumulationCell,
                                                                                           FusedRunner)
         steps = mini_steps if largest is None else max(mini_steps, largest)
