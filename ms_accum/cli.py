@@ -367,7 +367,6 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         parallel = init_data_parallel()
     world = 1 if parallel is None else parallel.group_size
     main = parallel is None or parallel.is_main
-    ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
 
     import mindspore as ms
     from .demo.evaluation import evaluate_checkpoint
@@ -393,6 +392,8 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
                                     statistics=args.statistics, noise_scale=args.noise_scale,
                                     skip_outliers=args.skip_outliers,
                                     outlier_warmup=args.outlier_warmup)
+    # Created only now, once every argument was accepted: a refused run leaves no directory behind.
+    ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
     label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if job.synthetic else "")
     if parallel is not None:

@@ -92,7 +92,7 @@ CASES = [
     ("plan-check-fits-ranks",
      lambda p: Plan("mlp", 16, 2, 4, 2, "fused", "mean", 1.0, None, 9.0, 1.0, 1.0, "CPU").check_fits(p.net, 1),
      ValueError, "For 'Plan.check_fits', the plan for 'mlp' was made for 2 rank(s) (a global batch of 16 = K 2 x B 4 x "
-                 "2 rank(s)), but this run has 1: plan again with ranks=1."),
+                 "2 rank(s)), but this run has 1: plan again for 1 rank(s)."),
     ("parse-schedule-threshold-twice", lambda p: parse_schedule("0:2,100:4,100:8"), ValueError,
      "For 'parse_schedule', the argument 'text' must give each threshold once, but got 100 twice in "
      "'0:2,100:4,100:8'."),

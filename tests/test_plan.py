@@ -193,6 +193,19 @@ def measured_peak(spec, batch_size, k, structure, reduction):
     return trial.peak_mib
 
 
+def assert_trained_within(result, budget: float, tmp_path) -> None:
+    """The executor built from the plan `result`, over a dataset of the factory's samples in a fresh process, stays
+    within `budget` (MiB) and within 10 % of the plan's predicted peak."""
+    path = result.save(str(tmp_path / "plan.json"))
+    done = subprocess.run([sys.executable, str(TRAIN_WITH_PLAN), path], capture_output=True, text=True, cwd=REPO,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["mini_steps"] == 4 and out["structure"] == result.structure
+    assert out["peak_mib"] <= budget, (out, str(result))
+    assert abs(result.predicted_peak_mib - out["peak_mib"]) <= 0.1 * out["peak_mib"], (out, str(result))
+
+
 @pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("net", ["conv_net", "char_transformer"])
 def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, tmp_path):
@@ -216,15 +229,7 @@ def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headro
     assert {t.structure for t in timed} == {"three_graphs", "fused", "window"}
     fastest = min((t for t in timed if t.peak_mib <= (1 - HEADROOM) * budget), key=lambda t: t.ms_per_window)
     assert result.structure == fastest.structure
-    # The executor built from the plan, over a dataset of the factory's samples, in a fresh process.
-    path = result.save(str(tmp_path / "plan.json"))
-    done = subprocess.run([sys.executable, str(TRAIN_WITH_PLAN), path], capture_output=True, text=True, cwd=REPO,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
-    assert out["mini_steps"] == 4 and out["structure"] == result.structure
-    assert out["peak_mib"] <= budget, (out, str(result))
-    assert abs(result.predicted_peak_mib - out["peak_mib"]) <= 0.1 * out["peak_mib"], (out, str(result))
+    assert_trained_within(result, budget, tmp_path)
 
 
 @pytest.mark.slow  # make test-all
@@ -248,14 +253,7 @@ def test_a_plan_for_a_parameter_heavy_network_counts_the_parameter_side(tmp_path
     assert measured.get(16, 0) > usable or result.intercept_mib + 16 * result.slope_mib > CONFIRM_UP_TO * usable
     # The line's intercept (B -> 0) holds the parameter side: at least the buffer and AdamW's two moments.
     assert result.intercept_mib >= 3 * params_mib, (params_mib, str(result))
-    path = result.save(str(tmp_path / "plan.json"))
-    done = subprocess.run([sys.executable, str(TRAIN_WITH_PLAN), path], capture_output=True, text=True, cwd=REPO,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
-    assert out["mini_steps"] == 4 and out["structure"] == result.structure
-    assert out["peak_mib"] <= budget, (out, str(result))
-    assert abs(result.predicted_peak_mib - out["peak_mib"]) <= 0.1 * out["peak_mib"], (out, str(result))
+    assert_trained_within(result, budget, tmp_path)
 
 
 def test_from_plan_takes_the_plans_structure_reduction_and_k(tmp_path):
@@ -336,7 +334,7 @@ def test_a_plan_knows_its_ranks_and_network_and_refuses_others(tmp_path):
     assert loaded.check_fits(net, 2) is loaded and loaded.check_fits() is loaded
     with raises_exactly(ValueError, f"For 'GradientAccumulation.from_plan', the plan '{path}' was made for 2 rank(s) "
                                     f"(a global batch of 16 = K 2 x B 4 x 2 rank(s)), but this run has 1: plan again "
-                                    f"with ranks=1."):
+                                    f"for 1 rank(s)."):
         loaded.check_fits(net, 1, "GradientAccumulation.from_plan")
     other = nn.SequentialCell([nn.Dense(6, 32), nn.ReLU(), nn.Dense(32, 3)])
     with raises_exactly(ValueError, f"For 'Plan.check_fits', the plan '{path}' was made for another network, "
@@ -354,7 +352,7 @@ def test_a_plan_knows_its_ranks_and_network_and_refuses_others(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     old_plan = Plan.load(str(tmp_path / "old.json"))
     assert old_plan.network is None and old_plan.check_fits(other, 2) is old_plan
-    with pytest.raises(ValueError, match="plan again with ranks=4"):
+    with pytest.raises(ValueError, match="plan again for 4 rank"):
         Plan.from_dict(old).check_fits(other, 4)
 
 

@@ -90,7 +90,7 @@ def test_a_factory_that_breaks_its_contract_is_refused_before_anything_runs(sign
         code, _, err = run(capsys, *argv)
         assert code == 1, argv
         return cli_error(err)
-    train = ["train", "--ckpt-dir", str(tmp_path), "--batch-size", "16", "--model"]
+    train = ["train", "--ckpt-dir", str(tmp_path / "ckpt"), "--batch-size", "16", "--model"]
     assert error(*train, "signals:no_data") == (
         "ms-accum train: error: For 'ms-accum train', the factory 'signals:no_data' provides no data: return "
         "dataset(batch_size, usage, shard_id, num_shards) as its fifth item (docs/your-model.md).")
@@ -114,7 +114,7 @@ def test_a_factory_that_breaks_its_contract_is_refused_before_anything_runs(sign
     assert error("eval", "--ckpt", "x.ckpt", "--model", "signals:build", "--data", str(tmp_path)) == (
         "ms-accum eval: error: --data applies to the built-in models, but --model is the factory 'signals:build', "
         "whose optimizer and data are its own (change them in the factory).")
-    assert os.listdir(tmp_path) == []  # nothing trained, nothing written
+    assert os.listdir(tmp_path) == []  # nothing trained, nothing written, not even the --ckpt-dir
 
 
 @pytest.mark.slow  # make test-all
@@ -138,4 +138,4 @@ def test_plan_then_train_with_the_plan_trains_your_model_and_refuses_it_once_cha
     assert code == 1 and cli_error(err).startswith(
         "ms-accum train: error: For 'ms-accum train', the plan 'plan.json' was made for another network, 4 trainable "
         "parameters of ")
-    assert cli_error(err).endswith(": plan again for this network.") and os.listdir("ckpt2") == []
+    assert cli_error(err).endswith(": plan again for this network.") and not os.path.exists("ckpt2")

@@ -197,7 +197,7 @@ class Plan:
         if ranks is not None and ranks != self.ranks:
             raise ValueError(f"For '{cls_name}', the plan {name} was made for {self.ranks} rank(s) (a global batch of "
                              f"{self.global_batch} = K {self.accumulate_step} x B {self.batch_size} x {self.ranks} "
-                             f"rank(s)), but this run has {ranks}: plan again with ranks={ranks}.")
+                             f"rank(s)), but this run has {ranks}: plan again for {ranks} rank(s).")
         if network is not None and self.network is not None:
             actual = network_fingerprint(network)
             if actual != self.network:
