@@ -39,7 +39,7 @@ def median_of_3(contender: str, *options: str) -> int:
 
 @pytest.fixture(scope="module")
 def peaks():
-    # The median of 3 fresh processes for the two figures compared within 1.3x: one process's peak moves by up to
+    # The median of 3 fresh processes for the two figures compared within 1.15x: one process's peak moves by up to
     # about 0.15x one B step (docs/mindspore.md, no peak memory on CPU).
     return {"one_kb": peak("one_kb"), "one_b": median_of_3("one_b"), "executor": median_of_3("auto")}
 
@@ -49,7 +49,10 @@ def test_default_executor_costs_about_one_micro_batch_not_the_window(peaks):
     report = f"peak RSS growth MiB: one B step {one_b / 2**20:.0f}, one K*B step {one_kb / 2**20:.0f}, " \
              f"executor default {executor / 2**20:.0f}"
     assert executor < 0.6 * one_kb, report
-    assert executor < 1.3 * one_b, report
+    # The goal is 1.10x; measured 1.02x here and 1.08x by the benchmark's harness on an AVX2-only EPYC, since no eager
+    # pass runs on the way to training. It was 1.12-1.22x while an eager pass checked the network's output before
+    # the first graph call (docs/mindspore.md, an eager pass's memory); 1.15x leaves one process's noise above the goal.
+    assert executor < 1.15 * one_b, report
 
 
 def test_measure_sees_activations(peaks):

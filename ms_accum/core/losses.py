@@ -152,7 +152,7 @@ _checked = weakref.WeakKeyDictionary()  # network -> the reductions its output w
 def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str, cls_name: str,
                       arg_name: str = "network") -> None:
     """
-    Refuses a network (with its loss) whose output does not fit `reduction`, before any training graph compiles.
+    Refuses a network (with its loss) whose output does not fit `reduction`.
 
     ``"weighted_mean"`` needs `(loss, weight)`; ``"mean"`` and ``"sum"`` need a loss alone. Which one the network
     returns is found by running it once on `inputs`, eagerly (PyNative, nothing compiles) and in inference mode (so no
@@ -170,18 +170,28 @@ def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
         ValueError: If `network` returns `(loss, weight)` and `reduction` is not ``"weighted_mean"``, or returns
             something else and `reduction` is ``"weighted_mean"``.
     """
+    misfit = loss_output_error(network, inputs, reduction, cls_name, arg_name)
+    if misfit is not None:
+        raise misfit
+
+
+def loss_output_error(network: nn.Cell, inputs: Sequence[Tensor], reduction: str, cls_name: str,
+                      arg_name: str = "network") -> Optional[ValueError]:
+    """The error `check_loss_output` raises, or None when the output fits; one eager pass, once per network and
+    reduction that fit."""
     if reduction in _checked.get(network, ()):
-        return
+        return None
     out = _eager_output(network, inputs)
     pair = isinstance(out, (tuple, list))
     if pair and reduction != WEIGHTED:
-        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be '{WEIGHTED}' for a loss that returns "
-                         f"(loss, weight), as the '{arg_name}' given does, but got '{reduction}'.")
+        return ValueError(f"For '{cls_name}', the argument 'reduction' must be '{WEIGHTED}' for a loss that returns "
+                          f"(loss, weight), as the '{arg_name}' given does, but got '{reduction}'.")
     if not pair and reduction == WEIGHTED:
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must return (loss, weight) under reduction="
-                         f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their count), "
-                         f"but it returns {_describe(out)}; a loss alone needs reduction='mean' or 'sum'.")
+        return ValueError(f"For '{cls_name}', the argument '{arg_name}' must return (loss, weight) under reduction="
+                          f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their "
+                          f"count), but it returns {_describe(out)}; a loss alone needs reduction='mean' or 'sum'.")
     _checked.setdefault(network, set()).add(reduction)
+    return None
 
 
 def returns_weight(network: nn.Cell, inputs: Sequence[Tensor]) -> bool:

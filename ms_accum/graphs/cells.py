@@ -16,7 +16,7 @@ from ..core import _ops
 from .._validation import check_isinstance, check_positive_float, check_positive_int
 from ..core.buffer import AccumulationBuffer
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
-from ..core.losses import check_loss_output, window_reduction
+from ..core.losses import loss_output_error, window_reduction
 from ..core.parallel import data_parallel_info
 from ..runtime import check_cpu_kernels
 
@@ -85,6 +85,7 @@ class _MicroBatchCell(_BufferCell):
         check_policy_fits(sparse, buffer.guard.policy, cls_name, buffer.leaves_out)
         self.grads_norm = _ops.SparseGradsNorm() if sparse else _ops.DenseGradsNorm()  # for statistics
         self.caller = cls_name  # (nn.Cell has a read-only cls_name)
+        self.loss_arg = "network"  # the argument that gave the loss, for the message (the executor's: loss_fn)
         self.output_checked = False
         self.network.set_grad()
         self.optimizer = optimizer
@@ -92,13 +93,22 @@ class _MicroBatchCell(_BufferCell):
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
 
     def __call__(self, *inputs):
-        # Before the first call compiles: does the network's output fit the buffer's reduction (`(loss, weight)`
-        # for "weighted_mean")? One eager forward pass, once per network; later calls pay nothing for it (slicing a
-        # stacked window's first micro-batch, in particular).
-        if not self.output_checked:
-            check_loss_output(self.network, self.one_micro_batch(inputs), self.buffer.reduction.name, self.caller)
-            self.output_checked = True
-        return super().__call__(*inputs)
+        if self.output_checked:
+            return super().__call__(*inputs)
+        try:
+            out = super().__call__(*inputs)
+        except Exception:
+            # An output that does not fit the buffer's reduction (`(loss, weight)` for "weighted_mean", else a loss)
+            # cannot compile: the backward's sensitivity mirrors the output the reduction expects, so the graph fails
+            # before anything runs. Only then does one eager pass say why (an eager pass's memory stays with the
+            # process: docs/mindspore.md).
+            misfit = loss_output_error(self.network, self.one_micro_batch(inputs), self.buffer.reduction.name,
+                                       self.caller, self.loss_arg)
+            if misfit is None:
+                raise
+            raise misfit from None
+        self.output_checked = True
+        return out
 
     def one_micro_batch(self, inputs):
         """One micro-batch of this Cell's inputs (all of them: a call is one micro-batch)."""

@@ -16,7 +16,7 @@ from ..core.buffer import AccumulationBuffer, check_buffer_dtype
 from ..graphs.cells import (TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow,
                             _StepWindow)
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
-from ..core.losses import check_loss_output, window_reduction
+from ..core.losses import window_reduction
 from .lr import SamplesLR
 from ..core.parallel import data_parallel_info
 from .distributed import check_same_on_all_ranks, gather_ints
@@ -159,21 +159,22 @@ class GradientAccumulation:
         # Refused in this class's name, before the Cells it builds on the buffer would refuse it in theirs.
         check_policy_fits(sparse_gradient_cell(network), self.buffer.guard.policy, name, self.buffer.leaves_out)
         self._clear = TrainClear(self.buffer).set_train()
-        self._graphs = (TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train(),
+        self._graphs = (self._named(TrainForwardBackward(self._net_with_loss, optimizer, self.buffer).set_train()),
                         _CheckWindow(self.buffer, clip_norm).set_train(),
                         _StepWindow(optimizer, self.buffer).set_train(), self._clear)
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
         self._cached = None  # the "cached" structure's TrainCachedWindowCell, which takes windows of any K
+        self._check_first = None  # what checks the run's first micro-batch before any graph: the cached Cell's
         self.plan = None  # the Plan it was built from (`from_plan`), if any
         rate = getattr(optimizer, "learning_rate", None)
         self._samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
         if self._structure == "cached":
-            # Its loss sees whole windows: its Cell's own first-micro-batch check replaces the loss-output check.
+            # Its loss sees whole windows: its Cell checks the first micro-batch eagerly, before anything compiles.
             cached = TrainCachedWindowCell(network, loss_fn, optimizer, clip_norm, buffer=self.buffer).set_train()
             cached.caller = name
             self._cached = cached
-            self._check_output = cached.check_micro_batch
+            self._check_first = cached.check_micro_batch
 
     @classmethod
     def from_plan(cls, plan, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
@@ -228,8 +229,8 @@ class GradientAccumulation:
                                                                                           FusedRunner)
         steps = mini_steps if largest is None else max(mini_steps, largest)
         if steps not in self._cells:
-            self._cells[steps] = cls(self._net_with_loss, self._optimizer, steps, self._clip_norm,
-                                     buffer=self.buffer).set_train()
+            self._cells[steps] = self._named(cls(self._net_with_loss, self._optimizer, steps, self._clip_norm,
+                                                 buffer=self.buffer).set_train())
         return runner(self.buffer, *self._graphs, self._cells[steps])
 
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: Optional[ScheduleLike] = None, *,
@@ -335,8 +336,8 @@ class GradientAccumulation:
                              skipped_windows=runner.skipped)
         windows = _windows(train_dataset, epoch, num_batches, schedule, per_batch, position)
         for n, (k, size, window, opened_at) in enumerate(windows):
-            if n == 0:  # its first micro-batch checks the loss's output, before any graph compiles
-                window = _checking_first(window, self._check_output)
+            if n == 0 and self._check_first is not None:  # before any graph compiles
+                window = _checking_first(window, self._check_first)
             if size < k and partial_window == "drop":
                 for _ in window:  # read, not trained: the data order stays the same
                     pass
@@ -370,8 +371,12 @@ class GradientAccumulation:
                              f"{self.plan.batch_size} samples, but its batch size is {train_dataset.get_batch_size()}.")
         return self.plan.accumulate_step if mini_steps is None else mini_steps
 
-    def _check_output(self, inputs: Sequence[Tensor]) -> None:
-        check_loss_output(self._net_with_loss, inputs, self.buffer.reduction.name, "GradientAccumulation", "loss_fn")
+    @staticmethod
+    def _named(cell: nn.Cell) -> nn.Cell:
+        # A micro-batch Cell refuses a loss whose output does not fit the reduction when its first call fails to
+        # compile; built by the executor, it names the executor and its argument.
+        cell.caller, cell.loss_arg = "GradientAccumulation", "loss_fn"
+        return cell
 
     def _check_run(self, epoch, train_dataset, schedule, partial_window, ckpt_dir, log_every, on_step, save_every,
                    keep_last, resume, name: str) -> int:
