@@ -89,6 +89,13 @@ class TrainWindowCell(TrainAccumulationCell):
         return tuple(x[0] for x in inputs)
 
     def construct(self, *inputs):
+        out = self.train_stack(inputs)
+        self.buffer.close(self.optimizer, self.clip_norm)
+        return out
+
+    def train_stack(self, inputs):
+        """The stack's first `micro_batches` forward, backward and accumulated, in a graph-mode loop: the Cell's
+        output before the window closes."""
         losses = ops.zeros((self.accumulate_step,), ms.float32)
         weights = ops.zeros((self.accumulate_step,), ms.float32)
         norms = ops.zeros((self.accumulate_step, 2), ms.float32)
@@ -107,5 +114,31 @@ class TrainWindowCell(TrainAccumulationCell):
             weights = ops.tensor_scatter_update(weights, at, ops.reshape(ops.cast(weight, ms.float32), (1,)))
             norms = self.buffer.statistics.collect(norms, at, stats)
             i = i + 1
-        self.buffer.close(self.optimizer, self.clip_norm)
         return self.buffer.statistics.output(self.buffer.reduction.window_output(losses, weights), norms)
+
+
+class HostSteppedWindowCell(TrainWindowCell):
+    r"""
+    `TrainWindowCell` without the optimizer: one graph call trains the stacked window and makes it ready (the buffer's
+    `check`), and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
+    ``"window"`` structure).
+
+    An optimizer in the graph after the backward costs memory: with the network's weights in a graph that follows the
+    backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, what is
+    left). Closing on the host costs one more launch per window and no synchronisation the executor does not make
+    anyway.
+
+    Args:
+        The same as `TrainWindowCell`'s.
+
+    Inputs:
+        The same as `TrainWindowCell`'s.
+
+    Outputs:
+        Tuple of `TrainWindowCell`'s output and a bool Tensor, whether the window may be applied: exactly one of the
+        buffer's `step` (if True) or `TrainClear` must follow before the next call.
+    """
+
+    def construct(self, *inputs):
+        out = self.train_stack(inputs)
+        return out, self.buffer.check(self.clip_norm)

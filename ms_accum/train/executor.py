@@ -29,7 +29,7 @@ from .windows import _planned_windows, _samples_read, _windows
 from .schedule import AccumulationSchedule, ScheduleLike
 from ..core.statistics import NoiseScale, check_outliers
 from ..runtime import check_cpu_kernels
-from ..graphs.window import TrainWindowCell
+from ..graphs.window import HostSteppedWindowCell
 from ..graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature, check_same_masks
 
 
@@ -63,8 +63,8 @@ class GradientAccumulation:
         structure (str): How micro-batches run. ``"three_graphs"``: the tutorial's `TrainForwardBackward` per
             micro-batch, then the window's check and its step (or clear) chosen on the host, least memory;
             ``"fused"``: one call per micro-batch (`TrainAccumulationCell`), faster, more memory; ``"window"``: a
-            whole window in one graph call (`TrainWindowCell`), fastest, most memory of the three. ``"auto"``
-            (default) chooses by memory first: ``"three_graphs"``. ``"cached"``: gradient caching
+            whole window in one graph call (`HostSteppedWindowCell`, then the step on the host), fastest, most
+            memory of the three. ``"auto"`` (default) chooses by memory first: ``"three_graphs"``. ``"cached"``: gradient caching
             (`TrainCachedWindowCell`, docs/cached.md) for a loss that couples the samples of a batch (contrastive):
             `network` maps a micro-batch to its outputs and ``loss_fn(outputs, labels)`` runs once per window on all
             of them; the update equals one step on the concatenated batch. It takes reduction ``"mean"`` or
@@ -225,8 +225,8 @@ class GradientAccumulation:
             return ThreeGraphsRunner(self.buffer, *self._graphs)
         if self.structure == "cached":
             return CachedRunner(self.buffer, self._cached)
-        cls, runner = (TrainWindowCell, WindowRunner) if self.structure == "window" else (TrainAccumulationCell,
-                                                                                          FusedRunner)
+        cls, runner = (HostSteppedWindowCell, WindowRunner) if self.structure == "window" else (
+            TrainAccumulationCell, FusedRunner)
         steps = mini_steps if largest is None else max(mini_steps, largest)
         if steps not in self._cells:
             self._cells[steps] = self._named(cls(self._net_with_loss, self._optimizer, steps, self._clip_norm,

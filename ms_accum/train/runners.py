@@ -84,7 +84,8 @@ class FusedRunner(ThreeGraphsRunner):
 
 
 class WindowRunner(FusedRunner):
-    """``"window"``: the window's micro-batches stacked into one `TrainWindowCell` call. A shorter window is stacked to
+    """``"window"``: the window's micro-batches stacked into one `HostSteppedWindowCell` call, which returns the
+    window's verdict; the host then launches `step` or `clear`, as the three graphs do. A shorter window is stacked to
     the Cell's K with copies of its last micro-batch, which the Cell does not train (`set_micro_batches`); a window of
     unequal micro-batches, which cannot be stacked, runs through the three graphs."""
 
@@ -95,10 +96,13 @@ class WindowRunner(FusedRunner):
         padded = window + [window[-1]] * (self.cell.accumulate_step - size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in padded])) for i in range(len(window[0]))]
         self.cell.set_micro_batches(size)
-        out, norms = self.split(self.cell(*stacked))
+        out, applied = self.cell(*stacked)  # a `HostSteppedWindowCell`: the host steps or clears
+        applied = bool(applied.asnumpy())
+        (self.step if applied else self.clear)()
+        out, norms = self.split(out)
         outputs = self.reduction.unstack(out)[:size]
         # Per micro-batch, as the other Cells return them: with its statistics when they were measured.
-        return self._closed_in_graph(outputs if norms is None else list(zip(outputs, norms.asnumpy()[:size])))
+        return outputs if norms is None else list(zip(outputs, norms.asnumpy()[:size])), applied
 
 
 class CachedRunner(ThreeGraphsRunner):
