@@ -407,3 +407,33 @@ class TrainAccumulationCell(_MicroBatchCell):
             self.buffer.close(self.optimizer, self.clip_norm)
         return self.buffer.statistics.output(out, stats)
 
+
+class HostSteppedAccumulationCell(TrainAccumulationCell):
+    r"""
+    `TrainAccumulationCell` without the optimizer: every K-th call ends with the buffer's `check` instead of its
+    `close`, and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
+    ``"fused"`` structure).
+
+    An optimizer in a graph after the backward costs memory: with the network's weights in a branch that follows the
+    backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, what is
+    left). Closing on the host costs one more launch per window.
+
+    Args:
+        The same as `TrainAccumulationCell`'s.
+
+    Inputs:
+        The same as `TrainAccumulationCell`'s.
+
+    Outputs:
+        Tuple of `TrainAccumulationCell`'s output and a bool Tensor: after the K-th micro-batch, whether the window may
+        be applied (exactly one of the buffer's `step`, if True, or `TrainClear` must follow before the next call);
+        before it, False.
+    """
+
+    def construct(self, *inputs):
+        out, step, stats = self.micro_batch(inputs)
+        applied = step < 0  # False: the window is open
+        if step >= self.accumulate_step:
+            applied = self.buffer.check(self.clip_norm)
+        return self.buffer.statistics.output(out, stats), applied
+

@@ -13,7 +13,7 @@ from .._validation import (check_callable, check_isinstance, check_positive_floa
                           check_value_in, check_writable_dir)
 from .._choices import AUTO_STRUCTURE, OUTLIER_WARMUP, PARTIAL_WINDOWS, STRUCTURES
 from ..core.buffer import AccumulationBuffer, check_buffer_dtype
-from ..graphs.cells import (TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow,
+from ..graphs.cells import (HostSteppedAccumulationCell, TrainClear, TrainForwardBackward, TrainingState, _CheckWindow,
                             _StepWindow)
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
 from ..core.losses import window_reduction
@@ -226,7 +226,7 @@ class GradientAccumulation:
         if self.structure == "cached":
             return CachedRunner(self.buffer, self._cached)
         cls, runner = (HostSteppedWindowCell, WindowRunner) if self.structure == "window" else (
-            TrainAccumulationCell, FusedRunner)
+            HostSteppedAccumulationCell, FusedRunner)
         steps = mini_steps if largest is None else max(mini_steps, largest)
         if steps not in self._cells:
             self._cells[steps] = self._named(cls(self._net_with_loss, self._optimizer, steps, self._clip_norm,

@@ -77,10 +77,12 @@ class FusedRunner(ThreeGraphsRunner):
         self.cell = cell
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        outputs = [self.cell(*inputs) for inputs in window]
+        outputs, verdicts = zip(*[self.cell(*inputs) for inputs in window])  # `HostSteppedAccumulationCell`s
         if size < self.cell.accumulate_step:
-            return outputs, self.close()
-        return self._closed_in_graph(outputs)
+            return list(outputs), self.close()
+        applied = bool(verdicts[-1].asnumpy())  # the K-th call checked the window
+        (self.step if applied else self.clear)()
+        return list(outputs), applied
 
 
 class WindowRunner(FusedRunner):

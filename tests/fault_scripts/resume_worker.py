@@ -28,8 +28,8 @@ from mindspore import nn
 import ms_accum.train.checkpoint
 from ms_accum import GradientAccumulation
 from ms_accum.demo.models import MLP
-from ms_accum.graphs.cells import TrainForwardBackward, TrainAccumulationCell
-from ms_accum.graphs.window import TrainWindowCell
+from ms_accum.graphs.cells import HostSteppedAccumulationCell, TrainForwardBackward
+from ms_accum.graphs.window import HostSteppedWindowCell
 from ms_accum.train.distributed import distributed_launch, init_data_parallel
 from ms_accum.train.resume import StateCheckpoints
 from ms_accum.train.schedule import parse_schedule
@@ -46,14 +46,14 @@ def inject(fault: str) -> None:
     kind, _, value = fault.partition(":")
     if kind == "micro":
         calls = {"n": 0}
-        for cls in (TrainAccumulationCell, TrainForwardBackward, TrainWindowCell):
+        for cls in (HostSteppedAccumulationCell, TrainForwardBackward, HostSteppedWindowCell):  # the executor's
             original = cls.__call__
 
             def counted(self, *inputs, _original=original, _cls=cls):
                 out = _original(self, *inputs)
-                if type(self) is not _cls:  # TrainWindowCell inherits TrainAccumulationCell's wrapper: count once
+                if type(self) is not _cls:  # the window Cell inherits the fused Cell's wrapper: count once
                     return out
-                loss = out[0] if isinstance(out, tuple) else out  # the executor's Cells return (loss, statistics)
+                loss = out[0] if isinstance(out, tuple) else out  # (loss, verdict) or (loss, statistics)
                 loss.asnumpy()  # the micro-batch (or window) has run
                 calls["n"] += loss.size  # a window call returns one loss per micro-batch
                 if calls["n"] >= int(value):
