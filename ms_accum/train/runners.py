@@ -32,8 +32,7 @@ class ThreeGraphsRunner:
         self.forward_backward, self.check, self.step, self.clear = forward_backward, check, step, clear
         self.reduction = buffer.reduction
         self.split = buffer.statistics.split
-        self.skipped_windows = buffer.guard.skipped_windows
-        self.skipped = int(self.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
+        self.skipped = int(buffer.guard.skipped_windows.asnumpy())  # so far: a runner answers from its creation on
 
     def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List[float], List[int], bool]:
         """Trains the `size` micro-batches of `window` and closes it.
@@ -56,20 +55,22 @@ class ThreeGraphsRunner:
     def close(self) -> bool:
         """Closes the window the buffer holds: `check`, then `step` or `clear` as the verdict says; returns whether the
         optimizer stepped."""
-        applied = bool(self.check().asnumpy())  # the executor waits for each window's results anyway
+        return self.follow(self.check())
+
+    def follow(self, verdict: Tensor) -> bool:
+        """Launches `step` if the window's `verdict` (the buffer's check) lets it be applied, else `clear`; returns
+        whether the optimizer stepped."""
+        applied = bool(verdict.asnumpy())  # the executor waits for each window's results anyway
         (self.step if applied else self.clear)()
         return applied
 
-    def _closed_in_graph(self, outputs: List) -> Tuple[List, bool]:
-        # A Cell that closed the window in its graph says whether it applied it through the guard's count of skips.
-        return outputs, int(self.skipped_windows.asnumpy()) == self.skipped
-
 
 class FusedRunner(ThreeGraphsRunner):
-    """``"fused"``: one `TrainAccumulationCell` call per micro-batch; it closes the window after the K-th. A shorter
-    window (an epoch's partial one) runs through the same Cell, which then only accumulates, and is closed by the
-    host as the three graphs close theirs: a second graph of the network, `TrainForwardBackward`, would keep
-    activation memory of its own (docs/mindspore.md, each graph's memory)."""
+    """``"fused"``: one `HostSteppedAccumulationCell` call per micro-batch; the K-th also checks the window, and the
+    host launches `step` or `clear` on its verdict. A shorter window (an epoch's partial one) runs through the same
+    Cell, which then only accumulates, and is closed by the host as the three graphs close theirs: a second graph of
+    the network, `TrainForwardBackward`, would keep activation memory of its own (docs/mindspore.md, each graph's
+    memory)."""
 
     def __init__(self, buffer: AccumulationBuffer, forward_backward: nn.Cell, check: nn.Cell, step: nn.Cell,
                  clear: nn.Cell, cell: nn.Cell) -> None:
@@ -80,9 +81,7 @@ class FusedRunner(ThreeGraphsRunner):
         outputs, verdicts = zip(*[self.cell(*inputs) for inputs in window])  # `HostSteppedAccumulationCell`s
         if size < self.cell.accumulate_step:
             return list(outputs), self.close()
-        applied = bool(verdicts[-1].asnumpy())  # the K-th call checked the window
-        (self.step if applied else self.clear)()
-        return list(outputs), applied
+        return list(outputs), self.follow(verdicts[-1])  # the K-th call checked the window
 
 
 class WindowRunner(FusedRunner):
@@ -98,9 +97,8 @@ class WindowRunner(FusedRunner):
         padded = window + [window[-1]] * (self.cell.accumulate_step - size)
         stacked = [Tensor(np.stack([inputs[i].asnumpy() for inputs in padded])) for i in range(len(window[0]))]
         self.cell.set_micro_batches(size)
-        out, applied = self.cell(*stacked)  # a `HostSteppedWindowCell`: the host steps or clears
-        applied = bool(applied.asnumpy())
-        (self.step if applied else self.clear)()
+        out, verdict = self.cell(*stacked)
+        applied = self.follow(verdict)
         out, norms = self.split(out)
         outputs = self.reduction.unstack(out)[:size]
         # Per micro-batch, as the other Cells return them: with its statistics when they were measured.
