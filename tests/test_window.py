@@ -10,6 +10,8 @@ import mindspore as ms
 from mindspore import Tensor, amp, nn
 
 from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainForwardBackward, TrainOptim, TrainWindowCell
+from ms_accum.graphs.cells import HostSteppedAccumulationCell, _StepWindow
+from ms_accum.graphs.window import HostSteppedWindowCell
 from conftest import make_optimizer, raises_exactly
 
 K, B, FEATURES, CLASSES, WINDOWS = 4, 5, 6, 3, 3
@@ -262,3 +264,37 @@ def test_an_open_window_in_the_buffer_is_refused():
                                     "holds 1 micro-batch(es): close it first (TrainOptim and TrainClear)."):
         window(Tensor(x), Tensor(y))
     assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(net.trainable_params(), before))
+
+
+@pytest.mark.parametrize("case", ["momentum", "clip_scaled"])
+def test_the_executors_cells_leave_the_step_to_the_host_and_equal_the_public_ones(case):
+    # HostSteppedWindowCell and HostSteppedAccumulationCell (the executor's "window" and "fused") end with the buffer's
+    # check and return its verdict; the host then runs the step. Bit-identical to the Cells that step in their graph.
+    optimizer, kwargs = CASES[case]
+    (window, window_opt), (fused, fused_opt) = twins(optimizer, **kwargs)
+    hosted = []
+    for cls in (HostSteppedWindowCell, HostSteppedAccumulationCell):
+        net = small_net()
+        opt = make_optimizer(optimizer, net.trainable_params())
+        cell = cls(with_loss(net), opt, K, **kwargs).set_train()
+        hosted.append((cell, opt, _StepWindow(opt, cell.buffer).set_train()))
+    (h_window, h_window_opt, window_step), (h_fused, h_fused_opt, fused_step) = hosted
+    x, y = windows()
+    for w in range(WINDOWS):
+        window(Tensor(x[w]), Tensor(y[w]))
+        before = params_of(h_window_opt)
+        _, verdict = h_window(Tensor(x[w]), Tensor(y[w]))
+        assert bool(verdict.asnumpy()) and all(np.array_equal(a, b) for a, b in zip(before, params_of(h_window_opt)))
+        window_step()
+        for k in range(K):
+            fused(Tensor(x[w, k]), Tensor(y[w, k]))
+            _, verdict = h_fused(Tensor(x[w, k]), Tensor(y[w, k]))
+            assert bool(verdict.asnumpy()) is (k == K - 1)  # only the K-th call checks the window
+        fused_step()
+        assert_buffer_empty(h_window)
+        assert_buffer_empty(h_fused)
+    for reference, hosted_opt in ((window_opt, h_window_opt), (fused_opt, h_fused_opt)):
+        assert all(np.array_equal(a, b) for a, b in zip(params_of(reference), params_of(hosted_opt)))
+        assert optimizer_state(reference).keys() and all(
+            np.array_equal(a, b) for a, b in zip(optimizer_state(reference).values(),
+                                                 optimizer_state(hosted_opt).values()))
