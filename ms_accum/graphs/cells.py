@@ -415,8 +415,8 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
     ``"fused"`` structure).
 
     An optimizer in a graph after the backward costs memory: with the network's weights in a branch that follows the
-    backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, what is
-    left). Closing on the host costs one more launch per window.
+    backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, an
+    optimizer in a graph after the backward). Closing on the host costs one more launch per window.
 
     Args:
         The same as `TrainAccumulationCell`'s.
@@ -436,4 +436,3 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
         if step >= self.accumulate_step:
             applied = self.buffer.check(self.clip_norm)
         return self.buffer.statistics.output(out, stats), applied
-

@@ -124,9 +124,9 @@ class HostSteppedWindowCell(TrainWindowCell):
     ``"window"`` structure).
 
     An optimizer in the graph after the backward costs memory: with the network's weights in a graph that follows the
-    backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, what is
-    left). Closing on the host costs one more launch per window and no synchronisation the executor does not make
-    anyway.
+    backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, an
+    optimizer in a graph after the backward). Closing on the host costs one more launch per window and no
+    synchronisation the executor does not make anyway.
 
     Args:
         The same as `TrainWindowCell`'s.

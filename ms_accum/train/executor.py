@@ -64,10 +64,10 @@ class GradientAccumulation:
             micro-batch, then the window's check and its step (or clear) chosen on the host, least memory;
             ``"fused"``: one call per micro-batch (`HostSteppedAccumulationCell`, then the step on the host),
             faster, more memory; ``"window"``: a whole window in one graph call (`HostSteppedWindowCell`, then the
-            step on the host), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first: ``"three_graphs"``. ``"cached"``: gradient caching
-            (`TrainCachedWindowCell`, docs/cached.md) for a loss that couples the samples of a batch (contrastive):
-            `network` maps a micro-batch to its outputs and ``loss_fn(outputs, labels)`` runs once per window on all
-            of them; the update equals one step on the concatenated batch. It takes reduction ``"mean"`` or
+            step on the host), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
+            ``"three_graphs"``. ``"cached"``: gradient caching (`TrainCachedWindowCell`, docs/cached.md) for a
+            loss that couples the samples of a batch (contrastive): `network` maps a micro-batch to its outputs and
+            ``loss_fn(outputs, labels)`` runs once per window on all of them; the update equals one step on the concatenated batch. It takes reduction ``"mean"`` or
             ``"sum"`` (both: the window's loss as `loss_fn` computes it), ``policy="skip_window"``, no statistics or
             outlier skipping.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
