@@ -6,7 +6,7 @@ import warnings
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import nn
 from mindspore.dataset import Dataset, config as ds_config
 
 from .._validation import (check_callable, check_isinstance, check_positive_float, check_positive_int,
@@ -24,7 +24,7 @@ from .plan import Plan
 from .recompute import recompute_cells
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
-from .runners import CachedRunner, MicroBatches, FusedRunner, ThreeGraphsRunner, WindowRunner
+from .runners import CachedRunner, FusedRunner, ThreeGraphsRunner, WindowRunner
 from .windows import _planned_windows, _samples_read, _windows
 from .schedule import AccumulationSchedule, ScheduleLike
 from ..core.statistics import NoiseScale, check_outliers
@@ -67,9 +67,9 @@ class GradientAccumulation:
             step on the host), fastest, most memory of the three. ``"auto"`` (default) chooses by memory first:
             ``"three_graphs"``. ``"cached"``: gradient caching (`TrainCachedWindowCell`, docs/cached.md) for a
             loss that couples the samples of a batch (contrastive): `network` maps a micro-batch to its outputs and
-            ``loss_fn(outputs, labels)`` runs once per window on all of them; the update equals one step on the concatenated batch. It takes reduction ``"mean"`` or
-            ``"sum"`` (both: the window's loss as `loss_fn` computes it), ``policy="skip_window"``, no statistics or
-            outlier skipping.
+            ``loss_fn(outputs, labels)`` runs once per window on all of them; the update equals one step on the
+            concatenated batch. It takes reduction ``"mean"`` or ``"sum"`` (both: the window's loss as `loss_fn`
+            computes it), ``policy="skip_window"``, no statistics or outlier skipping.
         policy (str): A window whose gradient or loss is not finite is never applied. ``"skip_window"``
             (default) skips the whole window; ``"skip_microbatch"`` leaves out the bad micro-batches and takes the
             mean over the rest (see `ms_accum.core.guard`). Skips are counted, and warned about without a loss scaler.
@@ -165,16 +165,15 @@ class GradientAccumulation:
         self._state = TrainingState(self._net_with_loss, optimizer, self.buffer)
         self._cells = {}  # K -> the fused or window Cell; K is a graph constant of theirs
         self._cached = None  # the "cached" structure's TrainCachedWindowCell, which takes windows of any K
-        self._check_first = None  # what checks the run's first micro-batch before any graph: the cached Cell's
         self.plan = None  # the Plan it was built from (`from_plan`), if any
         rate = getattr(optimizer, "learning_rate", None)
         self._samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
         if self._structure == "cached":
-            # Its loss sees whole windows: its Cell checks the first micro-batch eagerly, before anything compiles.
+            # Its loss sees whole windows: its Cell checks the first micro-batch eagerly (`train_window`), before
+            # anything compiles.
             cached = TrainCachedWindowCell(network, loss_fn, optimizer, clip_norm, buffer=self.buffer).set_train()
             cached.caller = name
             self._cached = cached
-            self._check_first = cached.check_micro_batch
 
     @classmethod
     def from_plan(cls, plan, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
@@ -335,9 +334,7 @@ class GradientAccumulation:
         result = TrainResult(dropped_windows=position.dropped_windows, resumed_from=resumed_from,
                              skipped_windows=runner.skipped)
         windows = _windows(train_dataset, epoch, num_batches, schedule, per_batch, position)
-        for n, (k, size, window, opened_at) in enumerate(windows):
-            if n == 0 and self._check_first is not None:  # before any graph compiles
-                window = _checking_first(window, self._check_first)
+        for k, size, window, opened_at in windows:
             if size < k and partial_window == "drop":
                 for _ in window:  # read, not trained: the data order stays the same
                     pass
@@ -431,13 +428,6 @@ class GradientAccumulation:
         result.steps.append(record)
         result.outliers += [(position.epoch, batch) for batch in outliers]
         return record, window
-
-
-def _checking_first(window: MicroBatches, check: Callable[[Sequence[Tensor]], None]) -> MicroBatches:
-    for i, inputs in enumerate(window):
-        if i == 0:
-            check(inputs)
-        yield inputs
 
 
 def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer, name: str) -> None:
