@@ -59,6 +59,7 @@ def measure(contender: str, k: int):
     from mindspore import nn
     from ms_accum import GradientAccumulation
     from ms_accum.tools.planner import process_status
+    from ms_accum.train.options import QUIET
     from .common import over, setup
     setup()
     net, loss, opt, sample = _parts()
@@ -68,8 +69,8 @@ def measure(contender: str, k: int):
         GLOBAL_BATCH if contender == "one_kb" else micro, drop_remainder=True)
     start = process_status("VmRSS")
     if contender == "cached":
-        GradientAccumulation(net, loss, opt, structure="cached").train_process(1, dataset, k, ckpt_dir=None,
-                                                                               verbose=False)
+        GradientAccumulation(net, loss, opt, structure="cached").train_process(1, dataset, k, checkpoints=None,
+                                                                               log=QUIET)
     else:
         over(dataset, nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train())(0)
     return process_status("VmHWM") - start, int(sum(p.nbytes for p in net.trainable_params()))

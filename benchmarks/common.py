@@ -273,9 +273,13 @@ def docs_tutorial(network, loss, optimizer):
 
 
 def executor(network, loss, optimizer, structure: str = "auto", **options):
+    """`GradientAccumulation` with the reduction `loss` needs; `options` are its `guard` and `statistics` objects."""
     from ms_accum import GradientAccumulation
-    return GradientAccumulation(network, loss, optimizer, reduction="weighted_mean" if weighted(loss) else "mean",
-                                structure=structure, **options)
+    from ms_accum.train.options import WindowOptions
+    reduction = "weighted_mean" if weighted(loss) else "mean"
+    window = options.pop("window", None) or WindowOptions()
+    return GradientAccumulation(network, loss, optimizer, structure=structure,
+                                window=WindowOptions(reduction, window.clip_norm, window.buffer_dtype), **options)
 
 
 def sync(out) -> None:

@@ -34,8 +34,12 @@ from .common import MIB, fresh_process
 
 GLOBAL_BATCH, WINDOWS = 32, 2
 STRUCTURES = ("three_graphs", "fused", "window")
-OPTIONS = {"statistics": {"statistics": True}, "clip": {"clip_norm": 1.0},
-           "skip_microbatch": {"policy": "skip_microbatch"}, "outliers": {"skip_outliers": 6.0}}
+# option -> the executor's argument, its class in `ms_accum.train.options` and its fields; built by `executor_options`
+# in the fresh process (building some of them loads MindSpore)
+OPTIONS = {"statistics": ("statistics", "StatisticsOptions", {"norms": True}),
+           "clip": ("window", "WindowOptions", {"clip_norm": 1.0}),
+           "skip_microbatch": ("guard", "GuardOptions", {"policy": "skip_microbatch"}),
+           "outliers": ("statistics", "StatisticsOptions", {"skip_outliers": 6.0})}
 # contender -> what it is, as the tables name it
 CONTENDERS = {
     "one_b": "plain step on B (nn.TrainOneStepCell)",
@@ -62,11 +66,21 @@ REAL_GOALS = {"three_graphs": 1.10, "fused": 1.25, "window": 1.25}  # over the p
 
 
 # ------------------------------------------------------------------------------------------- in the fresh process
+def executor_options(option: str) -> dict:
+    """The executor's keyword arguments for `option` of `OPTIONS` (none for ``""``)."""
+    if not option:
+        return {}
+    from ms_accum.train import options
+    argument, kind, fields = OPTIONS[option]
+    return {argument: getattr(options, kind)(**fields)}
+
+
 def measure(factory: str, contender: str, k: int):
     """(peak RSS growth, trainable bytes) of `contender` training two windows of `factory`'s network, here."""
     import mindspore.dataset as ds
     from ms_accum.demo import models
     from ms_accum.tools.planner import process_status
+    from ms_accum.train.options import QUIET
     from .common import (accumulator_step, docs_page_step, docs_tutorial, executor, one_step_cell, over, setup,
                          sync)
     setup()
@@ -78,8 +92,8 @@ def measure(factory: str, contender: str, k: int):
     start = process_status("VmRSS")
     structure, _, option = contender.partition("+")
     if structure in STRUCTURES:
-        executor(net, loss, opt, structure, **OPTIONS.get(option, {})).train_process(1, dataset, k, ckpt_dir=None,
-                                                                                     verbose=False)
+        executor(net, loss, opt, structure, **executor_options(option)).train_process(1, dataset, k, checkpoints=None,
+                                                                                     log=QUIET)
     elif contender == "docs_tutorial":
         sync(docs_tutorial(net, loss, opt).run(dataset.create_tuple_iterator(num_epochs=1), k))
     else:
@@ -101,6 +115,7 @@ def measure_real(factory: str, optimizer: str, contender: str, layers: Optional[
     import mindspore.dataset as ds
     from ms_accum.demo import models
     from ms_accum.tools.planner import process_status
+    from ms_accum.train.options import QUIET
     from .common import executor, one_step_cell, over, setup
     setup()
     sizes = {name: value for name, value in (("layers", layers), ("seq", seq)) if value is not None}
@@ -111,7 +126,7 @@ def measure_real(factory: str, optimizer: str, contender: str, layers: Optional[
     if contender == "one_b":
         over(dataset, one_step_cell(net, loss, opt))(0)
     else:
-        executor(net, loss, opt, contender).train_process(1, dataset, REAL_K, ckpt_dir=None, verbose=False)
+        executor(net, loss, opt, contender).train_process(1, dataset, REAL_K, checkpoints=None, log=QUIET)
     train = process_status("VmHWM") - start
     with tempfile.TemporaryDirectory() as folder:  # what the executor's final checkpoint does
         ms.save_checkpoint(net, os.path.join(folder, "final.ckpt"))

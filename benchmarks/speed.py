@@ -15,6 +15,7 @@ machine slows them alike. The documentation's code is the benchmark's own copy o
 from __future__ import annotations
 
 import numpy as np
+from ms_accum.train.options import QUIET, StatisticsOptions
 
 from .common import (K, Table, accumulator_step, build, docs_page_step, docs_tutorial, executor, interleave, log,
                      loop, one_step_cell, over, short, sync)
@@ -110,7 +111,7 @@ def epoch(data_dir: str, images: int, rounds: int, warmup: int = 1) -> Table:
     def trained(structure="auto", **options):
         def make(net, loss, opt):
             model, dataset = executor(net, loss, opt, structure, **options), data(32)
-            return lambda _n: model.train_process(1, dataset, K, ckpt_dir=None, verbose=False)
+            return lambda _n: model.train_process(1, dataset, K, checkpoints=None, log=QUIET)
         return make
 
     def tutorial(net, loss, opt):
@@ -126,7 +127,7 @@ def epoch(data_dir: str, images: int, rounds: int, warmup: int = 1) -> Table:
         DEFAULT: trained(),
         FUSED: trained("fused"),
         WINDOW: trained("window"),
-        STATISTICS: trained(statistics=True),
+        STATISTICS: trained(statistics=StatisticsOptions(norms=True)),
     }
     contenders = {name: make(*build("lenet5")[:3]) for name, make in builders.items()}
     table = Table("epoch", f"LeNet5 over real MNIST, {images} images a round, B=32, K=4 (ms_accum through "
@@ -149,7 +150,7 @@ def heavy(factory: str, windows: int, rounds: int, warmup: int = 1, micro: int =
     def trained(structure="auto"):
         def make(net, loss, opt):
             model, dataset = executor(net, loss, opt, structure), data(micro)
-            return lambda _n: model.train_process(1, dataset, K, ckpt_dir=None, verbose=False)
+            return lambda _n: model.train_process(1, dataset, K, checkpoints=None, log=QUIET)
         return make
 
     def tutorial(net, loss, opt):

@@ -46,17 +46,18 @@ class ArgumentValueError(ArgumentError, ValueError):
 
 class door(contextlib.ContextDecorator):  # noqa: N801  (read as a decorator: @door("Accumulator"))
     """A public entry point: an `ArgumentError` raised inside is named after `name`, unless an outer door, the one
-    the user called, names it after itself. As a decorator or a ``with`` block."""
+    the user called, names it after itself. As a decorator or a ``with`` block. A `final` door names them for good:
+    for errors about another door's arguments found later (a loss that does not fit, found when training)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, final: bool = False) -> None:
+        self.name, self.final = name, final
 
     def __enter__(self) -> "door":
         return self
 
     def __exit__(self, kind, error, traceback) -> bool:
         if isinstance(error, ArgumentError) and not error.final:
-            error.caller = self.name
+            error.caller, error.final = self.name, self.final
         return False
 
 

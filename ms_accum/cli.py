@@ -30,6 +30,7 @@ from typing import List, Optional
 
 from ._choices import DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
+from ._validation import door
 
 MODEL_NAMES = tuple(DEMO_FACTORIES)
 OPTIMIZERS = ("momentum", "sgd", "adam")
@@ -39,8 +40,9 @@ SYNTHETIC_NOTE = "SYNTHETIC data, not MNIST"
 FALLBACK_SIZES = (30000, 2000)
 
 
-# What `train` uses when neither the command line nor a plan (--plan) says.
-TRAIN_DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_steps": 4, "structure": "auto"}
+# The model, micro-batch, K and structure when the command line does not say. `train` leaves them None until
+# `_apply_plan` has read its plan (--plan), which says them too.
+DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_steps": 4, "structure": "auto"}
 
 
 class CliError(Exception):
@@ -74,16 +76,43 @@ def model_or_factory(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: a sub-command per task, each with its own options."""
     parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
+    _add_eval_parser(sub)
+    _add_verify_parser(sub)
+    _add_plan_parser(sub)
+    return parser
 
+
+def _add_train_parser(sub) -> None:
     train = sub.add_parser("train", help="train with gradient accumulation, save a checkpoint, evaluate it")
-    _add_training_arguments(train, "micro-batch size; each update sees K*B samples (default 32)")
+    _add_training_arguments(train, "micro-batch size; each update sees K*B samples", planned=True)
     train.add_argument("--epochs", type=positive_int, default=1, metavar="E")
+    train.add_argument("--structure", choices=STRUCTURES,
+                       help=f"how micro-batches run (default {DEFAULTS['structure']}: three_graphs, the least memory; "
+                            f"window and fused are faster and keep more activations alive)")
+    _add_window_arguments(train)
+    train.add_argument("--num-samples", type=positive_int, metavar="N", help="train on the first N images only")
+    _add_data_arguments(train)
+    _add_fallback_arguments(train)
+    _add_checkpoint_arguments(train)
+    train.add_argument("--accumulate-schedule", type=accumulate_schedule, metavar="SAMPLES:K,...",
+                       help="K as a schedule of the global samples consumed, e.g. 0:2,4096:4,16384:8 (a batch "
+                            "ramp-up; instead of --accumulate-steps)")
+    train.add_argument("--plan", metavar="FILE",
+                       help="take --batch-size, --accumulate-steps and --structure from a plan that 'ms-accum plan "
+                            "--output FILE' wrote for this model")
+    train.add_argument("--distributed", action="store_true",
+                       help="require data parallelism over msrun's workers (automatic under msrun); --batch-size "
+                            "is then the global micro-batch, split evenly over the workers")
+
+
+def _add_window_arguments(train: argparse.ArgumentParser) -> None:
+    """How each window becomes an update: clipping, statistics and outliers, non-finite windows, loss scaling,
+    recomputation, an epoch's last window."""
     train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
-    train.add_argument("--structure", choices=STRUCTURES, default="auto",
-                       help="how micro-batches run (default auto: three_graphs, the least memory; window and "
-                            "fused are faster and keep more activations alive)")
     train.add_argument("--statistics", action="store_true",
                        help="measure each window's and each micro-batch's gradient norm, listed in --json (a few "
                             "percent of a small network's step; implied by --noise-scale and --skip-outliers)")
@@ -107,9 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                       "pass, e.g. conv1 conv2 (saves memory)")
     train.add_argument("--partial-window", choices=PARTIAL_WINDOWS, default="apply",
                        help="what to do with an epoch's last, incomplete window (default apply)")
-    train.add_argument("--num-samples", type=positive_int, metavar="N", help="train on the first N images only")
-    _add_data_arguments(train)
-    _add_fallback_arguments(train)
+
+
+def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
+    """Where `train` saves, how often, what it resumes from, and whether it evaluates the result."""
     train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", help="where the checkpoint goes (default ckpt)")
     train.add_argument("--save-every", type=positive_int, metavar="N",
                        help="save the whole training state every N optimizer steps, to resume from")
@@ -118,37 +148,33 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
                             "there is none); the end result equals the uninterrupted run's")
     train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
-    train.add_argument("--accumulate-schedule", type=accumulate_schedule, metavar="SAMPLES:K,...",
-                       help="K as a schedule of the global samples consumed, e.g. 0:2,4096:4,16384:8 (a batch "
-                            "ramp-up; instead of --accumulate-steps)")
-    train.add_argument("--plan", metavar="FILE",
-                       help="take --batch-size, --accumulate-steps and --structure from a plan that 'ms-accum plan "
-                            "--output FILE' wrote for this model")
-    train.set_defaults(**{name: None for name in TRAIN_DEFAULTS})  # resolved in run_train, after the plan
-    train.add_argument("--distributed", action="store_true",
-                       help="require data parallelism over msrun's workers (automatic under msrun); --batch-size "
-                            "is then the global micro-batch, split evenly over the workers")
 
+
+def _add_eval_parser(sub) -> None:
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint on the MNIST test set, or a factory's evaluation "
                                            "data (strict loading)")
     evaluate.add_argument("--ckpt", required=True, metavar="FILE")
-    _add_model_argument(evaluate, None)
+    _add_model_argument(evaluate, None, "the model recorded in the checkpoint")
     evaluate.add_argument("--batch-size", type=positive_int, default=256, metavar="B")
     evaluate.add_argument("--num-samples", type=positive_int, metavar="N", help="evaluate the first N test images")
     _add_data_arguments(evaluate)
 
+
+def _add_verify_parser(sub) -> None:
     verify = sub.add_parser("verify", help="check that K accumulated micro-batches give the update of one K*B "
                                            "batch, parameter by parameter (exit 1 if not)")
     _add_training_arguments(verify, "micro-batch size; the large batch is the first K*B training images, or K*B "
-                                    "samples from a factory's sample() (default 32)")
+                                    "samples from a factory's sample()")
     verify.add_argument("--rtol", type=positive_float, default=1e-5, help="relative tolerance (default 1e-5)")
     verify.add_argument("--atol", type=positive_float, default=1e-6, help="absolute tolerance (default 1e-6)")
     _add_data_arguments(verify)
     _add_fallback_arguments(verify)
 
+
+def _add_plan_parser(sub) -> None:
     planner = sub.add_parser("plan", help="choose the micro-batch, K and structure for a global batch within a "
                                           "memory budget, from peak memory measured in fresh processes")
-    _add_model_argument(planner, "lenet5")
+    _add_model_argument(planner, DEFAULTS["model"], DEFAULTS["model"])
     planner.add_argument("--global-batch", type=positive_int, required=True, metavar="N",
                          help="samples per optimizer step, over all ranks")
     planner.add_argument("--memory", type=memory_size, metavar="SIZE",
@@ -159,14 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--device", choices=DEVICES, default="CPU")
     planner.add_argument("--json", action="store_true", help="print the plan as one JSON line")
     planner.add_argument("--quiet", action="store_true", help="no line per trial")
-    return parser
 
 
 def accumulate_schedule(text: str) -> dict:
     """``samples:K,...`` as a dict (`ms_accum.train.schedule.parse_schedule`)."""
     from .train.schedule import parse_schedule
     try:
-        return parse_schedule(text, "--accumulate-schedule", "ms-accum train")
+        with door("ms-accum train"):
+            return parse_schedule(text, "--accumulate-schedule")
     except (TypeError, ValueError) as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -175,7 +201,8 @@ def memory_size(text: str) -> int:
     """Bytes of a size such as 800MiB or 2GiB (`ms_accum.tools.planner.parse_size`)."""
     from .tools.planner import parse_size
     try:
-        return parse_size(text, "--memory", "ms-accum plan")
+        with door("ms-accum plan"):
+            return parse_size(text, "--memory")
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -188,23 +215,27 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str) -> None:
-    """What `train` and `verify` share: the model (a built-in one or your own), K, B, the optimizer and the seed."""
-    _add_model_argument(parser, "lenet5")
-    parser.add_argument("--accumulate-steps", type=positive_int, default=4, metavar="K",
-                        help="micro-batches per optimizer step (default 4)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="B", help=batch_help)
+def _add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, planned: bool = False) -> None:
+    """What `train` and `verify` share: the model (a built-in one or your own), K, B, the optimizer and the seed.
+    `planned` (`train`): the model, K and B stay None unless given, for `_apply_plan` to fill in."""
+    default = dict.fromkeys(DEFAULTS) if planned else DEFAULTS
+    _add_model_argument(parser, default["model"], DEFAULTS["model"])
+    parser.add_argument("--accumulate-steps", type=positive_int, default=default["accumulate_steps"], metavar="K",
+                        help=f"micro-batches per optimizer step (default {DEFAULTS['accumulate_steps']})")
+    parser.add_argument("--batch-size", type=positive_int, default=default["batch_size"], metavar="B",
+                        help=f"{batch_help} (default {DEFAULTS['batch_size']})")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
     parser.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
     parser.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
     parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
 
 
-def _add_model_argument(parser: argparse.ArgumentParser, default: Optional[str]) -> None:
+def _add_model_argument(parser: argparse.ArgumentParser, default: Optional[str], shown: str) -> None:
+    """--model, `default` when not given, which its help calls `shown`."""
     parser.add_argument("--model", type=model_or_factory, default=default, metavar="{lenet5,mlp,MODULE:FUNCTION}",
                         help=f"a built-in model, or your factory returning (network, loss, optimizer, sample[, "
                              f"dataset]), whose optimizer and data are used as they are (docs/your-model.md; default "
-                             f"{default or 'the model recorded in the checkpoint'})")
+                             f"{shown})")
 
 
 def _add_fallback_arguments(parser: argparse.ArgumentParser) -> None:
@@ -332,116 +363,150 @@ def _demo_job(args: argparse.Namespace, parallel, world: int) -> _Job:
         # per shard in MindSpore's DistributedSampler (measured), so each worker takes its share, rounded up.
         shards = {"num_shards": world, "shard_id": parallel.rank}
         num_samples = None if num_samples is None else -(-num_samples // world)
-    dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
-                          seed=args.seed, num_samples=num_samples, cls_name="ms-accum train", **shards)
-    return _Job(network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                make_optimizer(settings, network.trainable_params()), dataset, args.model, os.path.abspath(data_dir),
-                synthetic, {**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic})
+    with door("ms-accum train"):
+        dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
+                              seed=args.seed, num_samples=num_samples, **shards)
+    return _Job(network=network, loss_fn=nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                optimizer=make_optimizer(settings, network.trainable_params()), dataset=dataset, ckpt_name=args.model,
+                source=os.path.abspath(data_dir), synthetic=synthetic,
+                settings={**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic})
 
 
 def _factory_job(args: argparse.Namespace, parallel, world: int) -> _Job:
     """Your factory's network, loss and optimizer (as it built them) on its own training data, this rank's shard."""
     from .tools.factory import load_model
-    user = load_model(args.model, "ms-accum train")
-    rank = 0 if parallel is None else parallel.rank
-    dataset = user.data(args.batch_size // world, "train", rank, world, "ms-accum train")
-    return _Job(user.network, user.loss_fn, user.optimizer, dataset, re.sub(r"\W", "_", args.model),
-                f"the data of {args.model}", False, {"optimizer": type(user.optimizer).__name__})
+    with door("ms-accum train"):
+        user = load_model(args.model)
+        dataset = user.data(args.batch_size // world, "train", 0 if parallel is None else parallel.rank, world)
+    return _Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
+                ckpt_name=re.sub(r"\W", "_", args.model), source=f"the data of {args.model}", synthetic=False,
+                settings={"optimizer": type(user.optimizer).__name__})
 
 
 def run_train(args: argparse.Namespace) -> Optional[dict]:
     """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
-    from ._validation import check_writable_dir
     from .tools.factory import is_factory
-    parallel = None
     planned = _apply_plan(args)
     factory = is_factory(args.model)
     _refuse_with_factory(args, factory, ("optimizer", "lr", "momentum", "data", "num_samples", "download",
                                          "synthetic_fallback"))
-    launched = _launcher_world_size(args) is not None
-    runtime.set_device(args.device)
-    if launched:
-        # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be
-        # written before it.
-        from .train.distributed import init_data_parallel
-        parallel = init_data_parallel()
+    parallel = _join_launcher(args)
     world = 1 if parallel is None else parallel.group_size
     main = parallel is None or parallel.is_main
-
     import mindspore as ms
-    from .demo.evaluation import evaluate_checkpoint
-    from .train.executor import GradientAccumulation
-    from .train.recompute import recompute_cells
-    from .train.windows import count_windows
-    from .train.schedule import pairs_text
-
     ms.set_seed(args.seed)
     job = (_factory_job if factory else _demo_job)(args, parallel, world)
-    if planned is not None:
-        planned.check_fits(job.network, world, "ms-accum train")
-    dataset = job.dataset
-    mini_steps = args.accumulate_schedule or args.accumulate_steps
-    k_text = pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_steps
-    windows = count_windows(dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
-                            args.partial_window)
-    if args.recompute:  # marked here, so that a bad cell is refused in the command's terms
-        recompute_cells(job.network, args.recompute, "ms-accum train", "--recompute")
-    executor = GradientAccumulation(job.network, job.loss_fn, job.optimizer, clip_norm=args.clip_norm,
-                                    structure=args.structure, policy=args.policy, loss_scaler=_loss_scaler(args),
-                                    stop_on_nonfinite=args.stop_on_nonfinite,
-                                    statistics=args.statistics, noise_scale=args.noise_scale,
-                                    skip_outliers=args.skip_outliers,
-                                    outlier_warmup=args.outlier_warmup)
-    # Created only now, once every argument was accepted: a refused run leaves no directory behind.
-    ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir", "ms-accum train") if main else args.ckpt_dir
-    label = f"{args.model}, K={k_text} x B={args.batch_size}" + (
-        f" ({SYNTHETIC_NOTE})" if job.synthetic else "")
-    if parallel is not None:
-        label += f", {world} workers"
-    metadata = {"model": args.model, "accumulate_steps": k_text, "batch_size": args.batch_size, "seed": args.seed,
-                "world_size": world, **job.settings}
-    with _progress(windows, f"train {label}", args.quiet or not main) as bar:
-        def on_step(record):
-            bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
-            noise = {} if record.noise_scale is None else {"noise_scale": f"{record.noise_scale:.0f}"}
-            bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
-                            refresh=False)
-        result = executor.train_process(args.epochs, dataset, mini_steps,
-                                        partial_window=args.partial_window, ckpt_dir=ckpt_dir,
-                                        ckpt_name=job.ckpt_name, verbose=False, on_step=on_step, metadata=metadata,
-                                        save_every=args.save_every, keep_last=args.keep_last, resume=args.resume)
+    executor = _executor(args, job, planned, world)
+    checkpoints = _checkpoints(args, job, world, main)
+    label = f"{args.model}, K={_k_text(args)} x B={args.batch_size}" + (
+        f" ({SYNTHETIC_NOTE})" if job.synthetic else "") + ("" if parallel is None else f", {world} workers")
+    result = _train(args, executor, job, checkpoints, label, args.quiet or not main)
     if not main:
         return None
-    plot = save_loss_plot(result.losses, os.path.join(ckpt_dir, f"{job.ckpt_name}_loss.png"), label,
-                          [record.accumulate_step for record in result.steps],
-                          [record.noise_scale for record in result.steps] if args.noise_scale else None)
+    ks = [record.accumulate_step for record in result.steps]
+    noise = [record.noise_scale for record in result.steps] if args.noise_scale else None
+    plot = save_loss_plot(result.losses, os.path.join(checkpoints.directory, f"{job.ckpt_name}_loss.png"), label, ks,
+                          noise)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": job.synthetic,
                "data": job.source, "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
                "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
-               "accumulate_steps": [record.accumulate_step for record in result.steps],
+               "accumulate_steps": ks,
                "grad_norm": [record.grad_norm for record in result.steps] if executor.statistics else None,
-               "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
-               "outliers": result.outliers,
+               "noise_scale": noise, "outliers": result.outliers,
                "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
     if not args.json:
-        tag = f" [{SYNTHETIC_NOTE}]" if job.synthetic else ""
-        resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
-        loss = "" if summary["final_loss"] is None else f", final window loss {summary['final_loss']:.6f}"
-        skipped = f", {result.skipped_windows} non-finite window(s) skipped" if result.skipped_windows else ""
-        if result.outliers:
-            skipped += (f", {len(result.outliers)} outlier micro-batch(es) left out (epoch, batch): "
-                        f"{', '.join(map(str, result.outliers))}")
-        print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{skipped}"
-              f"{tag}")
-        print(f"Checkpoint: {result.checkpoint}\nLoss curve: {plot}")
+        _print_trained(label, summary, result, job.synthetic)
     if not args.no_eval:
+        from .demo.evaluation import evaluate_checkpoint
         evaluation, _ = evaluate_checkpoint(result.checkpoint, args.model, None if factory else args.data, 256,
                                             arg_name="--model")
         summary.update(evaluation.as_dict())
         if not args.json:
             print(_accuracy_line(evaluation, job.synthetic))
     return summary
+
+
+def _join_launcher(args: argparse.Namespace):
+    """Checks msrun's launch against the arguments, sets the device, and joins msrun's data-parallel group; returns
+    the group (`ms_accum.train.distributed.init_data_parallel`), or None without a launcher."""
+    launched = _launcher_world_size(args) is not None
+    runtime.set_device(args.device)
+    if not launched:
+        return None
+    # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be written
+    # before it.
+    from .train.distributed import init_data_parallel
+    return init_data_parallel()
+
+
+def _k_text(args: argparse.Namespace):
+    """K as the command line gave it: an int, or the schedule's ``samples:K,...``."""
+    from .train.schedule import pairs_text
+    return pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_steps
+
+
+def _executor(args: argparse.Namespace, job: _Job, planned, world: int):
+    """The executor over `job` with the command line's options, once the plan (if any) fits the network and ranks
+    and the cells to recompute are marked."""
+    from .train.executor import GradientAccumulation
+    from .train.options import GuardOptions, StatisticsOptions, WindowOptions
+    from .train.recompute import recompute_cells
+    with door("ms-accum train"):  # refused in the command's terms: the user gave the plan and the cells here
+        if planned is not None:
+            planned.check_fits(job.network, world)
+        if args.recompute:
+            recompute_cells(job.network, args.recompute, arg_name="--recompute")
+    return GradientAccumulation(job.network, job.loss_fn, job.optimizer, structure=args.structure,
+                                window=WindowOptions(clip_norm=args.clip_norm),
+                                guard=GuardOptions(policy=args.policy, loss_scaler=_loss_scaler(args),
+                                                   stop_on_nonfinite=args.stop_on_nonfinite),
+                                statistics=StatisticsOptions(norms=args.statistics, noise_scale=args.noise_scale,
+                                                             skip_outliers=args.skip_outliers,
+                                                             outlier_warmup=args.outlier_warmup))
+
+
+def _checkpoints(args: argparse.Namespace, job: _Job, world: int, main: bool):
+    """Where and how often `train` saves, what it resumes from, and the settings its checkpoints record."""
+    from ._validation import check_writable_dir
+    from .train.options import Checkpoints
+    # Created only now, once every argument was accepted: a refused run leaves no directory behind.
+    with door("ms-accum train"):
+        ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir") if main else args.ckpt_dir
+    metadata = {"model": args.model, "accumulate_steps": _k_text(args), "batch_size": args.batch_size,
+                "seed": args.seed, "world_size": world, **job.settings}
+    return Checkpoints(directory=ckpt_dir, name=job.ckpt_name, save_every=args.save_every, keep_last=args.keep_last,
+                       metadata=metadata, resume=args.resume)
+
+
+def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, label: str, quiet: bool):
+    """`train_process` over the command line's epochs and K, behind a progress bar unless `quiet`; its result."""
+    from .train.options import LogOptions
+    from .train.windows import count_windows
+    mini_steps = args.accumulate_schedule or args.accumulate_steps
+    windows = count_windows(job.dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
+                            args.partial_window)
+    with _progress(windows, f"train {label}", quiet) as bar:
+        def on_step(record):
+            bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
+            noise = {} if record.noise_scale is None else {"noise_scale": f"{record.noise_scale:.0f}"}
+            bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
+                            refresh=False)
+        return executor.train_process(args.epochs, job.dataset, mini_steps, partial_window=args.partial_window,
+                                      checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step))
+
+
+def _print_trained(label: str, summary: dict, result, synthetic: bool) -> None:
+    """What `train` says when done, without --json."""
+    tag = f" [{SYNTHETIC_NOTE}]" if synthetic else ""
+    resumed = f" after resuming from {result.resumed_from}" if result.resumed_from else ""
+    loss = "" if summary["final_loss"] is None else f", final window loss {summary['final_loss']:.6f}"
+    skipped = f", {result.skipped_windows} non-finite window(s) skipped" if result.skipped_windows else ""
+    if result.outliers:
+        skipped += (f", {len(result.outliers)} outlier micro-batch(es) left out (epoch, batch): "
+                    f"{', '.join(map(str, result.outliers))}")
+    print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{skipped}{tag}")
+    print(f"Checkpoint: {result.checkpoint}\nLoss curve: {summary['loss_plot']}")
 
 
 def _refuse_with_factory(args: argparse.Namespace, factory: bool, names) -> None:
@@ -455,11 +520,11 @@ def _refuse_with_factory(args: argparse.Namespace, factory: bool, names) -> None
 
 def _apply_plan(args: argparse.Namespace):
     """Fills the model, batch size, K and structure from --plan (refusing flags that contradict it), else from
-    TRAIN_DEFAULTS; returns the plan, or None without one."""
+    DEFAULTS; returns the plan, or None without one."""
     if args.accumulate_schedule is not None and (args.accumulate_steps is not None or args.plan is not None):
         raise CliError("--accumulate-schedule sets K: give it without --accumulate-steps or --plan.")
     if args.plan is None:
-        for name, value in TRAIN_DEFAULTS.items():
+        for name, value in DEFAULTS.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)
         return None
@@ -524,9 +589,10 @@ def run_verify(args: argparse.Namespace) -> dict:
     ms.set_seed(args.seed)
     large = args.accumulate_steps * args.batch_size
     if factory:
-        user = load_model(args.model, "ms-accum verify")
+        with door("ms-accum verify"):
+            user = load_model(args.model)
+            batch = user.batch(large)
         network, loss_fn, optimizer = user.network, user.loss_fn, user.optimizer
-        batch = user.batch(large, "ms-accum verify")
         optimizer_name, synthetic, source = type(optimizer).__name__, False, f"{large} samples of its sample()"
     else:
         data_dir, synthetic = find_data(args)
@@ -534,8 +600,8 @@ def run_verify(args: argparse.Namespace) -> dict:
         from .demo.models import build_model, make_optimizer
         settings = _optimizer_settings(args)
         network = build_model(args.model)
-        dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large,
-                              cls_name="ms-accum verify")
+        with door("ms-accum verify"):
+            dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
         batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))  # refuses fewer than K*B images
         loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
         optimizer, optimizer_name = make_optimizer(settings, network.trainable_params()), settings["optimizer"]

@@ -15,7 +15,7 @@ import warnings
 from typing import Optional
 
 from ._choices import DEVICES
-from ._validation import check_value_in
+from ._validation import check_value_in, door
 
 ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
 # dnnl_cpu_isa_t values of oneDNN 3.x (dnnl_types.h): each ISA's bits include those of the ISAs below it.
@@ -97,14 +97,11 @@ def slow_cpu_kernels(device: str, isa_code: Optional[int], cpu_flags: set, user_
     return "avx512f" in cpu_flags and not capped_before_load  # oneDNN could not be asked: what ms_accum knows
 
 
-def check_cpu_kernels(cls_name: str) -> bool:
+def check_cpu_kernels() -> bool:
     """
     Warns, once per process, when MindSpore's CPU kernels run uncapped on an AVX-512 CPU because MindSpore was loaded
     before `ms_accum` (and the user did not choose the ISA). Called when a Cell, the `Accumulator` or the executor is
     built. Nothing is said on AVX2-only CPUs, on GPU or Ascend, or when the user set ``ONEDNN_MAX_CPU_ISA``.
-
-    Args:
-        cls_name (str): What is being built, named in the warning.
 
     Returns:
         bool, whether the slow kernels are in use.
@@ -117,7 +114,7 @@ def check_cpu_kernels(cls_name: str) -> bool:
                             _state["capped_before_load"])
     if slow:
         _state["warned"] = True
-        warnings.warn(f"For '{cls_name}', MindSpore's oneDNN runs AVX-512 kernels on this CPU ({cpu_kernel_isa()}), "
+        warnings.warn(f"MindSpore's oneDNN runs AVX-512 kernels on this CPU ({cpu_kernel_isa()}), "
                       f"whose convolutions in MindSpore 2.10 are several times slower than its AVX2 ones "
                       f"(docs/mindspore.md, oneDNN's AVX-512 convolutions): mindspore was imported before ms_accum, "
                       f"too late for ms_accum to cap them. Fix: import ms_accum before mindspore, or set "
@@ -125,6 +122,7 @@ def check_cpu_kernels(cls_name: str) -> bool:
     return slow
 
 
+@door("set_device")
 def set_device(device: str = "CPU", graph_mode: bool = True) -> None:
     """
     Selects the device with `mindspore.set_device` and the execution mode.
@@ -136,7 +134,7 @@ def set_device(device: str = "CPU", graph_mode: bool = True) -> None:
     Raises:
         ValueError: If `device` is unknown.
     """
-    check_value_in(device, "device", DEVICES, "set_device")
+    check_value_in(device, "device", DEVICES)
     import mindspore as ms
     # MindSpore refuses set_device once kernels have run, even to the same device: skip it when nothing changes
     # (a second call in one process, e.g. a script that trains and then evaluates).

@@ -12,6 +12,7 @@ import mindspore.dataset as ds
 
 from ms_accum import (AccumulationBuffer, Accumulator, GradientAccumulation, TrainAccumulationCell, TrainClear,
                       TrainForwardBackward, TrainOptim)
+from accumulator_step import accumulator_step
 from conftest import MODES, batch_for, make_net, make_optimizer, params_of
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -77,21 +78,8 @@ CASES = [(kind, opt, k) for kind in ("mlp", "lenet5") for opt in ("sgd", "moment
 def test_accumulator_matches_big_batch(kind, opt_name, k, mode):
     _, expected = reference_run(kind, opt_name, k)
     net = make_net(kind)
-    optimizer = make_optimizer(opt_name, net.trainable_params())
-    accumulator = Accumulator(optimizer, k)
-    criterion = loss_fn()
-
-    def forward_fn(x, y):
-        return criterion(net(x), y)
-
-    grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
-
-    @ms.jit
-    def train_step(x, y):
-        loss, grads = grad_fn(x, y)
-        return ms.ops.depend(loss, accumulator(grads))
-
-    run_micro_steps(kind, k, train_step, net, expected)
+    accumulator = Accumulator(make_optimizer(opt_name, net.trainable_params()), k)
+    run_micro_steps(kind, k, accumulator_step(net, loss_fn(), accumulator), net, expected)
 
 
 @pytest.mark.parametrize("kind,opt_name,k", CASES)

@@ -217,14 +217,15 @@ def test_executor_owns_one_buffer_per_parameter_plus_scalars():
     # every graph the executor builds shares that one buffer: no Parameter outside network, optimizer, buffer (and,
     # measuring, the statistics' one scratch scalar, the window's squared norm, not saved)
     assert ex.buffer.statistics.parameters() == []  # statistics off by default
-    measuring = GradientAccumulation(net, loss_fn(), ex._optimizer, structure="fused", statistics=True)
+    measuring = GradientAccumulation(net, loss_fn(), ex.state.optimizer, structure="fused", statistics=True)
     [scratch] = measuring.buffer.statistics.parameters()
     assert scratch.size == 1 and scratch.name not in {p.name for p in measuring.buffer.parameters()}
     for model, extra in ((ex, set()), (measuring, {id(scratch)})):
-        runner = model.runner(4)
-        known = ({id(p) for _, p in model._optimizer.parameters_and_names()}
+        runner = model.runner(4)  # 'fused': its Cell, the closer's three graphs, and the three graphs' micro-batch
+        known = ({id(p) for _, p in ex.state.optimizer.parameters_and_names()}
                  | {id(p) for p in model.buffer.parameters()} | extra)
-        for cell in (runner.forward_backward, runner.check, runner.step, runner.clear, runner.cell):
+        closer = runner.closer
+        for cell in (model.state, closer.check, closer.step, closer.clear, runner.cell):
             assert {id(p) for _, p in cell.parameters_and_names()} <= known
 
 
@@ -303,15 +304,15 @@ def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_pat
 
 
 @pytest.mark.parametrize("partial_window,steps", [("apply", 4), ("drop", 3)])
-def test_windows_per_epoch_is_what_the_executor_trains(partial_window, steps):
+def test_count_windows_is_what_the_executor_trains(partial_window, steps):
     # The CLI sizes its progress bar with it: it must count the optimizer steps train_process really makes.
-    from ms_accum.train.windows import windows_per_epoch
+    from ms_accum.train.windows import count_windows
     x, y = batch_for("mlp", 40, seed=0)
     data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4)  # 10 batches, windows of 3
     net = make_net("mlp")
     result = GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1)).train_process(
         2, data, 3, partial_window=partial_window, ckpt_dir=None, verbose=False)
-    assert len(result.steps) == 2 * windows_per_epoch(10, 3, partial_window) == 2 * steps
+    assert len(result.steps) == count_windows(10, 2, 3, 4, partial_window) == 2 * steps
 
 
 @pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])

@@ -122,3 +122,50 @@ def test_k_has_one_name_and_the_old_one_warns():
     plan = Plan.from_dict(old)  # a plan file written by ms_accum 0.2
     assert plan.accumulate_step == 4 and plan.trials == [Trial(4, 4, "fused", 9.0)]
     assert "accumulate_step" in plan.to_dict() and "accumulate_steps" not in plan.to_dict()
+
+
+def _functions():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield path.relative_to(PACKAGE.parent), node
+
+
+def test_no_function_is_longer_than_a_screen():
+    """Every function, its docstring included, fits in 60 lines: a reader holds it in mind."""
+    long = [f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path, node in _functions() if node.end_lineno - node.lineno + 1 > 60]
+    assert not long, long
+
+
+def test_no_function_takes_its_callers_name():
+    """Errors are named at the public door the user called (`ms_accum._validation.door`), so no inner function is
+    told who called it."""
+    takes = [f"{path}:{node.lineno} {node.name}" for path, node in _functions()
+             if any(arg.arg in ("cls_name", "caller") for arg in node.args.args + node.args.kwonlyargs)]
+    assert not takes, takes
+
+
+def test_the_executor_takes_what_a_reader_holds():
+    """The constructor and `train_process` take at most 8 arguments each; the keywords of 0.3 still work, warn, and
+    are listed here: deleting one is a decision, not an accident."""
+    import inspect
+    import warnings
+    from ms_accum import GradientAccumulation
+    from ms_accum.train.options import DEPRECATED_KEYWORDS
+    for function in (GradientAccumulation.__init__, GradientAccumulation.train_process):
+        named = [p for p in inspect.signature(function).parameters.values()
+                 if p.name != "self" and p.kind != p.VAR_KEYWORD]
+        assert len(named) <= 8, (function.__name__, [p.name for p in named])
+    assert sorted(DEPRECATED_KEYWORDS) == sorted([
+        "clip_norm", "reduction", "buffer_dtype", "policy", "loss_scaler", "stop_on_nonfinite", "statistics",
+        "noise_scale", "skip_outliers", "outlier_warmup", "ckpt_dir", "ckpt_name", "save_every", "keep_last",
+        "metadata", "resume", "log_every", "verbose", "on_step"])
+    from ms_accum.train.options import with_deprecated
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        options = with_deprecated({}, {"clip_norm": 2.0, "verbose": False}, ("window", "log"))
+    assert options["window"].clip_norm == 2.0 and options["log"].verbose is False
+    assert [w.category for w in caught] == [DeprecationWarning] * 2
+    with pytest.raises(TypeError, match="unexpected keyword argument 'clip_norm'"):
+        with_deprecated({}, {"clip_norm": 2.0}, ("log",))

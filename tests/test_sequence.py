@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import mindspore as ms
 import mindspore.dataset as ds
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, LossOnly, TokenCrossEntropy,
                       TrainAccumulationCell, TrainForwardBackward, TrainWindowCell, losses, verify_equivalence)
+from accumulator_step import accumulator_step
 from conftest import raises_exactly, raises_in_graph
 
 T, F, V, B, K, PAD = 6, 5, 7, 2, 4, -100
@@ -96,18 +97,8 @@ def test_accumulator_weighted_by_token_counts():
     x, y = token_batches(8)
     expected, _ = big_batch([slice(0, 8)], x, y)
     network = net()
-    loss_fn = TokenCrossEntropy(PAD)
-    optimizer = nn.Momentum(network.trainable_params(), 0.1, 0.9)
-    accumulator = Accumulator(optimizer, K)
-
-    def forward(data, label):
-        return loss_fn(network(data), label)
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
-
-    @ms.jit
-    def step(data, label):
-        (loss, count), grads = grad_fn(data, label)
-        return ms.ops.depend(loss, accumulator(grads, count))
+    accumulator = Accumulator(nn.Momentum(network.trainable_params(), 0.1, 0.9), K)
+    step = accumulator_step(network, TokenCrossEntropy(PAD), accumulator, weight="returned")
     for i in range(0, 8, B):
         step(Tensor(x[i:i + B]), Tensor(y[i:i + B]))
     close([p.asnumpy() for p in network.trainable_params()], expected)
@@ -312,20 +303,8 @@ def test_verify_equivalence_refuses_a_loss_that_does_not_fit_the_reduction():
 
 def test_accumulator_under_weighted_mean_needs_the_token_count():
     network = net()
-    optimizer = nn.SGD(network.trainable_params(), 0.1)
-    accumulator = Accumulator(optimizer, K, reduction="weighted_mean")
-    loss_fn = TokenCrossEntropy(PAD)
-
-    def forward(x, y):
-        return loss_fn(network(x), y)[0]
-
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-
-    @ms.jit
-    def step(x, y):
-        loss, grads = grad_fn(x, y)
-        return ops.depend(loss, accumulator(grads))
-
+    accumulator = Accumulator(nn.SGD(network.trainable_params(), 0.1), K, reduction="weighted_mean")
+    step = accumulator_step(network, LossOnly(TokenCrossEntropy(PAD)), accumulator)  # the token count is not given
     x, y = token_batches(B)
     with raises_in_graph(ValueError, "For 'Accumulator', the argument 'num_samples' must be given under "
                                      "reduction='weighted_mean' (the micro-batch's weight, e.g. its real tokens, the "

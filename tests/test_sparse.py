@@ -20,6 +20,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell
+from accumulator_step import accumulator_step
 from conftest import copy_weights, make_optimizer, params_of, raises_exactly
 
 VOCAB, DIM, CLASSES, TOKENS = 50, 8, 5, 6
@@ -144,20 +145,8 @@ def test_accumulator_matches_big_batch(optimizer):
     sparse, dense = sparse_and_dense_twin()
     expected = big_batch_reference(dense, optimizer, ids, labels)
 
-    opt = make_optimizer(optimizer, sparse.trainable_params())
-    accumulator = Accumulator(opt, K)
-    loss = loss_fn()
-
-    def forward_fn(x, y):
-        return loss(sparse(x), y)
-
-    grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
-
-    @ms.jit
-    def train_step(x, y):
-        value, grads = grad_fn(x, y)
-        return ops.depend(value, accumulator(grads))
-
+    accumulator = Accumulator(make_optimizer(optimizer, sparse.trainable_params()), K)
+    train_step = accumulator_step(sparse, loss_fn(), accumulator)
     for i in range(K * WINDOWS):
         train_step(*micro_batch(ids, labels, i))
     assert_matches(params_of(sparse), expected)

@@ -2,10 +2,10 @@
 
 One speech per sequence (speeches are blank-line separated, 4 to 3,080 characters), padded and masked: micro-batches
 hold very different numbers of real characters, so each one is weighted by its count (`TokenCrossEntropy` and
-`reduction="weighted_mean"`) and every update equals one step on the whole window, whose loss is the mean over all
-its real characters. The same global batches are then trained without accumulation (K=1 on the concatenated
-window) from the same start, and both validation losses are reported in bits per character: they agree to noise.
-The accumulated run's checkpoint is evaluated again and writes a sample.
+`WindowOptions(reduction="weighted_mean")`) and every update equals one step on the whole window, whose loss is the
+mean over all its real characters. The same global batches are then trained without accumulation (K=1 on the
+concatenated window) from the same start, and both validation losses are reported in bits per character: they agree
+to noise. The accumulated run's checkpoint is evaluated again and writes a sample.
 
     python tutorials/char_transformer_shakespeare.py [--data input.txt] [--steps 150] [--ckpt-dir ckpt]
 """
@@ -25,6 +25,7 @@ from mindspore import Tensor, nn  # noqa: E402
 from ms_accum import GradientAccumulation, TokenCrossEntropy  # noqa: E402
 from ms_accum.demo.models import CharTransformer  # noqa: E402
 from ms_accum.train.checkpoint import load_into  # noqa: E402
+from ms_accum.train.options import Checkpoints, LogOptions, WindowOptions  # noqa: E402
 from ms_accum.cli import positive_int  # noqa: E402
 
 # Configuration: small enough to train in a few minutes on 2 CPU cores.
@@ -125,18 +126,21 @@ def bits_per_char(network, val_batches):
 
 
 def train(vocab, micro_batches, k, steps, ckpt_dir, name):
-    """One run of `steps` optimizer steps from the same start; returns the network and its result."""
+    """One run of `steps` optimizer steps from the same start, saved in `ckpt_dir` (None: not saved); returns the
+    network and its result."""
     from tqdm import tqdm
     ms.set_seed(SEED)
     network = CharTransformer(vocab, WIDTH, HEADS, LAYERS, MAX_LEN)
     optimizer = nn.Adam(network.trainable_params(), LEARNING_RATE)
-    executor = GradientAccumulation(network, TokenCrossEntropy(IGNORE), optimizer, reduction="weighted_mean")
+    executor = GradientAccumulation(network, TokenCrossEntropy(IGNORE), optimizer,
+                                    window=WindowOptions(reduction="weighted_mean"))
     with tqdm(total=steps, desc=name, unit="step") as bar:
         def on_step(record):
             bar.update(1)
             bar.set_postfix(bpc=f"{record.loss / math.log(2):.3f}", refresh=False)
-        result = executor.train_process(1, dataset(micro_batches), k, ckpt_dir=ckpt_dir, ckpt_name=name,
-                                        partial_window="drop", verbose=False, on_step=on_step)
+        result = executor.train_process(1, dataset(micro_batches), k, partial_window="drop",
+                                        checkpoints=None if ckpt_dir is None else Checkpoints(ckpt_dir, name),
+                                        log=LogOptions(verbose=False, on_step=on_step))
     return network, result
 
 

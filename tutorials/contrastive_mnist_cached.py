@@ -26,6 +26,7 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 
 from ms_accum import GradientAccumulation  # noqa: E402
 from ms_accum.demo.data import DataError, check_mnist_dir, read_idx, resolve_data_dir  # noqa: E402
+from ms_accum.train.options import LogOptions  # noqa: E402
 
 # Configuration.
 EPOCHS = 2
@@ -134,7 +135,7 @@ def main(epochs: int, data: str, num_samples: int, structure: str) -> float:
                     print(f"epoch: {epoch} step: {i + 1} loss is {float(loss.asnumpy()):.6f}")
     else:
         executor = GradientAccumulation(encoder, loss_fn, optimizer, structure=structure)
-        executor.train_process(epochs, dataset, ACCUMULATE_STEP, ckpt_dir=None, log_every=10)
+        executor.train_process(epochs, dataset, ACCUMULATE_STEP, checkpoints=None, log=LogOptions(every=10))
     grown = rss_mib("VmHWM") - start
     accuracy = retrieval_accuracy(encoder, test)
     layout = f"1 x {batch}" if structure == "large" else f"{ACCUMULATE_STEP} x {MICRO_BATCH}"

@@ -20,6 +20,7 @@ from ms_accum.demo.evaluation import evaluate_checkpoint  # noqa: E402
 from ms_accum.demo.models import LeNet5  # noqa: E402
 from ms_accum.demo.evaluation import recorded_data_dir  # noqa: E402
 from ms_accum.demo.data import DataError, check_mnist_dir, create_dataset, resolve_data_dir  # noqa: E402
+from ms_accum.train.options import Checkpoints, LogOptions  # noqa: E402
 
 # Configuration: the tutorial's values.
 EPOCHS = 3
@@ -45,10 +46,11 @@ def main(epochs: int, data: str, num_samples: int, ckpt_dir: str) -> float:
     model = GradientAccumulation(net, net_loss, net_opt)
 
     print("============== Starting Training ==============")
-    result = model.train_process(epochs, ds_train, mini_steps=MINI_STEPS, ckpt_dir=ckpt_dir, ckpt_name=CKPT_NAME,
-                                 log_every=50, metadata={"model": "lenet5", "accumulate_steps": MINI_STEPS,
-                                                         "batch_size": BATCH_SIZE,
-                                                         "data_dir": recorded_data_dir(data, ckpt_dir)})
+    checkpoints = Checkpoints(directory=ckpt_dir, name=CKPT_NAME,
+                              metadata={"model": "lenet5", "accumulate_steps": MINI_STEPS, "batch_size": BATCH_SIZE,
+                                        "data_dir": recorded_data_dir(data, ckpt_dir)})
+    result = model.train_process(epochs, ds_train, mini_steps=MINI_STEPS, checkpoints=checkpoints,
+                                 log=LogOptions(every=50))
     print(f"Saved {result.checkpoint} after {len(result.steps)} optimizer steps")
 
     print("============== Starting Testing ==============")

@@ -31,6 +31,7 @@ from mindspore import nn  # noqa: E402
 from ms_accum import GradientAccumulation, plan, replace_batchnorm, verify_equivalence  # noqa: E402
 from ms_accum.cli import positive_int  # noqa: E402
 from ms_accum.tools.planner import measure, parse_size  # noqa: E402
+from ms_accum.train.options import QUIET  # noqa: E402
 
 # Configuration. The factories run in fresh processes too, which read it from these variables (set by main).
 MODEL = os.environ.get("MS_ACCUM_TUTORIAL_MODEL", "resnet18")
@@ -111,7 +112,7 @@ def main(global_batch: int, memory, windows: int) -> dict:
     images, labels = sample(global_batch * windows)
     dataset = ds.NumpySlicesDataset({"image": images, "label": labels}, shuffle=False).batch(chosen.batch_size)
     executor = GradientAccumulation.from_plan(chosen, network, loss_fn, optimizer)
-    result = executor.train_process(1, dataset, ckpt_dir=None, verbose=False)
+    result = executor.train_process(1, dataset, checkpoints=None, log=QUIET)
     print("   window losses: " + " ".join(f"{loss:.3f}" for loss in result.losses))
 
     used = next(t for t in chosen.trials if (t.batch_size, t.structure) == (chosen.batch_size, chosen.structure))

@@ -123,19 +123,20 @@ def _finite_probe(grad_sum):
     return _l2_loss(grad_sum)  # one kernel, a quarter of ReduceSum's time on CPU: only finiteness is read
 
 
-def _counted(mini_step, num_samples, weight):
-    """Count one micro-batch of float32 `weight` into the window; returns the micro-steps."""
+def _counted(micro_batch_count, num_samples, weight):
+    """Count one micro-batch of float32 `weight` into the window; returns the micro-batches in it."""
     ops.assign_add(num_samples, weight)
-    return ops.assign_add(mini_step, ops.ones((), ms.int32))
+    return ops.assign_add(micro_batch_count, ops.ones((), ms.int32))
 
 
-def accumulate(grad_sum, mini_step, num_samples, grads, weight):
-    """Add one micro-batch's `grads`, which already carry its weight, and count `weight`; returns the micro-steps."""
+def accumulate(grad_sum, micro_batch_count, num_samples, grads, weight):
+    """Add one micro-batch's `grads`, which already carry its weight, and count `weight`; returns the micro-batches
+    in the window."""
     done = _reverse_map(_accumulate_op, grad_sum, grads)
-    return _counted(mini_step, num_samples, ops.depend(ops.cast(weight, ms.float32), done))
+    return _counted(micro_batch_count, num_samples, ops.depend(ops.cast(weight, ms.float32), done))
 
 
-def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
+def accumulate_unless_left_out(grad_sum, micro_batch_count, num_samples, grads, weight):
     """`accumulate` for a micro-batch that a filter may have left out by zeroing its weight: its `grads`, which may
     not be finite, are added only if it weighs something (one that weighs nothing adds nothing anyway).
 
@@ -144,7 +145,7 @@ def accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight):
     """
     if weight > 0:
         weight = ops.depend(weight, _reverse_map(_accumulate_op, grad_sum, grads))
-    return _counted(mini_step, num_samples, ops.cast(weight, ms.float32))
+    return _counted(micro_batch_count, num_samples, ops.cast(weight, ms.float32))
 
 
 @_cast_like_op.register("Tensor", "Tensor")
@@ -284,8 +285,8 @@ class SparseGradsNorm:
 
     def __call__(self, grads):
         # A RowTensor among them makes the sums' types undetermined: `AddN` refuses them, `Add`s take them. Over an
-        # unrolled list `AddN` compiles, but the graph's peak grew by 0.06x the parameters of a
-        # 192 MiB MLP.
+        # unrolled list `AddN` compiles, but it raised the graph's peak (docs/mindspore.md, small reductions, measures
+        # the sparse path's sums).
         return self.measure(grads)[0]
 
     def measure(self, grads):
@@ -308,18 +309,14 @@ def _clip_in_place(clip_norm, global_norm, grad):
     return grad.mul_(ops.cast(clip_norm, grad.dtype)).div_(ops.cast(global_norm, grad.dtype))
 
 
-def clip_in_place(grads, clip_norm: float, sq_norm=None):
-    """`grads` clipped to the global norm `clip_norm` in place, as `ops.clip_by_global_norm` clips.
+def clip_measured(grads, clip_norm: float, sq_norm=None):
+    """`(grads clipped to the global norm clip_norm in place, their squared global norm before clipping)`, clipped as
+    `ops.clip_by_global_norm` clips.
 
     The global norm is summed without a temporary (`squared_norm`): `clip_by_global_norm` squares each tensor into a
-    copy first (docs/mindspore.md, small reductions). Its sums differ from ours by float32 rounding
-    only. `sq_norm`, the squared global norm already measured (by statistics), is not summed again.
+    copy first (docs/mindspore.md, small reductions). Its sums differ from ours by float32 rounding only. `sq_norm`,
+    the squared global norm already measured (by statistics), is not summed again.
     """
-    return clip_measured(grads, clip_norm, sq_norm)[0]
-
-
-def clip_measured(grads, clip_norm: float, sq_norm=None):
-    """`(grads clipped in place as clip_in_place clips, their squared global norm before clipping)`."""
     if sq_norm is None:
         sq_norm = squared_norm(grads)
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
@@ -405,8 +402,8 @@ def zero_counters(done, counters):
     return zero
 
 
-def clear_window(grad_sum, mini_step, counters):
-    """Zero the buffer, whatever it holds, the float32 `counters` and `mini_step`: the window is closed.
+def clear_window(grad_sum, micro_batch_count, counters):
+    """Zero the buffer, whatever it holds, the float32 `counters` and `micro_batch_count`: the window is closed.
 
     Subtracting the buffer from itself zeroes every finite value; a buffer that held inf or nan then sums to nan
     and is overwritten with zeros. The test is a tensor `if` (docs/structures.md: a graph with control flow costs
@@ -415,4 +412,4 @@ def clear_window(grad_sum, mini_step, counters):
     done = zero_finite(grad_sum)
     if not sums_finite(done):
         done = zero_any(grad_sum)
-    return ops.assign(mini_step, zero_counters(done, counters))
+    return ops.assign(micro_batch_count, zero_counters(done, counters))

@@ -9,7 +9,7 @@ from mindspore.common.initializer import initializer
 
 from . import _ops
 from .._choices import OUTLIER_WARMUP, REDUCTIONS
-from .._validation import check_isinstance, check_value_in
+from .._validation import ArgumentTypeError, check_isinstance, check_value_in, door
 from .guard import LossScaler, WindowGuard
 from .parallel import sums_reducer
 from .statistics import NoStatistics, OutlierFilter, Statistics, check_outliers
@@ -151,23 +151,23 @@ class _ToParamDtype:
 class _AddEvery:
     """No filter leaves a micro-batch out: each one's gradient is added as it is."""
 
-    def __call__(self, grad_sum, mini_step, num_samples, grads, weight):
-        return _ops.accumulate(grad_sum, mini_step, num_samples, grads, weight)
+    def __call__(self, grad_sum, micro_batch_count, num_samples, grads, weight):
+        return _ops.accumulate(grad_sum, micro_batch_count, num_samples, grads, weight)
 
 
 @ms.jit_class
 class _AddUnlessLeftOut:
     """``"skip_microbatch"`` or an outlier filter may leave a micro-batch out, by zeroing its weight."""
 
-    def __call__(self, grad_sum, mini_step, num_samples, grads, weight):
-        return _ops.accumulate_unless_left_out(grad_sum, mini_step, num_samples, grads, weight)
+    def __call__(self, grad_sum, micro_batch_count, num_samples, grads, weight):
+        return _ops.accumulate_unless_left_out(grad_sum, micro_batch_count, num_samples, grads, weight)
 
 
-def check_buffer_dtype(dtype, arg_name: str, cls_name: str) -> None:
+def check_buffer_dtype(dtype, arg_name: str) -> None:
     """Refuses a buffer dtype that is not a float `mindspore.dtype` (or None)."""
     if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
-        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a float mindspore.dtype (mindspore."
-                        f"float32, float16, bfloat16 or float64) or None, but got {dtype!r}.")
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a float mindspore.dtype (mindspore.float32, "
+                                f"float16, bfloat16 or float64) or None, but got {dtype!r}.")
 
 
 def _buffer_dtype(param_dtype, dtype):
@@ -209,12 +209,12 @@ class AccumulationBuffer:
             `statistics`). Default: ``None``.
         outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
             Default: ``100``.
-        cls_name (str): The name errors give as the one called: the `Accumulator`, a Cell or the executor that
-            builds the buffer for the user passes its own. Default: ``"AccumulationBuffer"``.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
-        mini_step (Parameter): int32, micro-batches in the open window.
+        micro_batch_count (Parameter): int32, micro-batches in the open window (not optimizer steps); saved as
+            ``<prefix>.mini_step``, the name of MindSpore's gradient-accumulation page.
+        mini_step (Parameter): `micro_batch_count` under that page's name.
         num_samples (Parameter): float32, the sum of their weights, the divisor of the mean.
         guard (WindowGuard): The non-finite check and loss scale.
         reduction (Reduction): The rule `reduction` names (`SampleMean`, `Sum` or `WeightedMean`): what a
@@ -243,29 +243,32 @@ class AccumulationBuffer:
         ['accumulate.weight', 'accumulate.bias', 'accumulate.mini_step', 'accumulate.num_samples']
     """
 
+    @door("AccumulationBuffer")
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None,
                  statistics: bool = False, skip_outliers: Optional[float] = None,
-                 outlier_warmup: int = OUTLIER_WARMUP, *, cls_name: str = "AccumulationBuffer") -> None:
-        check_isinstance(params, "params", (ParameterTuple, list, tuple), cls_name)
+                 outlier_warmup: int = OUTLIER_WARMUP) -> None:
+        check_isinstance(params, "params", (ParameterTuple, list, tuple))
         if not params or not all(isinstance(p, Parameter) for p in params):
-            raise TypeError(f"For '{cls_name}', the argument 'params' must be a non-empty sequence of "
-                            f"Parameters, but got {params!r}.")
-        self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS, cls_name)]()
-        check_buffer_dtype(dtype, "dtype", cls_name)
-        self.reducer = sums_reducer(cls_name)
+            raise ArgumentTypeError(f"the argument 'params' must be a non-empty sequence of Parameters, but got "
+                                    f"{params!r}.")
+        self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS)]()
+        check_buffer_dtype(dtype, "dtype")
+        self.reducer = sums_reducer()
         self.grad_sum = ParameterTuple([
             Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")
             for p in params])
         differs = any(b.dtype != p.dtype for b, p in zip(self.grad_sum, params))
         self.to_params = _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
-        self.mini_step = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
+        # The micro-batches of the open window, never the optimizer's steps; its Parameter keeps the page's name
+        # ("mini_step"), which checkpoints hold.
+        self.micro_batch_count = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
+        self.mini_step = self.micro_batch_count  # the public name of MindSpore's page, kept
         self.num_samples = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.num_samples", requires_grad=False)
-        check_isinstance(statistics, "statistics", bool, cls_name)
-        check_outliers(skip_outliers, outlier_warmup, cls_name)
+        check_isinstance(statistics, "statistics", bool)
+        check_outliers(skip_outliers, outlier_warmup)
         measured = statistics or skip_outliers is not None
-        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum], measured,
-                                 cls_name=cls_name)
+        self.guard = WindowGuard(policy, loss_scaler, prefix, [b.dtype for b in self.grad_sum], measured)
         self.in_place = _ops.in_place_arithmetic()  # the mode when the buffer is built
         if skip_outliers is not None:
             self.statistics = OutlierFilter(float(skip_outliers), outlier_warmup, self.guard.skipped_micro_batches,
@@ -278,19 +281,20 @@ class AccumulationBuffer:
     def parameters(self) -> list:
         """All Parameters of the window's state: the gradient buffers, the two counters, the guard's, then the running
         statistics of an outlier filter."""
-        return [*self.grad_sum, self.mini_step, self.num_samples, *self.guard.parameters(), *self.statistics.state()]
+        return [*self.grad_sum, self.micro_batch_count, self.num_samples, *self.guard.parameters(),
+                *self.statistics.state()]
 
     def __len__(self) -> int:
         return len(self.grad_sum)
 
     def add(self, loss, grads, weight):
-        """Adds one micro-batch whose `grads` already carry its `weight`; returns the micro-steps in the window.
+        """Adds one micro-batch whose `grads` already carry its `weight`; returns the micro-batches in the window.
 
         The guard's policy decides first: a non-finite micro-batch is counted, and left out under
         ``"skip_microbatch"``.
         """
         grads, weight = self.guard.micro_batch(loss, grads, self.in_place.weight(weight))
-        return self.adds(self.grad_sum, self.mini_step, self.num_samples, grads, weight)
+        return self.adds(self.grad_sum, self.micro_batch_count, self.num_samples, grads, weight)
 
     def _window(self, clip_norm):
         """The window's gradient, made ready in the buffer, and whether the guard lets it be applied."""
@@ -301,7 +305,7 @@ class AccumulationBuffer:
         grads, sq_norm = _ops.window_grads(grad_sum, ops.cast(self.guard.scaling.unscale(divisor), ms.float32),
                                            clip_norm, self.statistics)
         grads = self.in_place(self.grad_sum, grads)
-        return grads, self.guard.close(grads, self.reducer, self.mini_step, sq_norm)
+        return grads, self.guard.close(grads, self.reducer, self.micro_batch_count, sq_norm)
 
     def check(self, clip_norm):
         """Makes the window's gradient ready in the buffer and judges it; returns whether it may be applied.
@@ -317,8 +321,8 @@ class AccumulationBuffer:
         return ops.depend(applied, grads)
 
     def step(self, optimizer):
-        """Steps `optimizer` on the gradient `check` left in the buffer and closes the window; returns the micro-step
-        count (0)."""
+        """Steps `optimizer` on the gradient `check` left in the buffer and closes the window; returns the
+        micro-batch count (0)."""
         return self._closed(self._step(optimizer, self.grad_sum))
 
     def _step(self, optimizer, grads):
@@ -328,7 +332,8 @@ class AccumulationBuffer:
 
     def _closed(self, done):
         """The counters zeroed after `done` (the buffer's zeroing): the window is closed."""
-        return ops.assign(self.mini_step, _ops.zero_counters(done, (self.num_samples, self.guard.window_bad)))
+        return ops.assign(self.micro_batch_count,
+                          _ops.zero_counters(done, (self.num_samples, self.guard.window_bad)))
 
     def apply(self, optimizer, clip_norm):
         """`check`, and `optimizer` on the window if it may be applied; the window stays open until `clear`.
@@ -342,8 +347,8 @@ class AccumulationBuffer:
 
     def clear(self):
         """Zeroes the buffer, whatever it holds, the counters and the guard's open-window count; returns the
-        micro-step count (0)."""
-        return _ops.clear_window(self.grad_sum, self.mini_step, (self.num_samples, self.guard.window_bad))
+        micro-batch count (0)."""
+        return _ops.clear_window(self.grad_sum, self.micro_batch_count, (self.num_samples, self.guard.window_bad))
 
     def close(self, optimizer, clip_norm):
         """`check`, then `step` or `clear`, in one graph: returns whether the optimizer ran.

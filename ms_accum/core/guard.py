@@ -26,18 +26,18 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, amp, ops
+from mindspore import Parameter, Tensor, amp, nn, ops
 
 from . import _ops
 from .._choices import POLICIES
-from .._validation import check_isinstance, check_value_in
+from .._validation import ArgumentValueError, check_isinstance, check_value_in, door
 
 LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
 
 _mark_bad_loss_op = ops.MultitypeFuncGraph("ms_accum_mark_bad_loss")
 
 
-def check_policy_fits(sparse: Optional[str], policy: str, cls_name: str, leaves_out: bool) -> None:
+def check_policy_fits(sparse: Optional[str], policy: str, leaves_out: bool) -> None:
     """Refuses a buffer that `leaves_out` micro-batches (``"skip_microbatch"``, or an outlier filter) for a network
     with sparse gradients (`sparse`: the name of the cell that makes one, `sparse_gradient_cell`), before anything
     compiles: MindSpore cannot check a micro-batch's RowTensor gradients, nor add them behind the tensor `if` that
@@ -46,16 +46,18 @@ def check_policy_fits(sparse: Optional[str], policy: str, cls_name: str, leaves_
     if sparse is None or not leaves_out:
         return
     if policy == "skip_microbatch":
-        raise ValueError(f"For '{cls_name}', the argument 'policy' must be 'skip_window' for a network with sparse "
-                         f"gradients (its cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check "
-                         f"sparse gradients one micro-batch at a time.")
-    raise ValueError(f"For '{cls_name}', the argument 'skip_outliers' must be None for a network with sparse "
-                     f"gradients (its cell '{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one "
-                     f"micro-batch at a time.")
+        raise ArgumentValueError(f"the argument 'policy' must be 'skip_window' for a network with sparse gradients "
+                                 f"(its cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check "
+                                 f"sparse gradients one micro-batch at a time.")
+    raise ArgumentValueError(f"the argument 'skip_outliers' must be None for a network with sparse gradients (its "
+                             f"cell '{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one micro-batch at "
+                             f"a time.")
 
 
 def sparse_gradient_cell(network) -> Optional[str]:
-    """The name of a sub-Cell whose gradient is a RowTensor (it gathers with SparseGatherV2), or None."""
+    """The name of a sub-Cell whose gradient is a RowTensor (it gathers with SparseGatherV2), or None. In a
+    `nn.WithLossCell`, the name is its network's: what the user built and named."""
+    network = network.backbone_network if isinstance(network, nn.WithLossCell) else network
     for name, cell in network.cells_and_names():
         if any(isinstance(p, ops.SparseGatherV2) for p in getattr(cell, "_primitives", {}).values()):
             return name or type(cell).__name__
@@ -83,33 +85,26 @@ def _mark_bad_loss_constant_weight(loss, weight, window_bad):
 
 
 @ms.jit_class
-class _SumIsFinite:
-    """Whether a float32 window is finite, from one sum of squares per tensor (`_ops.sums_finite`): finite elements
-    squaring past float32's range are counted as an overflow. A window clipped was measured: its norm is tested, as
-    `_NormIsFinite` tests it (a read of the clipped buffer got MindSpore's copy of each large tensor: +0.67x the
-    parameters of the 192 MiB MLP, docs/mindspore.md, in-place operations)."""
+class _ElementsFinite:
+    """Whether the window is finite, by `elements_finite` over its tensors: `_ops.sums_finite` (one sum of squares per
+    float32 tensor; finite elements squaring past float32's range are counted as an overflow) or MindSpore's
+    `amp.all_finite` (the device's overflow status on Ascend, a test of every element elsewhere). A window clipped was
+    measured: its norm is tested, as `_NormIsFinite` tests it, because a read of the clipped buffer gets MindSpore's
+    copy of each large tensor (docs/mindspore.md, in-place operations, measures it)."""
+
+    def __init__(self, elements_finite) -> None:
+        self.elements_finite = elements_finite
 
     def __call__(self, grads, sq_norm):
         if sq_norm is None:
-            return _ops.sums_finite(grads)
-        return ops.isfinite(sq_norm)  # measured for clipping: as `_NormIsFinite`
-
-
-@ms.jit_class
-class _AllFinite:
-    """MindSpore's check: the device's overflow status on Ascend, a test of every element elsewhere; a window clipped
-    was measured, and its norm is tested instead (see `_SumIsFinite`)."""
-
-    def __call__(self, grads, sq_norm):
-        if sq_norm is None:
-            return amp.all_finite(grads)
+            return self.elements_finite(grads)
         return ops.isfinite(sq_norm)  # measured for clipping: as `_NormIsFinite`
 
 
 @ms.jit_class
 class _NormIsFinite:
     """Statistics on: the window's squared norm, measured before clipping in float32, is finite exactly when the
-    elements are (then the clipped window is too), with `_SumIsFinite`'s one exception. Reading it spares a second
+    elements are (then the clipped window is too), with `_ops.sums_finite`'s one exception. Reading it spares a second
     pass over the window, and MindSpore's copy of each buffer tensor before that second read
     (docs/mindspore.md, in-place operations)."""
 
@@ -123,7 +118,8 @@ def _window_check(dtypes, measured: bool):
         return _NormIsFinite()
     cpu = ms.get_context("device_target") == "CPU"
     # AddN sums one dtype, and a float16 sum would overflow long before its elements do: float32 buffers only.
-    return _SumIsFinite() if cpu and all(dtype == ms.float32 for dtype in dtypes) else _AllFinite()
+    sums = cpu and all(dtype == ms.float32 for dtype in dtypes)
+    return _ElementsFinite(_ops.sums_finite if sums else amp.all_finite)
 
 
 @ms.jit_class
@@ -209,8 +205,6 @@ class WindowGuard:
             finiteness check. Default: ``None``, float32.
         measured (bool): Whether `close` is given the window's squared norm (statistics on): its finiteness is then
             the check, whatever the dtypes. Default: ``False``.
-        cls_name (str): The name errors give as the one called (the buffer passes its caller's). Default:
-            ``"WindowGuard"``.
 
     Attributes:
         loss_scale (Parameter): float32, the scale of the backward pass (1 without a scaler).
@@ -228,12 +222,12 @@ class WindowGuard:
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("WindowGuard")
     def __init__(self, policy: str = "skip_window", loss_scaler: Optional[LossScaler] = None,
-                 prefix: str = "guard", dtypes: Optional[Sequence] = None, measured: bool = False, *,
-                 cls_name: str = "WindowGuard") -> None:
-        self.policy = check_value_in(policy, "policy", POLICIES, cls_name)
+                 prefix: str = "guard", dtypes: Optional[Sequence] = None, measured: bool = False) -> None:
+        self.policy = check_value_in(policy, "policy", POLICIES)
         if loss_scaler is not None:
-            check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler), cls_name)
+            check_isinstance(loss_scaler, "loss_scaler", (amp.StaticLossScaler, amp.DynamicLossScaler))
         # Chosen here, not by flags in the graph (docs/mindspore.md, constant if/else).
         self.scaling = _Unscaled() if loss_scaler is None else _Scaled(loss_scaler)
         self.window_finite = _window_check(dtypes or (ms.float32,), measured)

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from .._choices import REDUCTIONS
-from .._validation import check_isinstance, check_value_in
+from .._validation import ArgumentTypeError, ArgumentValueError, _refused, check_isinstance, check_value_in, door
 from .inference import in_inference
 
 
@@ -46,11 +46,12 @@ class TokenCrossEntropy(nn.Cell):
         >>> #                      reduction="weighted_mean")
     """
 
+    @door("TokenCrossEntropy")
     def __init__(self, ignore_index: int = -100) -> None:
         super().__init__()
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise TypeError(f"For 'TokenCrossEntropy', the argument 'ignore_index' must be an int, the target of "
-                            f"padding positions, but got {ignore_index!r} of type {type(ignore_index).__name__}.")
+            raise ArgumentTypeError(f"the argument 'ignore_index' must be an int, the target of padding positions, "
+                                    f"but got {ignore_index!r} of type {type(ignore_index).__name__}.")
         self.ignore_index = ignore_index
 
     def construct(self, logits, targets):
@@ -90,9 +91,10 @@ class LossOnly(nn.Cell):
         >>> # nn.TrainOneStepCell(nn.WithLossCell(language_model, LossOnly(TokenCrossEntropy())), optimizer)
     """
 
+    @door("LossOnly")
     def __init__(self, cell: nn.Cell) -> None:
         super().__init__()
-        self.cell = check_isinstance(cell, "cell", nn.Cell, "LossOnly")
+        self.cell = check_isinstance(cell, "cell", nn.Cell)
 
     def construct(self, *inputs):
         return self.cell(*inputs)[0]
@@ -113,7 +115,7 @@ def declared_reduction(loss_fn: nn.Cell) -> Optional[str]:
     return None
 
 
-def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: str) -> str:
+def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: Optional[str] = None) -> str:
     """
     The window's reduction for `loss_fn`, honouring what the loss says it computes: a loss that sums over its batch
     is accumulated by summing (the window's gradient is then the gradient of the sum over the whole window, one step
@@ -122,7 +124,8 @@ def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: str) 
     Args:
         loss_fn (nn.Cell): The loss.
         reduction (str, optional): The reduction asked for; None takes the loss's own.
-        cls_name (str): The caller's name, for messages.
+        cls_name (str, optional): TRANSITIONAL (issue 43): the name errors give as the one called, for a caller not
+            yet behind a `door`. Default: ``None``, named by the door the error leaves through.
 
     Returns:
         str, ``"mean"``, ``"sum"`` or ``"weighted_mean"``.
@@ -134,23 +137,25 @@ def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: str) 
     """
     own = declared_reduction(loss_fn)
     if own == "none":  # one loss per sample: there is no window of it to accumulate
-        raise ValueError(f"For '{cls_name}', the argument 'loss_fn' must reduce the batch to a scalar, but got "
-                         f"{type(loss_fn).__name__} with reduction 'none': build it with reduction='mean' (or "
-                         f"'sum').")
+        raise _refused(ArgumentValueError(
+            f"the argument 'loss_fn' must reduce the batch to a scalar, but got {type(loss_fn).__name__} with "
+            f"reduction 'none': build it with reduction='mean' (or 'sum')."), cls_name)
     if reduction is None:
         return "sum" if own == "sum" else "mean"
     check_value_in(reduction, "reduction", REDUCTIONS, cls_name)
     if own == "sum" and reduction != "sum":
-        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be 'sum' or None for a loss_fn that sums "
-                         f"over its batch ({type(loss_fn).__name__} with reduction 'sum'), but got '{reduction}': "
-                         f"a window of K sums divided by its samples is 1/K of the large batch's update. Leave 'reduction' "
-                         f"out, or build the loss with reduction='mean'.")
+        raise _refused(ArgumentValueError(
+            f"the argument 'reduction' must be 'sum' or None for a loss_fn that sums over its batch "
+            f"({type(loss_fn).__name__} with reduction 'sum'), but got '{reduction}': a window of K sums divided by "
+            f"its samples is 1/K of the large batch's update. Leave 'reduction' out, or build the loss with "
+            f"reduction='mean'."), cls_name)
     return reduction
+
+
 _checked = weakref.WeakKeyDictionary()  # network -> the reductions its output was checked for
 
 
-def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str, cls_name: str,
-                      arg_name: str = "network") -> None:
+def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str, arg_name: str = "network") -> None:
     """
     Refuses a network (with its loss) whose output does not fit `reduction`.
 
@@ -163,33 +168,33 @@ def check_loss_output(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
         network (nn.Cell): The network with its loss.
         inputs (Sequence[Tensor]): One micro-batch, as `network` takes it.
         reduction (str): The reduction it is trained with.
-        cls_name (str): The caller's name, for the message.
         arg_name (str): The argument that gave the loss, for the message. Default: ``"network"``.
 
     Raises:
         ValueError: If `network` returns `(loss, weight)` and `reduction` is not ``"weighted_mean"``, or returns
             something else and `reduction` is ``"weighted_mean"``.
     """
-    misfit = loss_output_error(network, inputs, reduction, cls_name, arg_name)
+    misfit = loss_output_error(network, inputs, reduction, arg_name)
     if misfit is not None:
         raise misfit
 
 
-def loss_output_error(network: nn.Cell, inputs: Sequence[Tensor], reduction: str, cls_name: str,
+def loss_output_error(network: nn.Cell, inputs: Sequence[Tensor], reduction: str,
                       arg_name: str = "network") -> Optional[ValueError]:
     """The error `check_loss_output` raises, or None when the output fits; one eager pass, once per network and
-    reduction that fit."""
+    reduction that fit. Unnamed: the door it is raised through names it."""
     if reduction in _checked.get(network, ()):
         return None
     out = _eager_output(network, inputs)
     pair = isinstance(out, (tuple, list))
     if pair and reduction != WEIGHTED:
-        return ValueError(f"For '{cls_name}', the argument 'reduction' must be '{WEIGHTED}' for a loss that returns "
-                          f"(loss, weight), as the '{arg_name}' given does, but got '{reduction}'.")
+        return ArgumentValueError(f"the argument 'reduction' must be '{WEIGHTED}' for a loss that returns (loss, "
+                                  f"weight), as the '{arg_name}' given does, but got '{reduction}'.")
     if not pair and reduction == WEIGHTED:
-        return ValueError(f"For '{cls_name}', the argument '{arg_name}' must return (loss, weight) under reduction="
-                          f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their "
-                          f"count), but it returns {_describe(out)}; a loss alone needs reduction='mean' or 'sum'.")
+        return ArgumentValueError(f"the argument '{arg_name}' must return (loss, weight) under reduction="
+                                  f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their "
+                                  f"count), but it returns {_describe(out)}; a loss alone needs reduction='mean' or "
+                                  f"'sum'.")
     _checked.setdefault(network, set()).add(reduction)
     return None
 

@@ -12,7 +12,7 @@ default) nothing is computed and every Cell's output is as before.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
@@ -165,11 +165,11 @@ class OutlierFilter(Statistics):
         return [self.seen, self.mean, self.var]
 
 
-def check_outliers(skip_outliers, outlier_warmup, cls_name: str) -> None:
+def check_outliers(skip_outliers, outlier_warmup) -> None:
     """Refuses a threshold that is not a positive number, or a warm-up that is not a non-negative int."""
     if skip_outliers is not None:
-        check_positive_float(skip_outliers, "skip_outliers", cls_name)
-    check_positive_int(outlier_warmup, "outlier_warmup", cls_name, minimum=0)
+        check_positive_float(skip_outliers, "skip_outliers")
+    check_positive_int(outlier_warmup, "outlier_warmup", minimum=0)
 
 
 class NoiseScale:
@@ -230,8 +230,3 @@ class NoiseScale:
         self.windows = int(state.get("noise_windows", 0))
         self.g2 = float(state.get("noise_g2", 0.0))
         self.trace = float(state.get("noise_trace", 0.0))
-
-
-def harmonic_mean(weights: Sequence[float]) -> float:
-    """The harmonic mean of positive `weights` (the B_small of micro-batches of unequal sizes)."""
-    return len(weights) / sum(1.0 / w for w in weights)

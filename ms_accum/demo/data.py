@@ -16,11 +16,13 @@ import os
 import shutil
 import socket
 import tempfile
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .._validation import (ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_float,
+                           check_positive_int, check_value_in, door)
 
 if TYPE_CHECKING:  # the dataset engine is imported only when a pipeline is built
     from mindspore.dataset import Dataset
@@ -66,6 +68,7 @@ class DataError(ValueError):
     """The data on disk (or behind a URL) is missing, damaged or not what was expected."""
 
 
+@door("resolve_data_dir")
 def resolve_data_dir(path: Optional[PathLike] = None) -> str:
     """
     Choose the MNIST directory: `path` if given, else the environment variable `MS_ACCUM_MNIST`, else
@@ -81,7 +84,7 @@ def resolve_data_dir(path: Optional[PathLike] = None) -> str:
         TypeError: If `path` is neither None, a str nor an os.PathLike.
     """
     if path is not None:
-        check_isinstance(path, "path", (str, os.PathLike), "resolve_data_dir")
+        check_isinstance(path, "path", (str, os.PathLike))
         path = os.fspath(path)
     # An empty value (`--data ""`, `MS_ACCUM_MNIST=`) means "not set", as shells make such values easily.
     if not path:
@@ -126,6 +129,7 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
     return dtype, shape
 
 
+@door("check_mnist_dir")
 def check_mnist_dir(path: PathLike) -> str:
     """
     Check that `path` holds the four MNIST idx files with sound headers, cheaply (headers and sizes only).
@@ -145,7 +149,7 @@ def check_mnist_dir(path: PathLike) -> str:
         DataError: If a file is missing, truncated, too long, has a bad magic number or image size, or the
             label and image counts of a split differ. The message names the file.
     """
-    check_isinstance(path, "path", (str, os.PathLike), "check_mnist_dir")
+    check_isinstance(path, "path", (str, os.PathLike))
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise DataError(f"MNIST directory '{path}' does not exist or is not a directory. {_WHAT_TO_DO}")
@@ -193,6 +197,7 @@ def read_idx(path: PathLike) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
+@door("write_idx")
 def write_idx(path: PathLike, array: Any) -> None:
     """
     Write an array as an idx file, atomically (a temporary file beside it, then a rename).
@@ -207,15 +212,14 @@ def write_idx(path: PathLike, array: Any) -> None:
             a float image in [0, 1] written as uint8 would silently become zeros.
         ValueError: If `array` is 0-dimensional, or has more than 255 dimensions.
     """
-    check_isinstance(array, "array", np.ndarray, "write_idx")
+    check_isinstance(array, "array", np.ndarray)
     codes = {dt.newbyteorder("=") if dt.itemsize > 1 else dt: code for code, dt in _IDX_DTYPES.items()}
     native = array.dtype.newbyteorder("=") if array.dtype.itemsize > 1 else array.dtype
     if native not in codes:
-        raise TypeError(f"For 'write_idx', the argument 'array' must have dtype uint8, int8, int16, int32, "
-                        f"float32 or float64, but got {array.dtype}.")
+        raise ArgumentTypeError(f"the argument 'array' must have dtype uint8, int8, int16, int32, float32 or "
+                                f"float64, but got {array.dtype}.")
     if not 1 <= array.ndim <= 255:
-        raise ValueError(f"For 'write_idx', the argument 'array' must have 1 to 255 dimensions, "
-                         f"but got {array.ndim}.")
+        raise ArgumentValueError(f"the argument 'array' must have 1 to 255 dimensions, but got {array.ndim}.")
     path = os.fspath(path)
     code = codes[native]
     header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
@@ -239,6 +243,7 @@ def _md5(path: str) -> str:
     return digest.hexdigest()
 
 
+@door("download_mnist")
 def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Optional[str] = None) -> str:
     """
     Download MNIST as MindSpore's documentation does, verified, into ``root/MNIST_Data``.
@@ -264,9 +269,9 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
         DataError: If the download, the archive or a checksum fails, or ``root/MNIST_Data`` holds synthetic
             data (it is never overwritten). The message says how to provide MNIST by hand.
     """
-    check_isinstance(root, "root", (str, os.PathLike), "download_mnist")
-    timeout = check_positive_float(timeout, "timeout", "download_mnist")
-    url = MNIST_URL if url is None else check_isinstance(url, "url", str, "download_mnist")
+    check_isinstance(root, "root", (str, os.PathLike))
+    timeout = check_positive_float(timeout, "timeout")
+    url = MNIST_URL if url is None else check_isinstance(url, "url", str)
     root = os.fspath(root)
     target = os.path.join(root, "MNIST_Data")
     if is_synthetic(target):
@@ -331,72 +336,100 @@ def _fetch_verified(url: str, tmp: str, timeout: float) -> Optional[str]:
     return "; ".join(problems) if problems else None
 
 
-def _build_pipeline(api: str, data_path: PathLike, batch_size: int, usage: str, shuffle: Optional[bool], *,
-                    drop_remainder: bool, image_size: int, num_parallel_workers: int = 1,
-                    num_shards: Optional[int] = None, shard_id: Optional[int] = None,
-                    num_samples: Optional[int] = None, seed: Optional[int] = None) -> Dataset:
+@dataclass(frozen=True)
+class _Reading:
+    """What a pipeline reads and how it batches it: the options `create_dataset` and `datapipe` share."""
+
+    batch_size: int
+    usage: str
+    shuffle: Optional[bool]  # None: shuffle the training split only
+    drop_remainder: bool
+    num_parallel_workers: int = 1
+    num_shards: Optional[int] = None
+    shard_id: Optional[int] = None
+    num_samples: Optional[int] = None
+    seed: Optional[int] = None
+
+    def check(self) -> None:
+        check_positive_int(self.batch_size, "batch_size")
+        check_value_in(self.usage, "usage", tuple(_SPLITS))
+        if self.shuffle is not None:
+            check_isinstance(self.shuffle, "shuffle", bool)
+        check_positive_int(self.num_parallel_workers, "num_parallel_workers")
+        if (self.num_shards is None) != (self.shard_id is None):
+            raise ArgumentValueError(f"the arguments 'num_shards' and 'shard_id' must be given together, but got "
+                                     f"num_shards={self.num_shards!r}, shard_id={self.shard_id!r}.")
+        if self.num_shards is not None:
+            check_positive_int(self.num_shards, "num_shards")
+            check_positive_int(self.shard_id, "shard_id", minimum=0)
+            if self.shard_id >= self.num_shards:
+                raise ArgumentValueError(f"the argument 'shard_id' must be in [0, {self.num_shards}), but got "
+                                         f"{self.shard_id}.")
+        if self.num_samples is not None:
+            check_positive_int(self.num_samples, "num_samples")
+        if self.seed is not None:
+            check_positive_int(self.seed, "seed", minimum=0)
+            if self.seed > 0xFFFFFFFF:
+                raise ArgumentValueError(f"the argument 'seed' must be in [0, 4294967295], but got {self.seed}.")
+        check_isinstance(self.drop_remainder, "drop_remainder", bool)
+
+
+def _build_pipeline(data_path: PathLike, image_size: int, reading: _Reading) -> Dataset:
     """Validate, check the files, then build MnistDataset -> image ops + label cast -> batch."""
-    check_isinstance(data_path, "data_path", (str, os.PathLike), api)
-    check_positive_int(batch_size, "batch_size", api)
-    check_value_in(usage, "usage", tuple(_SPLITS), api)
-    if shuffle is not None:
-        check_isinstance(shuffle, "shuffle", bool, api)
-    check_positive_int(num_parallel_workers, "num_parallel_workers", api)
-    if (num_shards is None) != (shard_id is None):
-        raise ValueError(f"For '{api}', the arguments 'num_shards' and 'shard_id' must be given together, "
-                         f"but got num_shards={num_shards!r}, shard_id={shard_id!r}.")
-    if num_shards is not None:
-        check_positive_int(num_shards, "num_shards", api)
-        check_positive_int(shard_id, "shard_id", api, minimum=0)
-        if shard_id >= num_shards:
-            raise ValueError(f"For '{api}', the argument 'shard_id' must be in [0, {num_shards}), "
-                             f"but got {shard_id}.")
-    if num_samples is not None:
-        check_positive_int(num_samples, "num_samples", api)
-    if seed is not None:
-        check_positive_int(seed, "seed", api, minimum=0)
-        if seed > 0xFFFFFFFF:
-            raise ValueError(f"For '{api}', the argument 'seed' must be in [0, 4294967295], but got {seed}.")
-    check_isinstance(drop_remainder, "drop_remainder", bool, api)
+    check_isinstance(data_path, "data_path", (str, os.PathLike))
+    reading.check()
     data_path = check_mnist_dir(data_path)
 
     # Imported here so the idx helpers and the downloader work without starting the dataset engine.
     import mindspore as ms  # pylint: disable=import-outside-toplevel
     import mindspore.dataset as ds  # pylint: disable=import-outside-toplevel
-    from mindspore.dataset import transforms, vision  # pylint: disable=import-outside-toplevel
+    from mindspore.dataset import transforms  # pylint: disable=import-outside-toplevel
 
-    if shuffle is None:
-        shuffle = usage == "train"
-    # One DistributedSampler (1 shard when not sharding) for every case: unlike RandomSampler, which reads
-    # the global dataset seed when an iterator starts, it takes the seed when it is built, so `seed` needs no
-    # global side effect (ds.config.set_seed also reseeds `random` and numpy). Each epoch reshuffles.
-    sampler = ds.DistributedSampler(num_shards or 1, shard_id or 0, shuffle=shuffle, num_samples=num_samples)
-    if seed is not None:
-        sampler.seed = seed
     # MnistDataset wants the directory that directly holds the idx files; given MNIST_Data itself it
     # silently yields 0 samples.
-    dataset = ds.MnistDataset(os.path.join(data_path, usage), usage=usage, sampler=sampler,
-                              num_parallel_workers=num_parallel_workers)
+    dataset = ds.MnistDataset(os.path.join(data_path, reading.usage), usage=reading.usage, sampler=_sampler(reading),
+                              num_parallel_workers=reading.num_parallel_workers)
+    dataset = dataset.map(operations=_image_ops(image_size), input_columns="image",
+                          num_parallel_workers=reading.num_parallel_workers)
+    dataset = dataset.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
+                          num_parallel_workers=reading.num_parallel_workers)
+    dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
+    if dataset.get_dataset_size() == 0:
+        raise ArgumentValueError(f"the dataset yields no batch: fewer samples than batch_size {reading.batch_size} "
+                                 f"with drop_remainder=True (num_samples={reading.num_samples}, "
+                                 f"num_shards={reading.num_shards}).")
+    return dataset
+
+
+def _sampler(reading: _Reading):
+    """One DistributedSampler (1 shard when not sharding) for every case: unlike RandomSampler, which reads the global
+    dataset seed when an iterator starts, it takes the seed when it is built, so `seed` needs no global side effect
+    (ds.config.set_seed also reseeds `random` and numpy). Each epoch reshuffles."""
+    import mindspore.dataset as ds  # pylint: disable=import-outside-toplevel
+    shuffle = reading.usage == "train" if reading.shuffle is None else reading.shuffle
+    sampler = ds.DistributedSampler(reading.num_shards or 1, reading.shard_id or 0, shuffle=shuffle,
+                                    num_samples=reading.num_samples)
+    if reading.seed is not None:
+        sampler.seed = reading.seed
+    return sampler
+
+
+def _image_ops(image_size: int) -> list:
+    """The image transforms of each pipeline, to CHW."""
+    from mindspore.dataset import vision  # pylint: disable=import-outside-toplevel
     if image_size == _SIDE:  # the Accumulator page's datapipe
         image_ops = [vision.Rescale(1.0 / 255.0, 0.0), vision.Normalize(mean=(MNIST_MEAN,), std=(MNIST_STD,))]
     else:  # the LeNet tutorial's, with its normalization in the right order
         image_ops = [vision.Resize((image_size, image_size), interpolation=vision.Inter.LINEAR),
                      vision.Rescale(1.0 / 255.0, 0.0), vision.Rescale(1.0 / MNIST_STD, -MNIST_MEAN / MNIST_STD)]
-    dataset = dataset.map(operations=image_ops + [vision.HWC2CHW()], input_columns="image",
-                          num_parallel_workers=num_parallel_workers)
-    dataset = dataset.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
-                          num_parallel_workers=num_parallel_workers)
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    if dataset.get_dataset_size() == 0:
-        raise ValueError(f"For '{api}', the dataset yields no batch: fewer samples than batch_size {batch_size} "
-                         f"with drop_remainder=True (num_samples={num_samples}, num_shards={num_shards}).")
-    return dataset
+    return image_ops + [vision.HWC2CHW()]
 
 
+@door("create_dataset")
 def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: Optional[bool] = None,
                    num_parallel_workers: int = 1, num_shards: Optional[int] = None, shard_id: Optional[int] = None,
                    num_samples: Optional[int] = None, seed: Optional[int] = None,
-                   drop_remainder: bool = True, cls_name: str = "create_dataset") -> Dataset:
+                   drop_remainder: bool = True) -> Dataset:
     r"""
     MNIST batches for LeNet5, as in MindSpore's LeNet tutorial, with the normalization in the right order.
 
@@ -418,8 +451,6 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
         seed (int, optional): Shuffle seed for this dataset only; all shards must use the same one.
             Default: ``None``, MindSpore's dataset seed (``mindspore.dataset.config.get_seed()``).
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``True``.
-        cls_name (str): The name errors give as the one called (the command line passes its command). Default:
-            ``"create_dataset"``.
 
     Returns:
         mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32
@@ -432,13 +463,15 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
             would be produced.
         DataError: If the MNIST files are missing or damaged.
     """
-    return _build_pipeline(cls_name, data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
-                           image_size=32, num_parallel_workers=num_parallel_workers, num_shards=num_shards,
-                           shard_id=shard_id, num_samples=num_samples, seed=seed)
+    return _build_pipeline(data_path, 32, _Reading(
+        batch_size=batch_size, usage=usage, shuffle=shuffle, drop_remainder=drop_remainder,
+        num_parallel_workers=num_parallel_workers, num_shards=num_shards, shard_id=shard_id, num_samples=num_samples,
+        seed=seed))
 
 
+@door("datapipe")
 def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", shuffle: bool = False,
-             drop_remainder: bool = False, cls_name: str = "datapipe", **kwargs) -> Dataset:
+             drop_remainder: bool = False, **kwargs) -> Dataset:
     r"""
     MNIST batches for the MLP of MindSpore's "Gradient Accumulation" page (its `datapipe`): the 28x28 images
     scaled to [0, 1] and normalized (``vision.Normalize``), CHW, int32 labels. As on the page, nothing is shuffled and
@@ -450,8 +483,6 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
         usage (str): ``"train"`` or ``"test"``. Default: ``"train"``.
         shuffle (bool): Whether to shuffle (again every epoch). Default: ``False``.
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``False``.
-        cls_name (str): The name errors give as the one called (the command line passes its command). Default:
-            ``"datapipe"``.
         kwargs: `num_parallel_workers`, `num_shards`, `shard_id`, `num_samples`, `seed`, as :func:`create_dataset`
             takes them.
 
@@ -464,8 +495,8 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
         ValueError: If an argument has a wrong value (see :func:`create_dataset`).
         DataError: If the MNIST files are missing or damaged.
     """
-    return _build_pipeline(cls_name, data_path, batch_size, usage, shuffle, drop_remainder=drop_remainder,
-                           image_size=_SIDE, **kwargs)
+    return _build_pipeline(data_path, _SIDE, _Reading(batch_size=batch_size, usage=usage, shuffle=shuffle,
+                                                      drop_remainder=drop_remainder, **kwargs))
 
 
 # 5x7 bitmaps of the digits 0-9: distinct enough for a small CNN, varied below by affine jitter and ink.
@@ -536,6 +567,7 @@ def _render_digits(labels: np.ndarray, rng: np.random.Generator, chunk: int = 40
     return out
 
 
+@door("make_synthetic_mnist")
 def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 500, seed: int = 0) -> str:
     """
     Write a synthetic MNIST stand-in to ``root/MNIST_Data``: valid idx files of learnable digit images.
@@ -561,10 +593,10 @@ def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 
         ValueError: If a count is not positive or `seed` is negative.
         FileExistsError: If ``root/MNIST_Data`` exists and is not synthetic (real data is never replaced).
     """
-    check_isinstance(root, "root", (str, os.PathLike), "make_synthetic_mnist")
-    check_positive_int(num_train, "num_train", "make_synthetic_mnist")
-    check_positive_int(num_test, "num_test", "make_synthetic_mnist")
-    check_positive_int(seed, "seed", "make_synthetic_mnist", minimum=0)
+    check_isinstance(root, "root", (str, os.PathLike))
+    check_positive_int(num_train, "num_train")
+    check_positive_int(num_test, "num_test")
+    check_positive_int(seed, "seed", minimum=0)
     root = os.fspath(root)
     target = os.path.join(root, "MNIST_Data")
     if os.path.lexists(target) and not is_synthetic(target):
@@ -610,6 +642,7 @@ def is_synthetic(path: PathLike) -> bool:
     return os.path.isfile(os.path.join(os.fspath(path), SYNTHETIC_MARKER))
 
 
+@door("dataset_for")
 def dataset_for(model: str, data_path: PathLike, batch_size: int, usage: str = "train", **kwargs):
     """
     The pipeline each model of `ms_accum.demo.models` was documented with: `create_dataset` (32x32) for
@@ -629,7 +662,7 @@ def dataset_for(model: str, data_path: PathLike, batch_size: int, usage: str = "
         ValueError: If `model` is unknown, or as the chosen pipeline raises.
     """
     builders = {"lenet5": create_dataset, "mlp": datapipe}
-    check_value_in(model, "model", tuple(builders), "dataset_for")
+    check_value_in(model, "model", tuple(builders))
     if usage == "test":
         kwargs.setdefault("drop_remainder", False)
     return builders[model](data_path, batch_size, usage=usage, **kwargs)

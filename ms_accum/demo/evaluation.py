@@ -11,7 +11,7 @@ from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
 
-from .._validation import check_isinstance, check_positive_int, check_value_in
+from .._validation import ArgumentValueError, check_isinstance, check_positive_int, check_value_in, door
 from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
 from .models import MODELS, build_model
@@ -35,6 +35,7 @@ class EvalResult:
         return f"{accuracy}Avg loss: {self.loss:.6f}"
 
 
+@door("evaluate")
 def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = None,
              callbacks: Optional[List[Callback]] = None) -> EvalResult:
     """
@@ -55,14 +56,14 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     Raises:
         TypeError: If `network` is not a Cell or `dataset` not a Dataset.
     """
-    check_isinstance(network, "network", nn.Cell, "evaluate")
-    check_isinstance(dataset, "dataset", Dataset, "evaluate")
+    check_isinstance(network, "network", nn.Cell)
+    check_isinstance(dataset, "dataset", Dataset)
     loss_fn = loss_fn or nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     classifier = np.issubdtype(np.dtype(dataset.output_types()[-1]), np.integer)
     metrics = {"loss": Loss(), **({"accuracy": Accuracy()} if classifier else {})}
     found = Model(network, loss_fn, metrics=metrics).eval(dataset, callbacks=callbacks, dataset_sink_mode=False)
-    return EvalResult(float(found["accuracy"]) if classifier else None, float(found["loss"]),
-                      dataset.get_dataset_size())
+    return EvalResult(accuracy=float(found["accuracy"]) if classifier else None, loss=float(found["loss"]),
+                      batches=dataset.get_dataset_size())
 
 
 def recorded_data_dir(data_dir: str, ckpt_dir: str) -> str:
@@ -86,6 +87,7 @@ def _holds(params: Dict[str, Parameter], model: str) -> bool:
     return all(name in params and tuple(params[name].shape) == shape for name, shape in own.items())
 
 
+@door("evaluate_checkpoint")
 def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
                         batch_size: int = 256, num_samples: Optional[int] = None,
                         callbacks: Optional[List[Callback]] = None,
@@ -106,7 +108,7 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         batch_size (int): Evaluation batch size. Default: ``256``.
         num_samples (int, optional): Evaluate on the first `num_samples` test images only (built-in models).
         callbacks (list[Callback], optional): Passed to `Model.eval`.
-        arg_name (str): The caller's name for `model`, for messages (``"--model"`` on the command line). Default:
+        arg_name (str): How messages name the argument `model` (``"--model"`` on the command line). Default:
             ``"model"``.
 
     Returns:
@@ -118,10 +120,9 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         DataError: If the test data is missing or corrupt.
         ValueError: If a factory fails, or provides no evaluation data, or `data` or `num_samples` is given with one.
     """
-    name = "evaluate_checkpoint"
-    check_positive_int(batch_size, "batch_size", name)
+    check_positive_int(batch_size, "batch_size")
     if num_samples is not None:
-        check_positive_int(num_samples, "num_samples", name)
+        check_positive_int(num_samples, "num_samples")
     contents = load_checkpoint(ckpt)
     metadata = contents[1]
     recorded = metadata.get("model")
@@ -131,8 +132,11 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
                                   f"{sorted(MODELS)} or package.module:function.")
         model = recorded
     if is_factory(model):
-        return _evaluate_factory(ckpt, model, contents, data, batch_size, num_samples, callbacks, arg_name), metadata
-    check_value_in(model, arg_name, MODELS, name)
+        _refuse_mnist_options(model, data, num_samples)
+        user = load_model(model)
+        _load(user.network, ckpt, model, contents, arg_name)
+        return evaluate(user.network, user.data(batch_size, "eval", 0, 1), user.loss_fn, callbacks), metadata
+    check_value_in(model, arg_name, MODELS)
     network = build_model(model)
     _load(network, ckpt, model, contents, arg_name)
     dataset = dataset_for(model, checkpoint_data_dir(metadata, data, ckpt), batch_size, usage="test",
@@ -156,13 +160,10 @@ def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> N
                               f"model): evaluate it as '{fits[0]}'.") from None
 
 
-def _evaluate_factory(ckpt: str, spec: str, contents, data: Optional[str], batch_size: int,
-                      num_samples: Optional[int], callbacks: Optional[List[Callback]], arg_name: str) -> EvalResult:
-    name = "evaluate_checkpoint"
+def _refuse_mnist_options(spec: str, data: Optional[str], num_samples: Optional[int]) -> None:
+    """A factory's dataset() decides its evaluation data: the built-in models' MNIST options are refused with it."""
     for given, what in ((data, "data"), (num_samples, "num_samples")):
         if given is not None:
-            raise ValueError(f"For '{name}', the argument '{what}' applies to the built-in models' MNIST, but got "
-                             f"{given!r} with the factory '{spec}', whose dataset() decides its evaluation data.")
-    user = load_model(spec, name)
-    _load(user.network, ckpt, spec, contents, arg_name)
-    return evaluate(user.network, user.data(batch_size, "eval", 0, 1, name), user.loss_fn, callbacks)
+            raise ArgumentValueError(f"the argument '{what}' applies to the built-in models' MNIST, but got "
+                                     f"{given!r} with the factory '{spec}', whose dataset() decides its evaluation "
+                                     f"data.")

@@ -8,7 +8,7 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.common.initializer import Normal, Uniform, initializer
 
-from .._validation import check_positive_int, check_value_in
+from .._validation import ArgumentValueError, check_positive_int, check_value_in, door
 from ..core.losses import TokenCrossEntropy
 
 
@@ -30,10 +30,11 @@ class LeNet5(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("LeNet5")
     def __init__(self, num_class: int = 10, num_channel: int = 1) -> None:
         super().__init__()
-        check_positive_int(num_class, "num_class", "LeNet5")
-        check_positive_int(num_channel, "num_channel", "LeNet5")
+        check_positive_int(num_class, "num_class")
+        check_positive_int(num_channel, "num_channel")
         self.conv1 = nn.Conv2d(num_channel, 6, 5, pad_mode="valid")
         self.conv2 = nn.Conv2d(6, 16, 5, pad_mode="valid")
         self.fc1 = nn.Dense(16 * 5 * 5, 120, weight_init=Normal(0.02))
@@ -69,9 +70,10 @@ class MLP(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("MLP")
     def __init__(self, num_class: int = 10) -> None:
         super().__init__()
-        check_positive_int(num_class, "num_class", "MLP")
+        check_positive_int(num_class, "num_class")
         self.flatten = nn.Flatten()
         self.dense_relu_sequential = nn.SequentialCell(
             nn.Dense(28 * 28, 512), nn.ReLU(),
@@ -110,14 +112,13 @@ class CharTransformer(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("CharTransformer")
     def __init__(self, vocab: int, width: int = 64, heads: int = 4, layers: int = 2, max_len: int = 256) -> None:
         super().__init__()
         for arg_name, value in (("vocab", vocab), ("width", width), ("heads", heads), ("layers", layers),
                                 ("max_len", max_len)):
-            check_positive_int(value, arg_name, "CharTransformer")
-        if width % heads:
-            raise ValueError(f"For 'CharTransformer', the argument 'heads' must divide 'width' ({width}), but got "
-                             f"{heads}.")
+            check_positive_int(value, arg_name)
+        _check_heads(width, heads)
         self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(max_len, width)
         # nn.TransformerEncoderLayer's settings: ReLU, LayerNorm epsilon 1e-5, no dropout.
@@ -140,6 +141,11 @@ class CharTransformer(nn.Cell):
         return self.head(x)
 
 
+def _check_heads(width: int, heads: int) -> None:
+    if width % heads:
+        raise ArgumentValueError(f"the argument 'heads' must divide 'width' ({width}), but got {heads}.")
+
+
 class ConvNet(nn.Cell):
     r"""
     An activation-heavy, parameter-light network: four 3x3 convolutions of 32 channels with ReLU, global average
@@ -160,10 +166,11 @@ class ConvNet(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("ConvNet")
     def __init__(self, num_class: int = 10, num_channel: int = 3) -> None:
         super().__init__()
-        check_positive_int(num_class, "num_class", "ConvNet")
-        check_positive_int(num_channel, "num_channel", "ConvNet")
+        check_positive_int(num_class, "num_class")
+        check_positive_int(num_channel, "num_channel")
         layers = []
         for channels in (num_channel, 32, 32, 32):
             layers += [nn.Conv2d(channels, 32, 3), nn.ReLU()]
@@ -191,13 +198,14 @@ def make_optimizer(settings: dict, params) -> nn.Optimizer:
     return nn.Adam(params, settings["lr"])
 
 
+@door("build_model")
 def build_model(name: str) -> nn.Cell:
     """Build a model by its name, ``"lenet5"`` or ``"mlp"``.
 
     Raises:
         ValueError: If `name` is not a known model.
     """
-    return MODELS[check_value_in(name, "model", MODELS, "build_model")]()
+    return MODELS[check_value_in(name, "model", MODELS)]()
 
 
 def factory(name: str):
@@ -300,15 +308,14 @@ class EncoderLayer(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("EncoderLayer")
     def __init__(self, width: int, heads: int, ffn: int, dropout: float = 0.1, activation: str = "gelu",
                  epsilon: float = 1e-12) -> None:
         super().__init__()
         for arg_name, value in (("width", width), ("heads", heads), ("ffn", ffn)):
-            check_positive_int(value, arg_name, "EncoderLayer")
-        if width % heads:
-            raise ValueError(f"For 'EncoderLayer', the argument 'heads' must divide 'width' ({width}), but got "
-                             f"{heads}.")
-        check_value_in(activation, "activation", ("gelu", "relu"), "EncoderLayer")
+            check_positive_int(value, arg_name)
+        _check_heads(width, heads)
+        check_value_in(activation, "activation", ("gelu", "relu"))
         self.heads, self.head_width = heads, width // heads
         self.scale = 1.0 / float(np.sqrt(self.head_width))
         self.query, self.key, self.value = nn.Dense(width, width), nn.Dense(width, width), nn.Dense(width, width)
@@ -362,12 +369,13 @@ class Encoder(nn.Cell):
         ``Ascend`` ``GPU`` ``CPU``
     """
 
+    @door("Encoder")
     def __init__(self, vocab: int = 30522, width: int = 768, heads: int = 12, layers: int = 12, max_len: int = 512,
                  num_class: int = 2, dropout: float = 0.1) -> None:
         super().__init__()
         for arg_name, value in (("vocab", vocab), ("layers", layers), ("max_len", max_len),
                                 ("num_class", num_class)):
-            check_positive_int(value, arg_name, "Encoder")
+            check_positive_int(value, arg_name)
         self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(max_len, width)
         self.norm = nn.LayerNorm((width,), epsilon=1e-12)
@@ -387,10 +395,11 @@ class Encoder(nn.Cell):
 REAL_SIZE_OPTIMIZERS = ("sgd", "momentum", "adamw")
 
 
+@door("real_size_optimizer")
 def real_size_optimizer(name: str, params) -> nn.Optimizer:
     """``"sgd"`` (no state), ``"momentum"`` (one state tensor per parameter) or ``"adamw"`` (two) on `params`:
     the optimizers the real-size memory figures compare (benchmarks/memory.py)."""
-    check_value_in(name, "optimizer", REAL_SIZE_OPTIMIZERS, "real_size_optimizer")
+    check_value_in(name, "optimizer", REAL_SIZE_OPTIMIZERS)
     if name == "sgd":
         return nn.SGD(params, 0.01)
     if name == "momentum":
@@ -398,13 +407,14 @@ def real_size_optimizer(name: str, params) -> nn.Optimizer:
     return nn.AdamWeightDecay(params, 1e-4, weight_decay=0.01)
 
 
+@door("deep_mlp")
 def deep_mlp(optimizer: str = "sgd", layers: int = 12, width: int = 2048):
     """Factory: a parameter-heavy MLP, `layers` Dense(`width`, `width`) with ReLU and a Dense(`width`, 10) head (the
     defaults: 192 MiB of float32 parameters in 12 tensors of 16 MiB), the mean cross-entropy and `optimizer` (see
     `real_size_optimizer`); ``sample(n)``: random `width`-vectors, labels 0-9. Its gradients, not its activations,
     decide a step's memory."""
-    check_positive_int(layers, "layers", "deep_mlp")
-    check_positive_int(width, "width", "deep_mlp")
+    check_positive_int(layers, "layers")
+    check_positive_int(width, "width")
     cells = []
     for _ in range(layers):
         cells += [nn.Dense(width, width), nn.ReLU()]
@@ -415,11 +425,12 @@ def deep_mlp(optimizer: str = "sgd", layers: int = 12, width: int = 2048):
             real_size_optimizer(optimizer, network.trainable_params()), sample)
 
 
+@door("encoder")
 def encoder(optimizer: str = "adamw", layers: int = 12, seq: int = 512, width: int = 768, vocab: int = 30522):
     """Factory: the BERT-shaped `Encoder` (BERT-base with the defaults: 418 MiB of parameters) on sequences of `seq`
     tokens, a two-class head, the mean cross-entropy and `optimizer` (see `real_size_optimizer`); ``sample(n)``:
     random token ids and labels."""
-    check_positive_int(seq, "seq", "encoder")
+    check_positive_int(seq, "seq")
     network = Encoder(vocab, width, max(1, width // 64), layers, seq)
     sample = _random_sample(lambda rng, n: rng.integers(0, vocab, (n, seq)).astype(np.int32),
                             lambda rng, n: rng.integers(0, 2, (n,)).astype(np.int32))

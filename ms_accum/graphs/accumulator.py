@@ -8,9 +8,8 @@ from mindspore import nn, ops
 
 from ..core import _ops
 from ..core.buffer import AccumulationBuffer
-from ..core.parallel import data_parallel_info
 from ..runtime import check_cpu_kernels
-from .._validation import check_isinstance, check_positive_float, check_positive_int
+from .._validation import check_isinstance, check_positive_float, check_positive_int, door
 
 
 @ms.jit_class
@@ -88,18 +87,18 @@ class Accumulator:
         ...     return ops.depend(loss, accumulator(grads))
     """
 
+    @door("Accumulator")
     def __init__(self, optimizer: nn.Optimizer, accumulate_step: int, clip_norm: Optional[float] = None,
                  reduction: str = "mean") -> None:
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, "Accumulator")
-        check_cpu_kernels("Accumulator")
-        self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "Accumulator")
-        self.clip_norm = check_positive_float(clip_norm, "clip_norm", "Accumulator", allow_none=True)
+        check_isinstance(optimizer, "optimizer", nn.Optimizer)
+        check_cpu_kernels()
+        self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
+        self.clip_norm = check_positive_float(clip_norm, "clip_norm", allow_none=True)
         self.optimizer = optimizer
-        data_parallel_info("Accumulator")  # an unsupported parallel mode is refused in this class's name
-        self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate", reduction=reduction,
-                                         cls_name="Accumulator")
+        # The buffer refuses an unsupported parallel mode (and a reduction), in this class's name: the door's.
+        self.buffer = AccumulationBuffer(optimizer.parameters, "accumulate", reduction=reduction)
         self.inner_grads = self.buffer.grad_sum
-        self.mini_step = self.buffer.mini_step
+        self.mini_step = self.buffer.micro_batch_count  # the page's name for the micro-batches in the window
         self.num_samples = self.buffer.num_samples
         self.param_shapes = tuple(tuple(p.shape) for p in optimizer.parameters)
 
@@ -110,8 +109,8 @@ class Accumulator:
         self._check_grads(grads)
         self._check_weight(num_samples)
         weight = self.buffer.reduction.given_weight(num_samples)
-        step = self.buffer.add(None, _ops.weigh(grads, weight), _ops.count(weight))
-        applied = step >= self.accumulate_step
+        micro_batches = self.buffer.add(None, _ops.weigh(grads, weight), _ops.count(weight))
+        applied = micro_batches >= self.accumulate_step
         if applied:
             self.buffer.close(self.optimizer, self.clip_norm)
         return applied

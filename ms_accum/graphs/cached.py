@@ -21,12 +21,12 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.communication import GlobalComm
 
-from .._validation import check_isinstance, check_positive_float
+from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_float, door
 from ..core.buffer import AccumulationBuffer
 from ..core.guard import LossScaler
 from ..core.inference import in_inference
 from ..core.parallel import AllReduceSums, data_parallel_info
-from .cells import TrainClear, _BufferCell, _check_buffer, _CheckWindow, _StepWindow
+from .cells import TrainClear, _BufferCell, _CheckWindow, _StepWindow, own_buffer
 
 _hyper_map = ops.HyperMap()
 _gather_op = ops.MultitypeFuncGraph("ms_accum_cached_gather")
@@ -39,45 +39,49 @@ def _gather(all_gather, x):
     return all_gather(x)
 
 
-def check_cached_options(reduction: str, policy: str, statistics: bool, noise_scale: bool, skip_outliers,
-                         cls_name: str) -> str:
+def check_cached_options(reduction: str, policy: str, statistics: bool, noise_scale: bool, skip_outliers) -> str:
     """The buffer's reduction for a cached window, ``"sum"``, after refusing the options that cannot be exact.
 
     The user's ``"mean"`` (the default) and ``"sum"`` both mean "the window's loss is what `loss_fn` returns on the
     whole window"; the buffer must not divide it again.
     """
     if reduction == "weighted_mean":
-        raise ValueError(f"For '{cls_name}', the argument 'reduction' must be 'mean' or 'sum' with structure='cached' "
-                         f"(the window's one loss is its loss_fn's value on the whole window), but got "
-                         f"'weighted_mean'.")
-    if policy == "skip_microbatch":
-        raise ValueError(f"For '{cls_name}', the argument 'policy' must be 'skip_window' with structure='cached', but "
-                         f"got 'skip_microbatch': every micro-batch's gradient is its share of the one window loss, "
-                         f"in which its samples are the other samples' negatives, so no update without it equals a "
-                         f"step on the remaining batch.")
+        raise ArgumentValueError(f"the argument 'reduction' must be 'mean' or 'sum' with structure='cached' "
+                                 f"(the window's one loss is its loss_fn's value on the whole window), but got "
+                                 f"'weighted_mean'.")
+    check_cached_policy(policy)
     if skip_outliers is not None:
-        raise ValueError(f"For '{cls_name}', the argument 'skip_outliers' must be None with structure='cached', but "
-                         f"got {skip_outliers!r}: a micro-batch left out would still be in the loss that made the "
-                         f"others' gradients, so the update would equal no large-batch step.")
+        raise ArgumentValueError(f"the argument 'skip_outliers' must be None with structure='cached', but "
+                                 f"got {skip_outliers!r}: a micro-batch left out would still be in the loss that made the "
+                                 f"others' gradients, so the update would equal no large-batch step.")
     if statistics or noise_scale:
-        raise ValueError(f"For '{cls_name}', the arguments 'statistics' and 'noise_scale' must be False with "
-                         f"structure='cached', but got statistics={statistics!r}, noise_scale={noise_scale!r}: a "
-                         f"micro-batch's gradient here is its share of one window loss, not a gradient of a loss of "
-                         f"its own, and its norm says nothing about the gradient noise.")
+        raise ArgumentValueError(f"the arguments 'statistics' and 'noise_scale' must be False with "
+                                 f"structure='cached', but got statistics={statistics!r}, noise_scale={noise_scale!r}: a "
+                                 f"micro-batch's gradient here is its share of one window loss, not a gradient of a loss of "
+                                 f"its own, and its norm says nothing about the gradient noise.")
     return CACHED_REDUCTION
 
 
-def check_loss_signature(loss_fn: nn.Cell, cls_name: str) -> None:
+def check_cached_policy(policy: str) -> None:
+    """Refuses ``"skip_microbatch"``, which no cached window can make exact."""
+    if policy == "skip_microbatch":
+        raise ArgumentValueError(f"the argument 'policy' must be 'skip_window' with structure='cached', but "
+                                 f"got 'skip_microbatch': every micro-batch's gradient is its share of the one window loss, "
+                                 f"in which its samples are the other samples' negatives, so no update without it equals a "
+                                 f"step on the remaining batch.")
+
+
+def check_loss_signature(loss_fn: nn.Cell) -> None:
     """Refuses a loss that cannot be called as ``loss_fn(outputs, labels)``, before anything compiles."""
     try:
         inspect.signature(loss_fn.construct).bind(None, None)
     except (TypeError, ValueError):
-        raise TypeError(f"For '{cls_name}', the argument 'loss_fn' must take (outputs of the whole window, labels of "
-                        f"the whole window) with structure='cached', but its construct is "
-                        f"{type(loss_fn).__name__}{inspect.signature(loss_fn.construct)}.") from None
+        raise ArgumentTypeError(f"the argument 'loss_fn' must take (outputs of the whole window, labels of "
+                                f"the whole window) with structure='cached', but its construct is "
+                                f"{type(loss_fn).__name__}{inspect.signature(loss_fn.construct)}.") from None
 
 
-def check_same_masks(network: nn.Cell, cls_name: str) -> None:
+def check_same_masks(network: nn.Cell) -> None:
     """Refuses a network whose random ops (dropout) would draw other masks in pass 2 than in pass 1.
 
     In graph mode each call site of a random op in a compiled graph is a kernel of its own, seeded from the op's seeds:
@@ -92,14 +96,14 @@ def check_same_masks(network: nn.Cell, cls_name: str) -> None:
         return
     where = random_ops[0][0]
     if ms.get_context("mode") != ms.GRAPH_MODE:
-        raise ValueError(f"For '{cls_name}', the argument 'network' must have no random ops (dropout) in PyNative mode "
-                         f"with structure='cached', but its cell '{where}' has one: both passes would share its kernel "
-                         f"and see other masks. Use graph mode (with mindspore.set_seed), or drop the dropout.")
+        raise ArgumentValueError(f"the argument 'network' must have no random ops (dropout) in PyNative mode "
+                                 f"with structure='cached', but its cell '{where}' has one: both passes would share its kernel "
+                                 f"and see other masks. Use graph mode (with mindspore.set_seed), or drop the dropout.")
     unseeded = [name for name, prim in random_ops if not prim.attrs["Seed0"] and not prim.attrs["Seed1"]]
     if unseeded:
-        raise ValueError(f"For '{cls_name}', the argument 'network' must have seeded random ops with "
-                         f"structure='cached', but its cell '{unseeded[0]}' draws unseeded masks: pass 2 would see "
-                         f"other masks than pass 1. Call mindspore.set_seed(...) before building the network.")
+        raise ArgumentValueError(f"the argument 'network' must have seeded random ops with "
+                                 f"structure='cached', but its cell '{unseeded[0]}' draws unseeded masks: pass 2 would see "
+                                 f"other masks than pass 1. Call mindspore.set_seed(...) before building the network.")
 
 
 class _CachedLossGrad(nn.Cell):
@@ -150,8 +154,7 @@ class _CachedPass(_BufferCell):
     (weight 1: the ``"sum"`` rule).
 
     One graph, not two: on CPU a graph keeps the activation memory it planned, and a second graph of the network would
-    keep its own (docs/mindspore.md, each graph's memory): on the benchmark's conv net at 4 x 8 (benchmarks/cached.py),
-    two windows with a separate pass-1 graph peaked at 308 MiB, with this one at 250, one micro-batch step's peak.
+    keep its own (docs/mindspore.md, each graph's memory; measured for this Cell in docs/cached.md).
     Each branch calls the network's random ops through its own kernels, which `check_same_masks` relies on.
     """
 
@@ -235,29 +238,22 @@ class TrainCachedWindowCell(nn.Cell):
                  buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None) -> None:
         super().__init__(auto_prefix=False)
-        name = type(self).__name__
-        self.network = check_isinstance(network, "network", nn.Cell, name)
-        self.loss_fn = check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
-        check_loss_signature(loss_fn, name)
-        clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        if buffer is None:
-            data_parallel_info(name)
-            check_cached_options("sum", policy, False, False, None, name)
-            buffer = AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                        reduction=CACHED_REDUCTION, cls_name=name)
-        else:
-            if policy != "skip_window" or loss_scaler is not None:
-                raise ValueError(f"For '{name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
-                                 f"them to the AccumulationBuffer given as 'buffer', not here.")
-            _check_buffer(buffer, optimizer, name)
+        with door("TrainCachedWindowCell"):
+            self.network = check_isinstance(network, "network", nn.Cell)
+            self.loss_fn = check_isinstance(loss_fn, "loss_fn", nn.Cell)
+            check_loss_signature(loss_fn)
+            clip_norm = check_positive_float(clip_norm, "clip_norm", allow_none=True)
+            if buffer is None:
+                check_cached_policy(policy)
+            buffer = own_buffer(network, optimizer, buffer, policy, loss_scaler, CACHED_REDUCTION if buffer is None
+                                else None)
             if buffer.reduction.name != CACHED_REDUCTION or buffer.leaves_out or buffer.statistics.parameters():
-                raise ValueError(f"For '{name}', the argument 'buffer' must have reduction 'sum', no micro-batch "
-                                 f"left out and no statistics (the window's gradient is that of its one loss), but "
-                                 f"got reduction '{buffer.reduction.name}'.")
-        check_same_masks(network, name)
+                raise ArgumentValueError(f"the argument 'buffer' must have reduction 'sum', no micro-batch left out "
+                                         f"and no statistics (the window's gradient is that of its one loss), but got "
+                                         f"reduction '{buffer.reduction.name}'.")
+            check_same_masks(network)
         self.buffer = buffer
-        self.parallel = data_parallel_info(name)
+        self.parallel = data_parallel_info()
         self.optimizer = optimizer
         self.passes = _CachedPass(network, optimizer, buffer)
         self.check = _CheckWindow(buffer, clip_norm)
@@ -269,7 +265,6 @@ class TrainCachedWindowCell(nn.Cell):
         self.tuple_output = False
         self._zeros = {}  # micro-batch size -> pass 1's placeholders
         self._pass1, self._pass2 = Tensor(False), Tensor(True)
-        self.caller = name  # the name errors give (the executor gives its own; nn.Cell's cls_name is read-only)
 
     def set_train(self, mode: bool = True):
         super().set_train(mode)
@@ -282,11 +277,10 @@ class TrainCachedWindowCell(nn.Cell):
         the micro-batch `inputs` (its data, then its labels) and of the loss on their outputs. Refuses outputs whose
         batch axis is not the micro-batch's and a loss that is not a scalar.
 
-        Two samples, not the micro-batch: PyNative keeps the memory its pass took, which on the benchmark's conv net
-        at 4 x 8 was a quarter of one micro-batch step's peak (315 against 251 MiB for the whole cached run)."""
+        Two samples, not the micro-batch: PyNative keeps the memory its pass took (docs/mindspore.md, an eager
+        pass's memory)."""
         if self.checked:
             return
-        name = self.caller
         mode = ms.get_context("mode")
         inputs = [x[:2].copy() if isinstance(x, Tensor) and x.ndim else x for x in inputs]
         with in_inference(self.network) as hold:
@@ -299,16 +293,16 @@ class TrainCachedWindowCell(nn.Cell):
                 batch = inputs[0].shape[0]
                 shapes = [tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__ for f in fields]
                 if not all(isinstance(f, Tensor) and f.ndim >= 1 and f.shape[0] == batch for f in fields):
-                    raise ValueError(f"For '{name}', the argument 'network' must return Tensors whose first axis is "
-                                     f"its input's batch axis with structure='cached', so the window's outputs "
-                                     f"concatenate along it, but for {batch} samples it returned {shapes}.")
+                    raise ArgumentValueError(f"the argument 'network' must return Tensors whose first axis is "
+                                             f"its input's batch axis with structure='cached', so the window's outputs "
+                                             f"concatenate along it, but for {batch} samples it returned {shapes}.")
                 loss = self.loss_fn(out, inputs[-1])
             finally:
                 ms.set_context(mode=mode)
         if not isinstance(loss, Tensor) or loss.ndim != 0 and loss.size != 1:
             got = f"a Tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-            raise ValueError(f"For '{name}', the argument 'loss_fn' must return a scalar loss of the window's outputs "
-                             f"with structure='cached', but for {inputs[0].shape[0]} samples it returned {got}.")
+            raise ArgumentValueError(f"the argument 'loss_fn' must return a scalar loss of the window's outputs "
+                                     f"with structure='cached', but for {inputs[0].shape[0]} samples it returned {got}.")
         self.fields = [(tuple(f.shape[1:]), f.dtype) for f in fields]  # pass 1's placeholders for `sens`
         self.checked = True
 
@@ -332,7 +326,7 @@ class TrainCachedWindowCell(nn.Cell):
             micro_batches.append(inputs)
             outputs.append(self.passes(self._pass1, *inputs[:-1], *self._placeholders(inputs[0].shape[0])))
         if not micro_batches:
-            raise ValueError(f"For '{self.caller}', the window must hold at least one micro-batch, but got none.")
+            raise ArgumentValueError(f"the window must hold at least one micro-batch, but got none.")
         single = not self.tuple_output
         fields = tuple(ops.concat([out if single else out[i] for out in outputs]) for i in range(len(self.fields)))
         labels = ops.concat([inputs[-1] for inputs in micro_batches])

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 import mindspore as ms
-from mindspore import ParameterTuple, nn, ops
+from mindspore import ParameterTuple, Tensor, nn, ops
 
 from ..core import _ops
-from .._validation import check_isinstance, check_positive_float, check_positive_int
+from .._validation import ArgumentValueError, check_isinstance, check_positive_float, check_positive_int, door
 from ..core.buffer import AccumulationBuffer
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
 from ..core.losses import loss_output_error, window_reduction
@@ -21,43 +21,45 @@ from ..core.parallel import data_parallel_info
 from ..runtime import check_cpu_kernels
 
 
-def _check_buffer(buffer, optimizer: nn.Optimizer, cls_name: str) -> AccumulationBuffer:
-    check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
-    check_isinstance(buffer, "buffer", AccumulationBuffer, cls_name)
+def _check_buffer(buffer, optimizer: nn.Optimizer) -> AccumulationBuffer:
+    check_isinstance(optimizer, "optimizer", nn.Optimizer)
+    check_isinstance(buffer, "buffer", AccumulationBuffer)
     if len(buffer) != len(optimizer.parameters):
-        raise ValueError(f"For '{cls_name}', the argument 'buffer' must hold one gradient per optimizer "
-                         f"parameter ({len(optimizer.parameters)}), but holds {len(buffer)}.")
+        raise ArgumentValueError(f"the argument 'buffer' must hold one gradient per optimizer parameter "
+                                 f"({len(optimizer.parameters)}), but holds {len(buffer)}.")
     return buffer
 
 
-def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], cls_name: str,
-                     arg_name: str = "reduction", value=None) -> None:
+def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], arg_name: str = "reduction",
+                     value=None) -> None:
     # The buffer's rule decides for every Cell on it; an argument may only repeat it.
     if reduction is not None and reduction != buffer.reduction.name:
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must agree with the buffer's reduction "
-                         f"('{buffer.reduction.name}') or be None, but got {reduction if value is None else value!r}: "
-                         f"the AccumulationBuffer decides the reduction.")
+        raise ArgumentValueError(f"the argument '{arg_name}' must agree with the buffer's reduction "
+                                 f"('{buffer.reduction.name}') or be None, but got "
+                                 f"{reduction if value is None else value!r}: the AccumulationBuffer decides the "
+                                 f"reduction.")
 
 
-def _own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
-                loss_scaler: Optional[LossScaler], reduction: Optional[str], cls_name: str) -> AccumulationBuffer:
-    """The buffer a window Cell trains on: the one given, or a new one with `policy`, `loss_scaler`, `reduction`;
-    the reduction honours what the loss of a `nn.WithLossCell` says it computes (`window_reduction`)."""
+def own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
+               loss_scaler: Optional[LossScaler], reduction: Optional[str]) -> AccumulationBuffer:
+    """The buffer a window Cell trains on: the one given (which decides the policy, the scaler and the reduction), or
+    a new one with `policy`, `loss_scaler` and `reduction`, which honours what the loss of a `nn.WithLossCell` says
+    it computes (`window_reduction`)."""
     loss_fn = getattr(network, "_loss_fn", None)
     if buffer is None:
-        check_isinstance(optimizer, "optimizer", nn.Optimizer, cls_name)
-        data_parallel_info(cls_name)  # an unsupported parallel mode is refused in the caller's name
+        check_isinstance(optimizer, "optimizer", nn.Optimizer)
+        data_parallel_info()  # an unsupported parallel mode is refused before anything is built
         if isinstance(loss_fn, nn.Cell):
-            reduction = window_reduction(loss_fn, reduction, cls_name)
+            reduction = window_reduction(loss_fn, reduction)
         return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
-                                  reduction=reduction or "mean", cls_name=cls_name)
+                                  reduction=reduction or "mean")
     if policy != "skip_window" or loss_scaler is not None:
-        raise ValueError(f"For '{cls_name}', the arguments 'policy' and 'loss_scaler' belong to the buffer: pass "
-                         f"them to the AccumulationBuffer given as 'buffer', not here.")
-    _check_reduction(buffer, reduction, cls_name)
-    buffer = _check_buffer(buffer, optimizer, cls_name)
+        raise ArgumentValueError("the arguments 'policy' and 'loss_scaler' belong to the buffer: pass them to the "
+                                 "AccumulationBuffer given as 'buffer', not here.")
+    _check_reduction(buffer, reduction)
+    buffer = _check_buffer(buffer, optimizer)
     if isinstance(loss_fn, nn.Cell):
-        window_reduction(loss_fn, buffer.reduction.name, cls_name)
+        window_reduction(loss_fn, buffer.reduction.name)
     return buffer
 
 
@@ -66,7 +68,7 @@ class _BufferCell(nn.Cell):
 
     def __init__(self, buffer: AccumulationBuffer, scratch: bool = True) -> None:
         super().__init__(auto_prefix=False)
-        check_cpu_kernels(type(self).__name__)
+        check_cpu_kernels()
         self.buffer = buffer
         self.window_state = ParameterTuple(buffer.parameters())
         if scratch and buffer.statistics.parameters():  # rewritten every window: used, not saved
@@ -76,16 +78,16 @@ class _BufferCell(nn.Cell):
 class _MicroBatchCell(_BufferCell):
     """A window graph that runs micro-batches of `network`: the one micro-batch step, for every such Cell."""
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer, cls_name: str) -> None:
-        super().__init__(_check_buffer(buffer, optimizer, cls_name))
-        self.network = check_isinstance(network, "network", nn.Cell, cls_name)
+    loss_arg = "network"  # the argument that gave the loss, for the message (the executor's Cells: its loss_fn)
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
+        super().__init__(_check_buffer(buffer, optimizer))
+        self.network = check_isinstance(network, "network", nn.Cell)
         if not network.trainable_params():
-            raise ValueError(f"For '{cls_name}', the argument 'network' must have trainable parameters, but got none.")
+            raise ArgumentValueError("the argument 'network' must have trainable parameters, but got none.")
         sparse = sparse_gradient_cell(network)
-        check_policy_fits(sparse, buffer.guard.policy, cls_name, buffer.leaves_out)
+        check_policy_fits(sparse, buffer.guard.policy, buffer.leaves_out)
         self.grads_norm = _ops.SparseGradsNorm() if sparse else _ops.DenseGradsNorm()  # for statistics
-        self.caller = cls_name  # (nn.Cell has a read-only cls_name)
-        self.loss_arg = "network"  # the argument that gave the loss, for the message (the executor's: loss_fn)
         self.output_checked = False
         self.network.set_grad()
         self.optimizer = optimizer
@@ -103,10 +105,11 @@ class _MicroBatchCell(_BufferCell):
             # before anything runs. Only then does one eager pass say why (an eager pass's memory stays with the
             # process: docs/mindspore.md).
             misfit = loss_output_error(self.network, self.one_micro_batch(inputs), self.buffer.reduction.name,
-                                       self.caller, self.loss_arg)
+                                       self.loss_arg)
             if misfit is None:
                 raise
-            raise misfit from None
+            with door(type(self).__name__):  # the Cell the user called, unless the executor called it
+                raise misfit from None
         self.output_checked = True
         return out
 
@@ -161,8 +164,9 @@ class TrainingState(_BufferCell):
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
-        super().__init__(_check_buffer(buffer, optimizer, "TrainingState"), scratch=False)
-        self.network = check_isinstance(network, "network", nn.Cell, "TrainingState")
+        with door("TrainingState"):
+            super().__init__(_check_buffer(buffer, optimizer), scratch=False)
+            self.network = check_isinstance(network, "network", nn.Cell)
         self.optimizer = optimizer
 
 
@@ -189,9 +193,8 @@ class TrainForwardBackward(_MicroBatchCell):
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
-        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the
-        tuple of that and
-        the micro-batch's ``[squared gradient norm, left out]``.
+        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the tuple of that
+        and the micro-batch's ``[squared gradient norm, left out]``.
 
     Raises:
         TypeError: If `network` is not a Cell, `optimizer` not an `nn.Optimizer`, or `buffer` not an
@@ -214,11 +217,12 @@ class TrainForwardBackward(_MicroBatchCell):
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
                  weight_by_samples: Optional[bool] = None) -> None:
-        super().__init__(network, optimizer, buffer, "TrainForwardBackward")
-        if weight_by_samples is not None:
-            check_isinstance(weight_by_samples, "weight_by_samples", bool, "TrainForwardBackward")
-            _check_reduction(buffer, "mean" if weight_by_samples else "sum", "TrainForwardBackward",
-                             "weight_by_samples", weight_by_samples)
+        with door("TrainForwardBackward"):
+            super().__init__(network, optimizer, buffer)
+            if weight_by_samples is not None:
+                check_isinstance(weight_by_samples, "weight_by_samples", bool)
+                _check_reduction(buffer, "mean" if weight_by_samples else "sum", "weight_by_samples",
+                                 weight_by_samples)
 
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)
@@ -280,11 +284,12 @@ class TrainOptim(_BufferCell):
 
     def __init__(self, optimizer: nn.Optimizer, buffer: AccumulationBuffer, clip_norm: Optional[float] = None,
                  reduction: Optional[str] = None, clear: bool = False) -> None:
-        super().__init__(_check_buffer(buffer, optimizer, "TrainOptim"))
-        _check_reduction(buffer, reduction, "TrainOptim")
+        with door("TrainOptim"):
+            super().__init__(_check_buffer(buffer, optimizer))
+            _check_reduction(buffer, reduction)
+            self.clip_norm = check_positive_float(clip_norm, "clip_norm", allow_none=True)
+            self.step = _Close(buffer) if check_isinstance(clear, "clear", bool) else _Apply(buffer)
         self.optimizer = optimizer
-        self.clip_norm = check_positive_float(clip_norm, "clip_norm", "TrainOptim", allow_none=True)
-        self.step = _Close(buffer) if check_isinstance(clear, "clear", bool, "TrainOptim") else _Apply(buffer)
 
     def construct(self):
         return self.step(self.optimizer, self.clip_norm)
@@ -333,7 +338,8 @@ class TrainClear(_BufferCell):
     """
 
     def __init__(self, buffer: AccumulationBuffer) -> None:
-        check_isinstance(buffer, "buffer", AccumulationBuffer, "TrainClear")
+        with door("TrainClear"):
+            check_isinstance(buffer, "buffer", AccumulationBuffer)
         super().__init__(buffer)
 
     def construct(self):
@@ -367,10 +373,7 @@ class TrainAccumulationCell(_MicroBatchCell):
         - **\*inputs** (Tensor) - One micro-batch; the first input's first axis is the batch.
 
     Outputs:
-        The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
-        buffer that measures (``AccumulationBuffer(statistics=True)``, `ms_accum.core.statistics`), the
-        tuple of that and
-        the micro-batch's ``[squared gradient norm, left out]``.
+        The same as `TrainForwardBackward`'s.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -393,11 +396,11 @@ class TrainAccumulationCell(_MicroBatchCell):
                  clip_norm: Optional[float] = None, reduction: Optional[str] = None,
                  buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None) -> None:
-        name = type(self).__name__
-        self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
-        clip_norm = check_positive_float(clip_norm, "clip_norm", name, allow_none=True)
-        super().__init__(network, optimizer,
-                         _own_buffer(network, optimizer, buffer, policy, loss_scaler, reduction, name), name)
+        with door(type(self).__name__):
+            self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
+            clip_norm = check_positive_float(clip_norm, "clip_norm", allow_none=True)
+            super().__init__(network, optimizer, own_buffer(network, optimizer, buffer, policy, loss_scaler,
+                                                            reduction))
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):
@@ -430,9 +433,15 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
         before it, False.
     """
 
+    loss_arg = "loss_fn"  # the executor's: it was given the loss
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unchecked = Tensor(False)  # the verdict of a call that does not close the window
+
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)
-        applied = step < 0  # False: the window is open
+        applied = self.unchecked
         if step >= self.accumulate_step:
             applied = self.buffer.check(self.clip_norm)
         return self.buffer.statistics.output(out, stats), applied

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from .._validation import check_positive_int
+from .._validation import ArgumentValueError, check_positive_int, door
 from .cells import TrainAccumulationCell
 
 
@@ -65,10 +65,11 @@ class TrainWindowCell(TrainAccumulationCell):
         Raises:
             ValueError: If `count` is not an int from 1 to K.
         """
-        check_positive_int(count, "count", "TrainWindowCell.set_micro_batches")
-        if count > self.accumulate_step:
-            raise ValueError(f"For 'TrainWindowCell.set_micro_batches', the argument 'count' must be at most "
-                             f"'accumulate_step' ({self.accumulate_step}), but got {count}.")
+        with door("TrainWindowCell.set_micro_batches"):
+            check_positive_int(count, "count")
+            if count > self.accumulate_step:
+                raise ArgumentValueError(f"the argument 'count' must be at most 'accumulate_step' "
+                                         f"({self.accumulate_step}), but got {count}.")
         if count != self._bound:  # written only when it changes: one host-to-device copy
             self.micro_batches.set_data(Tensor(count, ms.int32))
             self._bound = count
@@ -138,6 +139,8 @@ class HostSteppedWindowCell(TrainWindowCell):
         Tuple of `TrainWindowCell`'s output and a bool Tensor, whether the window may be applied: exactly one of the
         buffer's `step` (if True) or `TrainClear` must follow before the next call.
     """
+
+    loss_arg = "loss_fn"  # the executor's: it was given the loss
 
     def construct(self, *inputs):
         out = self.train_stack(inputs)

@@ -64,29 +64,32 @@ def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: Lis
     causes = []
     if batchnorm:
         causes.append(Cause(
-            "BatchNorm layers in training mode",
-            f"{_listed(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch by the "
-            f"batch's; the gradients differ by up to {grad_diff:.3e}",
-            "ms_accum.replace_batchnorm(network) before the optimizer is built (every BatchNorm1d/2d/3d becomes a "
-            "GroupNorm, which normalizes each sample on its own), or accept the difference"))
+            name="BatchNorm layers in training mode",
+            evidence=f"{_listed(batchnorm)} normalize each micro-batch by its own mean and variance, the big batch "
+                     f"by the batch's; the gradients differ by up to {grad_diff:.3e}",
+            fix="ms_accum.replace_batchnorm(network) before the optimizer is built (every BatchNorm1d/2d/3d becomes a "
+                "GroupNorm, which normalizes each sample on its own), or accept the difference"))
     if accumulate_step > 1 and abs(ratio - accumulate_step) <= 0.1 * accumulate_step:
         causes.append(Cause(
-            "a loss that sums over the batch instead of averaging",
-            f"the big batch's gradient is {ratio:.2f}x the window's (K = {accumulate_step}): the window divides by "
-            f"the samples it holds, so its update is K times smaller",
-            "average the loss over the batch (e.g. reduction='mean'), or accumulate with reduction='sum'"))
+            name="a loss that sums over the batch instead of averaging",
+            evidence=f"the big batch's gradient is {ratio:.2f}x the window's (K = {accumulate_step}): the window "
+                     f"divides by the samples it holds, so its update is K times smaller",
+            fix="average the loss over the batch (e.g. reduction='mean'), or accumulate with reduction='sum'"))
     elif grads_equal:
         causes.append(Cause(
-            "the optimizer magnifies rounding",
-            f"the window's gradient equals the big batch's (max abs diff {grad_diff:.3e}, within rtol {rtol:g}, "
-            f"atol {atol:g}) but the parameters differ by up to {parameter_diff:.3e}: an adaptive step such as "
-            f"Adam's first, lr * g / (|g| + eps), turns gradients that are rounding noise into full steps",
-            "verify with nn.SGD or nn.Momentum, which pass a gradient's difference through unchanged"))
+            name="the optimizer magnifies rounding",
+            evidence=f"the window's gradient equals the big batch's (max abs diff {grad_diff:.3e}, within rtol "
+                     f"{rtol:g}, atol {atol:g}) but the parameters differ by up to {parameter_diff:.3e}: an adaptive "
+                     f"step such as Adam's first, lr * g / (|g| + eps), turns gradients that are rounding noise into "
+                     f"full steps",
+            fix="verify with nn.SGD or nn.Momentum, which pass a gradient's difference through unchanged"))
     elif not batchnorm:
         causes.append(Cause(
-            "a loss that couples the samples of a batch",
-            f"the gradients differ by up to {grad_diff:.3e} and no BatchNorm or summing loss explains it: in-batch "
-            f"negatives or a normalization over the batch inside the loss see K small batches instead of one",
-            "use structure=\"cached\" (GradientAccumulation(..., structure=\"cached\"), gradient caching: the loss "
-            "runs once on the whole window's outputs, docs/cached.md), or make the loss a mean of per-sample terms"))
+            name="a loss that couples the samples of a batch",
+            evidence=f"the gradients differ by up to {grad_diff:.3e} and no BatchNorm or summing loss explains it: "
+                     f"in-batch negatives or a normalization over the batch inside the loss see K small batches "
+                     f"instead of one",
+            fix="use structure=\"cached\" (GradientAccumulation(..., structure=\"cached\"), gradient caching: the "
+                "loss runs once on the whole window's outputs, docs/cached.md), or make the loss a mean of per-sample "
+                "terms"))
     return causes

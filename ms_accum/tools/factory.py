@@ -26,6 +26,7 @@ from mindspore import Tensor, nn
 from mindspore.dataset import Dataset
 
 from .._choices import DEMO_FACTORIES
+from .._validation import ArgumentValueError, door
 
 SEPARATOR = ":"
 USAGES = ("train", "eval")
@@ -43,7 +44,7 @@ class UserModel:
     dataset: Optional[Callable[..., Dataset]] = None
     returns_weight: bool = False  # whether the network with its loss returns (loss, weight): found by `load_model`
 
-    def batch(self, batch_size: int, cls_name: str) -> Tuple[np.ndarray, ...]:
+    def batch(self, batch_size: int) -> Tuple[np.ndarray, ...]:
         """
         ``sample(batch_size)`` as numpy arrays, checked: ``(data, label)``, `batch_size` rows each.
 
@@ -53,21 +54,21 @@ class UserModel:
         try:
             batch = self.sample(batch_size)
         except Exception as err:  # noqa: BLE001  (whatever the user's sample raises, it is theirs that failed)
-            raise ValueError(f"For '{cls_name}', sample({batch_size}) of the factory '{self.spec}' failed: "
-                             f"{type(err).__name__}: {err}.") from err
+            raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' failed: "
+                                     f"{type(err).__name__}: {err}.") from err
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(
                 isinstance(value, (np.ndarray, Tensor)) for value in batch):
-            raise ValueError(f"For '{cls_name}', sample({batch_size}) of the factory '{self.spec}' must return "
-                             f"(data, label), two numpy arrays or Tensors, but returned {_kind(batch)}.")
+            raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' must return "
+                                     f"(data, label), two numpy arrays or Tensors, but returned {_kind(batch)}.")
         arrays = tuple(value.asnumpy() if isinstance(value, Tensor) else value for value in batch)
         rows = [value.shape[0] if value.ndim else None for value in arrays]
         if rows != [batch_size, batch_size]:
             shapes = ", ".join(str(value.shape) for value in arrays)
-            raise ValueError(f"For '{cls_name}', sample({batch_size}) of the factory '{self.spec}' must return "
-                             f"{batch_size} rows of data and of label, but returned arrays of shapes {shapes}.")
+            raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' must return "
+                                     f"{batch_size} rows of data and of label, but returned arrays of shapes {shapes}.")
         return arrays
 
-    def data(self, batch_size: int, usage: str, shard_id: int, num_shards: int, cls_name: str) -> Dataset:
+    def data(self, batch_size: int, usage: str, shard_id: int, num_shards: int) -> Dataset:
         """
         ``dataset(batch_size, usage, shard_id, num_shards)``, checked: a Dataset of two columns in batches of
         `batch_size`.
@@ -77,20 +78,20 @@ class UserModel:
         """
         where = f"the factory '{self.spec}'"
         if self.dataset is None:
-            raise ValueError(f"For '{cls_name}', {where} provides no data: return dataset(batch_size, usage, "
-                             f"shard_id, num_shards) as its fifth item (docs/your-model.md).")
+            raise ArgumentValueError(f"{where} provides no data: return dataset(batch_size, usage, "
+                                     f"shard_id, num_shards) as its fifth item (docs/your-model.md).")
         call = f"dataset({batch_size}, '{usage}', {shard_id}, {num_shards})"
         try:
             data = self.dataset(batch_size, usage, shard_id, num_shards)
         except Exception as err:  # noqa: BLE001
-            raise ValueError(f"For '{cls_name}', {call} of {where} failed: {type(err).__name__}: {err}.") from err
+            raise ArgumentValueError(f"{call} of {where} failed: {type(err).__name__}: {err}.") from err
         if not isinstance(data, Dataset):
-            raise ValueError(f"For '{cls_name}', {call} of {where} must return a mindspore.dataset.Dataset, but "
-                             f"returned {_kind(data)}.")
+            raise ArgumentValueError(f"{call} of {where} must return a mindspore.dataset.Dataset, but "
+                                     f"returned {_kind(data)}.")
         if len(data.get_col_names()) != 2 or data.get_batch_size() != batch_size:
-            raise ValueError(f"For '{cls_name}', {call} of {where} must yield (data, label) in batches of "
-                             f"{batch_size}, but yields the columns {data.get_col_names()} in batches of "
-                             f"{data.get_batch_size()}.")
+            raise ArgumentValueError(f"{call} of {where} must yield (data, label) in batches of "
+                                     f"{batch_size}, but yields the columns {data.get_col_names()} in batches of "
+                                     f"{data.get_batch_size()}.")
         return data
 
 
@@ -99,7 +100,8 @@ def is_factory(name: str) -> bool:
     return SEPARATOR in name
 
 
-def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
+@door("load_model")
+def load_model(spec: str) -> UserModel:
     """
     Imports the factory `spec` names, calls it and checks what it returns; a demo network's name (``"lenet5"``,
     ``"mlp"``) stands for its factory in `ms_accum.demo.models`.
@@ -110,7 +112,6 @@ def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
 
     Args:
         spec (str): ``package.module:function``, or ``"lenet5"`` / ``"mlp"``.
-        cls_name (str): The caller's name, for messages. Default: ``"load_model"``.
 
     Returns:
         UserModel, the network, loss, optimizer, sample function and dataset function (None if not given).
@@ -122,52 +123,53 @@ def load_model(spec: str, cls_name: str = "load_model") -> UserModel:
     """
     module_name, _, function_name = DEMO_FACTORIES.get(spec, spec).partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
-        raise ValueError(f"For '{cls_name}', the argument 'model' must be 'package.module:function' (a factory) or "
-                         f"the name of a built-in model, but got '{spec}'.")
+        raise ArgumentValueError(f"the argument 'model' must be 'package.module:function' (a factory) or "
+                                 f"the name of a built-in model, but got '{spec}'.")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001  (whatever the user's module raises, it is their module that failed)
-        raise ValueError(f"For '{cls_name}', the module '{module_name}' of the factory '{spec}' cannot be imported: "
-                         f"{type(err).__name__}: {err}.") from err
+        raise ArgumentValueError(f"the module '{module_name}' of the factory '{spec}' cannot be imported: "
+                                 f"{type(err).__name__}: {err}.") from err
     factory = getattr(module, function_name, None)
     if not callable(factory):
-        raise ValueError(f"For '{cls_name}', the module '{module_name}' has no function '{function_name}' (the "
-                         f"factory '{spec}').")
+        raise ArgumentValueError(f"the module '{module_name}' has no function '{function_name}' (the "
+                                 f"factory '{spec}').")
     try:
         parts = factory()
     except Exception as err:  # noqa: BLE001
-        raise ValueError(f"For '{cls_name}', the factory '{spec}' failed: {type(err).__name__}: {err}.") from err
+        raise ArgumentValueError(f"the factory '{spec}' failed: {type(err).__name__}: {err}.") from err
     kinds = (("network", nn.Cell), ("loss_fn", nn.Cell), ("optimizer", nn.Optimizer))
     if not isinstance(parts, (tuple, list)) or len(parts) not in (4, 5):
-        raise ValueError(f"For '{cls_name}', the factory '{spec}' must return (network, loss_fn, optimizer, sample) "
-                         f"or (network, loss_fn, optimizer, sample, dataset), but returned {_kind(parts)}.")
+        raise ArgumentValueError(f"the factory '{spec}' must return (network, loss_fn, optimizer, sample) "
+                                 f"or (network, loss_fn, optimizer, sample, dataset), but returned {_kind(parts)}.")
     for (what, kind), value in zip(kinds, parts):
         if not isinstance(value, kind):
-            raise ValueError(f"For '{cls_name}', the factory '{spec}' must return an nn.{kind.__name__} as its {what}, "
-                             f"but returned {_kind(value)}.")
+            raise ArgumentValueError(f"the factory '{spec}' must return an nn.{kind.__name__} as its {what}, "
+                                     f"but returned {_kind(value)}.")
     for position, what in ((3, "sample(batch_size) as its fourth item"),
                            (4, "dataset(batch_size, usage, shard_id, num_shards) as its fifth item")):
         if position < len(parts) and not callable(parts[position]):
-            raise ValueError(f"For '{cls_name}', the factory '{spec}' must return {what}, but returned "
-                             f"{_kind(parts[position])}.")
-    user = UserModel(spec, *parts)
-    _check_sample(user, cls_name)
+            raise ArgumentValueError(f"the factory '{spec}' must return {what}, but returned "
+                                     f"{_kind(parts[position])}.")
+    user = UserModel(spec=spec, network=parts[0], loss_fn=parts[1], optimizer=parts[2], sample=parts[3],
+                     dataset=parts[4] if len(parts) > 4 else None)
+    _check_sample(user)
     return user
 
 
-def _check_sample(user: UserModel, cls_name: str) -> None:
+def _check_sample(user: UserModel) -> None:
     from ..core.losses import returns_weight  # one eager forward pass in inference mode: nothing compiles or moves
-    batch = user.batch(2, cls_name)
+    batch = user.batch(2)
     try:
         user.returns_weight = returns_weight(nn.WithLossCell(user.network, user.loss_fn),
                                              [Tensor(value) for value in batch])
     except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         dtypes = ", ".join(f"{value.dtype} {value.shape}" for value in batch)
-        raise ValueError(f"For '{cls_name}', the network and loss of the factory '{user.spec}' do not take the batch "
-                         f"its sample(2) returns ({dtypes}): {type(err).__name__}: {first}") from err
+        raise ArgumentValueError(f"the network and loss of the factory '{user.spec}' do not take the batch "
+                                 f"its sample(2) returns ({dtypes}): {type(err).__name__}: {first}") from err
 
 
 def _kind(value) -> str:

@@ -13,7 +13,7 @@ from typing import List
 from mindspore import nn
 from mindspore.nn.layer.normalization import _BatchNorm
 
-from .._validation import check_isinstance, check_positive_int
+from .._validation import check_isinstance, check_positive_int, door
 
 
 def _groups_for(channels: int, num_groups: int) -> int:
@@ -21,6 +21,7 @@ def _groups_for(channels: int, num_groups: int) -> int:
     return max(g for g in range(1, min(num_groups, channels) + 1) if channels % g == 0)
 
 
+@door("replace_batchnorm")
 def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
     r"""
     Replaces every BatchNorm in `network` that normalizes by the batch's statistics, in place, by an
@@ -53,8 +54,8 @@ def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
         >>> from ms_accum import replace_batchnorm
         >>> replaced = replace_batchnorm(net)        # before creating the optimizer
     """
-    check_isinstance(network, "network", nn.Cell, "replace_batchnorm")
-    check_positive_int(num_groups, "num_groups", "replace_batchnorm")
+    check_isinstance(network, "network", nn.Cell)
+    check_positive_int(num_groups, "num_groups")
     replaced = []
     for path, cell in list(network.cells_and_names()):
         for name, child in list(cell.name_cells().items()):

@@ -22,63 +22,68 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import check_isinstance, check_positive_int, check_value_in
+from .._validation import (ArgumentTypeError, ArgumentValueError, _refused, check_isinstance, check_positive_int,
+                           check_value_in, door)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
 # A candidate predicted above this multiple of the budget is not measured to confirm it: its trial could take the
 # machine's memory for nothing.
 CONFIRM_UP_TO = 1.5
-# Fresh processes of one configuration peak apart: on the demo conv net (`ms_accum.demo.models.ConvNet`) at K=4 x B=8,
-# the "window" structure's trials peaked at 329-333 MiB and a user's script training with the plan at 326-364 MiB (11
-# fresh processes; the other structures within about 6 %). A plan keeps this much of the budget free, so training with
-# it stays within.
+# Fresh processes of one configuration do not peak alike (the runtime runs independent kernels on a thread pool), so
+# a trial's peak is not a user's: a plan keeps this share of the budget free, so training with it stays within
+# (measured in docs/mindspore.md#no-peak-memory-on-cpu).
 HEADROOM = 0.10
 _UNITS = {"": 1, "b": 1, "k": 2 ** 10, "kib": 2 ** 10, "kb": 10 ** 3, "m": MIB, "mib": MIB, "mb": 10 ** 6,
           "g": 2 ** 30, "gib": 2 ** 30, "gb": 10 ** 9, "t": 2 ** 40, "tib": 2 ** 40, "tb": 10 ** 12}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*")
 
 
-def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name: str = "plan") -> int:
+@door("plan")
+def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name: Optional[str] = None) -> int:
     """
     Bytes of a memory size: a number of bytes, or a string such as ``"800MiB"``, ``"2GiB"``, ``"1.5GB"``, ``"512M"``.
+
+    Args:
+        value (Union[str, int, float]): The size.
+        arg_name (str): The argument's name in messages (``"--memory"`` on a command line). Default: ``"memory"``.
+
+    Returns:
+        int, the bytes.
 
     Raises:
         ValueError: If `value` is not a positive size.
     """
+    # TRANSITIONAL (issue 43): `cls_name`, the name tutorials/mindcv_plan.py still passes, goes with `_refused`.
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         size = value
     else:
         match = _SIZE.fullmatch(value) if isinstance(value, str) else None
         if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a memory size such as '800MiB', "
-                             f"'2GiB' or a number of bytes, but got {value!r}.")
+            raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a memory size such as '800MiB', "
+                                              f"'2GiB' or a number of bytes, but got {value!r}."), cls_name)
         size = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if not math.isfinite(size) or size < 1:
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a positive memory size, but got "
-                         f"{value!r}.")
+        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a positive memory size, but got "
+                                          f"{value!r}."), cls_name)
     return int(size)
 
 
+@door("plan")
 def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int, None] = None, *, ranks: int = 1,
          structures: Sequence[str] = TIMED_STRUCTURES, device: str = "CPU", timeout: float = 1800.0,
          log: Optional[Callable[[str], None]] = None, output: Optional[str] = None) -> Plan:
     """
     Chooses the micro-batch B, K and the structure that train `model` at `global_batch` within `memory`.
 
-    Peak memory is measured at a few micro-batch sizes B (the divisors of the per-rank global batch), each in a fresh
-    process, and a line is fitted through it: peak ≈ intercept + slope * B, the activations growing with B (a
-    one-sample step, often off the line, is left out once two larger sizes are measured). The smallest B is measured
-    first, then the middle divisor, then the fit's guess of the largest that fits; the search ends when the chosen B
-    was measured within the budget and the next larger divisor was measured above it (or is predicted above
-    `CONFIRM_UP_TO` times it). "Within" keeps `HEADROOM` (10 %) of the budget free: fresh processes of one
-    configuration peak up to about 10 % apart. B comes first: the largest that fits. Then, with a budget, every
-    structure is timed on windows of that B and the fastest within the budget is chosen; with no budget, the
-    structure is the memory-first one, as ``"auto"`` chooses.
+    B comes first: the largest divisor of the per-rank global batch whose peak memory, measured in fresh processes
+    and fitted by a line (`_search`), stays within the budget less `HEADROOM`. Then, with a budget, every structure
+    is timed on windows of that B and the fastest within the budget is chosen; with no budget, the structure is the
+    memory-first one, as ``"auto"`` chooses (docs/verify-and-plan.md).
 
     Args:
         model (Union[str, Callable]): A factory, ``package.module:function`` (or the function itself, defined at a
@@ -93,8 +98,7 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
         device (str): ``"CPU"``, ``"GPU"`` or ``"Ascend"``. Default: ``"CPU"``.
         timeout (float): Seconds a trial may take. Default: ``1800``.
         log (Callable[[str], None], optional): Called with a line before each trial.
-        output (str, optional): A file to write the plan to (`Plan.save`), checked writable before any trial.
-            Default: ``None``.
+        output (str, optional): A file to write the plan to (`Plan.save`), checked before any trial. Default: ``None``.
 
     Returns:
         Plan, with every trial and the fingerprint of the factory's network (`Plan.network`).
@@ -104,87 +108,115 @@ def plan(model: Union[str, Callable], global_batch: int, memory: Union[str, int,
         ValueError: Before any trial: if `output` cannot be written, `memory` is not a size, `global_batch` is not
             positive or does not divide by `ranks`, a structure is unknown, or the factory cannot be imported,
             returns the wrong things, or its network and loss do not take its samples. After the first trial: if
-            even a micro-batch of one sample does not fit `memory` (the message gives the smallest budget that
-            works).
+            even a micro-batch of one sample does not fit `memory` (the message gives the smallest budget that works).
 
     Examples:
         >>> from ms_accum import plan
         >>> # p = plan("mypackage.models:build", global_batch=256, memory="2GiB")
         >>> # executor = GradientAccumulation.from_plan(p, network, loss_fn, optimizer)
     """
-    name = "plan"
-    spec = _factory_spec(model, name)
-    if output is not None:
-        check_output_path(output, "output", name)
-    check_positive_int(global_batch, "global_batch", name)
-    check_positive_int(ranks, "ranks", name)
-    if global_batch % ranks:
-        raise ValueError(f"For '{name}', the argument 'global_batch' must be divisible by 'ranks' ({ranks}), but got "
-                         f"{global_batch}.")
-    budget = None if memory is None else parse_size(memory, "memory", name) / MIB
-    check_isinstance(structures, "structures", (list, tuple), name)
-    if not structures:
-        raise ValueError(f"For '{name}', the argument 'structures' must name at least one structure, but got "
-                         f"{structures!r}.")
-    for structure in structures:
-        check_value_in(structure, "structures", TIMED_STRUCTURES, name)
-    check_value_in(device, "device", DEVICES, name)
+    spec = _factory_spec(model)
+    budget = _checked_budget(global_batch, memory, ranks, structures, device, output)
     runner = _Trials(spec, device, timeout, log)
     facts = runner.check()
-    per_rank = global_batch // ranks
-    sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
     limit = budget if budget is not None else facts["free_mib"]
-    memory_first = AUTO_STRUCTURE if AUTO_STRUCTURE in structures else structures[0]
-    batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first, facts["reduction"]),
-                               name, memory is not None, HEADROOM)
-    chosen = runner.find(batch_size, memory_first)
-    if budget is not None and per_rank // batch_size > 1:  # K = 1: one step, every structure alike
-        for structure in structures:
-            if structure != memory_first:
-                runner.run(batch_size, per_rank // batch_size, structure, facts["reduction"])
-        usable = limit * (1 - HEADROOM)
-        timed = [t for t in runner.trials if t.batch_size == batch_size and t.fits(usable) and t.ms_per_window]
-        chosen = min(timed, key=lambda t: t.ms_per_window, default=chosen)
-    # The fitted line at B, moved by what the chosen structure measured over the memory-first one at B.
-    predicted = line(batch_size) + chosen.peak_mib - runner.find(batch_size, memory_first).peak_mib
-    result = Plan(spec, global_batch, ranks, batch_size, per_rank // batch_size, chosen.structure,
-                  facts["reduction"], round(predicted, 1), None if budget is None else round(budget, 1),
-                  round(limit, 1), round(line(0), 1), round(line(1) - line(0), 3), device, runner.trials,
-                  network=facts.get("network"))
+    baseline, line = _largest_batch(runner, global_batch // ranks, limit, structures, memory is not None)
+    chosen = baseline
+    if budget is not None and baseline.accumulate_step > 1:  # K = 1: one step, every structure alike
+        chosen = _fastest(runner, baseline, structures, limit * (1 - HEADROOM))
+    result = Plan(model=spec, global_batch=global_batch, ranks=ranks, batch_size=chosen.batch_size,
+                  accumulate_step=chosen.accumulate_step, structure=chosen.structure, reduction=runner.reduction,
+                  # The fitted line at B, moved by what the chosen structure measured over the memory-first one.
+                  predicted_peak_mib=round(line(chosen.batch_size) + chosen.peak_mib - baseline.peak_mib, 1),
+                  memory_mib=None if budget is None else round(budget, 1), budget_mib=round(limit, 1),
+                  intercept_mib=round(line(0), 1), slope_mib=round(line(1) - line(0), 3), device=device,
+                  trials=runner.trials, network=facts.get("network"))
     if output is not None:
         result.save(output)
     return result
 
 
-def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output", cls_name: str = "plan") -> str:
+def _checked_budget(global_batch: int, memory: Union[str, int, None], ranks: int, structures: Sequence[str],
+                    device: str, output: Optional[str]) -> Optional[float]:
+    """`plan`'s arguments checked before any trial; the budget in MiB, None without one."""
+    if output is not None:
+        check_output_path(output)
+    check_positive_int(global_batch, "global_batch")
+    check_positive_int(ranks, "ranks")
+    if global_batch % ranks:
+        raise ArgumentValueError(f"the argument 'global_batch' must be divisible by 'ranks' ({ranks}), but got "
+                                 f"{global_batch}.")
+    budget = None if memory is None else parse_size(memory, "memory") / MIB
+    check_isinstance(structures, "structures", (list, tuple))
+    if not structures:
+        raise ArgumentValueError(f"the argument 'structures' must name at least one structure, but got "
+                                 f"{structures!r}.")
+    for structure in structures:
+        check_value_in(structure, "structures", TIMED_STRUCTURES)
+    check_value_in(device, "device", DEVICES)
+    return budget
+
+
+def _largest_batch(runner: "_Trials", per_rank: int, limit: float, structures: Sequence[str],
+                   given: bool) -> Tuple[Trial, Callable[[float], float]]:
+    """The trial of the memory-first structure at the largest B that fits `limit` MiB (`_search`), and the line fitted
+    through its peaks; `given`: whether `limit` is the user's budget or the device's free memory."""
+    memory_first = AUTO_STRUCTURE if AUTO_STRUCTURE in structures else structures[0]
+    sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+    batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first), given=given,
+                               headroom=HEADROOM)
+    return runner.find(batch_size, memory_first), line
+
+
+def _fastest(runner: "_Trials", baseline: Trial, structures: Sequence[str], usable: float) -> Trial:
+    """The fastest of `structures` on windows of `baseline`'s B and K, among those that peak within `usable` MiB;
+    `baseline`, the memory-first structure's trial, when none does."""
+    for structure in structures:
+        if structure != baseline.structure:
+            runner.run(baseline.batch_size, baseline.accumulate_step, structure)
+    timed = [t for t in runner.trials if t.batch_size == baseline.batch_size and t.fits(usable) and t.ms_per_window]
+    return min(timed, key=lambda t: t.ms_per_window, default=baseline)
+
+
+@door("plan")
+def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output", cls_name: Optional[str] = None) -> str:
     """
     `path` if a plan can be written there (`plan`'s `output`, ``ms-accum plan --output``): called before any trial,
     so that hours of trials are not lost to a path found unwritable at the end. An existing file is left as it is;
     none is created.
 
+    Args:
+        path (Union[str, os.PathLike]): The file.
+        arg_name (str): The argument's name in messages. Default: ``"output"``.
+
+    Returns:
+        str, `path`.
+
     Raises:
         TypeError: If `path` is not a path.
         ValueError: If `path` is a directory, or its directory does not exist or cannot be written.
     """
+    # TRANSITIONAL (issue 43): `cls_name`, the name tests/test_plan.py still passes, goes with `_refused`.
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a file path, but got {path!r} of type "
-                        f"{type(path).__name__}.")
+        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be a file path, but got {path!r} of type "
+                                         f"{type(path).__name__}."), cls_name)
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a file path that can be written, but "
-                         f"got '{path}', a directory.")
+        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
+                                          f"got '{path}', a directory."), cls_name)
     existed = os.path.exists(path)
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as err:
-        raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be a file path that can be written, but "
-                         f"got '{path}': {err.strerror}.") from None
+        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
+                                          f"got '{path}': {err.strerror}."), cls_name) from None
     if not existed:
         os.remove(path)
     return path
 
 
+@door("measure")
 def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, structure: str = "three_graphs", *,
             device: str = "CPU", timeout: float = 1800.0) -> Trial:
     """
@@ -193,26 +225,43 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, 
     process: the peak is the structure's in an epoch that K does not divide (docs/structures.md: a partial window), the
     time per window that of the whole windows.
 
+    Args:
+        model (Union[str, Callable]): The factory, as `plan` takes it.
+        batch_size (int): The micro-batch B.
+        accumulate_step (int): K.
+        structure (str): The executor's structure. Default: ``"three_graphs"``.
+        device (str): ``"CPU"``, ``"GPU"`` or ``"Ascend"``. Default: ``"CPU"``.
+        timeout (float): Seconds the trial may take. Default: ``1800``.
+
     Returns:
         Trial, its peak memory and time per window (or the error that stopped it).
 
     Raises:
         ValueError: As `plan`, for a factory that cannot be used.
     """
-    name = "measure"
-    spec = _factory_spec(model, name)
-    check_positive_int(batch_size, "batch_size", name)
-    check_positive_int(accumulate_step, "accumulate_step", name)
-    check_value_in(structure, "structure", TIMED_STRUCTURES, name)
-    check_value_in(device, "device", DEVICES, name)
+    spec = _factory_spec(model)
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(accumulate_step, "accumulate_step")
+    check_value_in(structure, "structure", TIMED_STRUCTURES)
+    check_value_in(device, "device", DEVICES)
     runner = _Trials(spec, device, timeout, None)
-    return runner.run(batch_size, accumulate_step, structure, runner.check()["reduction"])
+    runner.check()
+    return runner.run(batch_size, accumulate_step, structure)
 
 
-def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], name: str, given: bool,
-            headroom: float = 0.0):
-    """The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
-    (or predicted far) above it, and the line fitted through every measurement."""
+def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], cls_name: Optional[str] = None,
+            given: bool = True, headroom: float = 0.0):
+    """
+    The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
+    (or predicted far) above it, and the line fitted through every measurement.
+
+    A line is fitted through the peaks: peak ≈ intercept + slope * B, the activations growing with B (a one-sample
+    step, often off the line, is left out once two larger sizes are measured). The smallest B is measured first, then
+    the middle one, then the fit's guess of the largest that fits; the search ends when the chosen B was measured
+    within the budget and the next larger size was measured above it (or is predicted above `CONFIRM_UP_TO` times
+    it). `given`: whether `budget` is the user's or the device's free memory, as the message says it.
+    """
+    # TRANSITIONAL (issue 43): `cls_name`, the name tests/test_plan.py still passes, goes with `_refused`.
     limit = budget * (1 - headroom)
     peaks: Dict[int, Optional[float]] = {}
 
@@ -223,13 +272,14 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], na
 
     first = run(sizes[0])
     if first.peak_mib is None:
-        raise ValueError(f"For '{name}', a micro-batch of {sizes[0]} sample(s) could not be trained: {first.error}.")
+        raise _refused(ArgumentValueError(f"a micro-batch of {sizes[0]} sample(s) could not be trained: "
+                                          f"{first.error}."), cls_name)
     if first.peak_mib > limit:
         what = "the argument 'memory'" if given else "the device's free memory"
-        raise ValueError(f"For '{name}', {what} ({budget:.0f} MiB) is below the step of one micro-batch of "
-                         f"{sizes[0]} sample(s), which peaked at {first.peak_mib:.0f} MiB: the smallest budget that "
-                         f"works is {math.ceil(first.peak_mib / (1 - headroom))} MiB (with {headroom:.0%} kept "
-                         f"free).")
+        raise _refused(ArgumentValueError(
+            f"{what} ({budget:.0f} MiB) is below the step of one micro-batch of {sizes[0]} sample(s), which peaked "
+            f"at {first.peak_mib:.0f} MiB: the smallest budget that works is "
+            f"{math.ceil(first.peak_mib / (1 - headroom))} MiB (with {headroom:.0%} kept free)."), cls_name)
     if len(sizes) > 1:
         run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
     while True:
@@ -260,28 +310,28 @@ def _fit(peaks: Dict[int, float]) -> Callable[[float], float]:
     return lambda b: mean_y + slope * (b - mean_x)
 
 
-def _factory_spec(model, name: str) -> str:
+def _factory_spec(model: Union[str, Callable]) -> str:
     """`model` as a spec a fresh process can import."""
     from .factory import SEPARATOR
     if callable(model) and not isinstance(model, str):
         module = getattr(model, "__module__", None)
         qualname = getattr(model, "__qualname__", "")
         if module is None or not qualname.isidentifier():
-            raise ValueError(f"For '{name}', the argument 'model' must be a function defined at a module's top "
-                             f"level (fresh processes import it), but got {model!r}.")
+            raise ArgumentValueError(f"the argument 'model' must be a function defined at a module's top level (fresh "
+                                     f"processes import it), but got {model!r}.")
         if module == "__main__":  # a script: its file's name is the module a fresh process imports
             path = getattr(sys.modules["__main__"], "__file__", None)
             if path is None:
-                raise ValueError(f"For '{name}', the argument 'model' is defined in an interactive session; fresh "
-                                 f"processes cannot import it. Give 'package.module:function' instead.")
+                raise ArgumentValueError("the argument 'model' is defined in an interactive session; fresh processes "
+                                         "cannot import it. Give 'package.module:function' instead.")
             directory, module = os.path.split(os.path.splitext(os.path.abspath(path))[0])
             if directory not in sys.path:
                 sys.path.insert(0, directory)
         return f"{module}{SEPARATOR}{qualname}"
-    check_isinstance(model, "model", str, name)
+    check_isinstance(model, "model", str)
     if model not in DEMO_FACTORIES and SEPARATOR not in model:
-        raise ValueError(f"For '{name}', the argument 'model' must be 'package.module:function' (a factory) or one of "
-                         f"{sorted(DEMO_FACTORIES)}, but got '{model}'.")
+        raise ArgumentValueError(f"the argument 'model' must be 'package.module:function' (a factory) or one of "
+                                 f"{sorted(DEMO_FACTORIES)}, but got '{model}'.")
     return model
 
 
@@ -291,23 +341,28 @@ class _Trials:
     def __init__(self, spec: str, device: str, timeout: float, log: Optional[Callable[[str], None]]) -> None:
         self.spec, self.device, self.timeout, self.log = spec, device, timeout, log
         self.trials: List[Trial] = []
+        self.reduction: Optional[str] = None  # the loss's, found by `check`
         # The fresh process finds the factory's module where this process would: the current directory and sys.path.
         paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
     def check(self) -> dict:
         """Imports the factory and runs its network and loss on two samples, in a fresh process; returns the
-        reduction its loss needs and the device's free memory."""
+        reduction its loss needs (kept for `run`), the device's free memory and the network's fingerprint."""
         out = self._child(["check", self.spec, self.device])
         if "error" in out:
-            raise ValueError(out["error"])
+            raise ValueError(out["error"])  # the trial's message, already named after `plan`
+        self.reduction = out["reduction"]
         return out
 
-    def run(self, batch_size: int, steps: int, structure: str, reduction: str) -> Trial:
+    def run(self, batch_size: int, accumulate_step: int, structure: str, reduction: Optional[str] = None) -> Trial:
+        """One trial (`measure`), kept; `reduction`: the loss's, by default the one `check` found."""
         if self.log:
-            self.log(f"trial: B={batch_size} K={steps} {structure}")
-        out = self._child(["trial", self.spec, self.device, str(batch_size), str(steps), structure, reduction])
-        trial = Trial(batch_size, steps, structure, out.get("peak_mib"), out.get("ms_per_window"), out.get("error"))
+            self.log(f"trial: B={batch_size} K={accumulate_step} {structure}")
+        out = self._child(["trial", self.spec, self.device, str(batch_size), str(accumulate_step), structure,
+                           reduction or self.reduction])
+        trial = Trial(batch_size=batch_size, accumulate_step=accumulate_step, structure=structure,
+                      peak_mib=out.get("peak_mib"), ms_per_window=out.get("ms_per_window"), error=out.get("error"))
         self.trials.append(trial)
         return trial
 
@@ -384,18 +439,19 @@ def _free_mib(device: str) -> float:
 def _child_check(spec: str, device: str) -> dict:
     from .factory import load_model
     from ..core.losses import window_reduction
-    user = load_model(spec, "plan")  # checks sample(2) and runs it through the network and loss
-    return {"reduction": "weighted_mean" if user.returns_weight else window_reduction(user.loss_fn, None, "plan"),
+    user = load_model(spec)  # checks sample(2) and runs it through the network and loss
+    return {"reduction": "weighted_mean" if user.returns_weight else window_reduction(user.loss_fn, None),
             "free_mib": _free_mib(device), "network": network_fingerprint(user.network)}
 
 
-def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure: str, reduction: str) -> dict:
+def _child_trial(spec: str, device: str, batch_size: int, accumulate_step: int, structure: str,
+                 reduction: str) -> dict:
     import mindspore as ms
     import mindspore.dataset as ds
     from ..train.executor import GradientAccumulation
     from .factory import load_model
-    user = load_model(spec, "plan")
-    data, label = user.batch(batch_size * (steps * WINDOWS + 1), "plan")
+    user = load_model(spec)
+    data, label = user.batch(batch_size * (accumulate_step * WINDOWS + 1))
     dataset = ds.NumpySlicesDataset({"data": data, "label": label}, shuffle=False).batch(batch_size,
                                                                                           drop_remainder=True)
     on_cpu = device == "CPU"
@@ -405,7 +461,7 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
         ms.runtime.reset_peak_memory_stats()
     closed = []
     GradientAccumulation(user.network, user.loss_fn, user.optimizer, reduction=reduction,
-                         structure=structure).train_process(1, dataset, steps, ckpt_dir=None, verbose=False,
+                         structure=structure).train_process(1, dataset, accumulate_step, ckpt_dir=None, verbose=False,
                                                             on_step=lambda _: closed.append(time.perf_counter()))
     peak = (process_status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated()) / MIB
     return {"peak_mib": round(peak, 1),
@@ -414,8 +470,7 @@ def _child_trial(spec: str, device: str, batch_size: int, steps: int, structure:
 
 def main(argv: Optional[List[str]] = None) -> None:
     """``python -m ms_accum.tools.planner check SPEC DEVICE`` or ``... trial SPEC DEVICE B K STRUCTURE REDUCTION``:
-    prints
-    one JSON line (an ``error`` key when the model failed)."""
+    prints one JSON line (an ``error`` key when the model failed)."""
     parser = argparse.ArgumentParser(description="One trial of ms_accum.plan, in this fresh process.")
     parser.add_argument("command", choices=("check", "trial"))
     parser.add_argument("spec")
@@ -427,11 +482,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     from ..runtime import set_device
     set_device(args.device)
     try:
-        if args.command == "check":
-            out = _child_check(args.spec, args.device)
-        else:
-            batch_size, steps, structure, reduction = args.rest
-            out = _child_trial(args.spec, args.device, int(batch_size), int(steps), structure, reduction)
+        with door("plan"):  # a trial's errors reach the user through `plan`, in its name
+            if args.command == "check":
+                out = _child_check(args.spec, args.device)
+            else:
+                batch_size, accumulate_step, structure, reduction = args.rest
+                out = _child_trial(args.spec, args.device, int(batch_size), int(accumulate_step), structure,
+                                   reduction)
     except (ValueError, TypeError, RuntimeError, MemoryError) as err:
         out = {"error": str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}
     print(json.dumps(out), flush=True)

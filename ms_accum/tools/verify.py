@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from .._validation import check_isinstance, check_positive_float, check_positive_int, check_value_in
+from .._validation import (ArgumentValueError, check_isinstance, check_positive_float, check_positive_int,
+                           check_value_in, door)
 from ..core.buffer import RULES
 from ..core.inference import in_inference
 from .causes import Cause, batchnorm_cells, explain, stochastic_cells
@@ -58,11 +59,6 @@ class EquivalenceReport:
         return "\n".join(lines)
 
 
-def _restore(params, snapshot: Dict[int, np.ndarray]) -> None:
-    for p in params:
-        p.set_data(Tensor(snapshot[id(p)]))
-
-
 class _Gradient(nn.Cell):
     """The gradient of `network`'s loss with respect to `params`."""
 
@@ -75,38 +71,22 @@ class _Gradient(nn.Cell):
         return self.grad(self.network, self.params)(*inputs)
 
 
-def _gradients(with_loss: nn.Cell, loss_only: nn.Cell, params, micro_batches, arrays, reduction: str, hold):
-    """The window's gradient as `reduction`'s rule combines its micro-batches' (float64, on the host: what a micro-batch
-    weighs, what the window is divided by, stand-alone) and the big batch's."""
-    rule = RULES[reduction]()
-    gradient = _Gradient(loss_only, params).set_train()
-    hold()
-    big = [g.asnumpy().astype(np.float64) for g in gradient(*[Tensor(a) for a in arrays])]
-    total, weights = [np.zeros_like(b) for b in big], 0.0
-    for micro in micro_batches:
-        inputs = [Tensor(a) for a in micro]
-        weight = float(rule.split(with_loss(*inputs), inputs[0])[1])
-        total = [t + weight * g.asnumpy().astype(np.float64) for t, g in zip(total, gradient(*inputs))]
-        weights += weight
-    return [t / rule.divisor(weights, 1.0) for t in total], big
-
-
+@door("verify_equivalence")
 def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
                        accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6,
                        reduction: Optional[str] = None, structure: str = "auto") -> EquivalenceReport:
     r"""
     Compares one optimizer update from `accumulate_step` accumulated micro-batches with one big-batch update.
 
-    The batch `inputs` is split along its first axis into `accumulate_step` micro-batches (of unequal size
-    when it does not divide). From the same starting weights and optimizer state, it trains one step of
-    `nn.TrainOneStepCell` on the whole batch, then one window of `TrainAccumulationCell` on the
-    micro-batches, and reports the parameter differences. The network and the optimizer are left exactly as
-    they were.
+    The batch `inputs` is split along its first axis into `accumulate_step` micro-batches (of unequal size when it
+    does not divide). From the same starting weights and optimizer state, it trains one step of `nn.TrainOneStepCell`
+    on the whole batch, then one window of `TrainAccumulationCell` on the micro-batches, and reports the parameter
+    differences. The network and the optimizer are left exactly as they were.
 
-    Float32 sums in another order differ by rounding, and an adaptive optimizer can magnify it: Adam's first step
-    is about ``lr * g / (|g| + eps)``, so where a gradient is within rounding of zero (an input pixel that is
-    always 0, say) the two updates may differ by a good part of `lr`. Verify with `nn.SGD` or `nn.Momentum`,
-    which pass a gradient's difference through unchanged, to check the accumulation itself.
+    Float32 sums in another order differ by rounding, and an adaptive optimizer can magnify it: where a gradient is
+    within rounding of zero (an input pixel that is always 0, say), Adam's first step (about ``lr * g / (|g| + eps)``)
+    may differ by a good part of `lr`. Verify with `nn.SGD` or `nn.Momentum`, which pass a gradient's difference through
+    unchanged, to check the accumulation itself.
 
     Args:
         network (nn.Cell): Your network.
@@ -143,84 +123,169 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
         >>> from ms_accum import verify_equivalence
         >>> net = nn.Dense(4, 2)
         >>> x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
-        >>> report = verify_equivalence(net, nn.MSELoss(), nn.Adam(net.trainable_params()), (x, y), 4)
-        >>> report.passed
+        >>> verify_equivalence(net, nn.MSELoss(), nn.Adam(net.trainable_params()), (x, y), 4).passed
         True
     """
-    name = "verify_equivalence"
-    check_isinstance(network, "network", nn.Cell, name)
-    check_isinstance(loss_fn, "loss_fn", nn.Cell, name)
-    check_isinstance(optimizer, "optimizer", nn.Optimizer, name)
-    check_isinstance(inputs, "inputs", (tuple, list), name)
-    accumulate_step = check_positive_int(accumulate_step, "accumulate_step", name)
-    rtol = check_positive_float(rtol, "rtol", name)
-    atol = check_positive_float(atol, "atol", name)
-    reduction = window_reduction(loss_fn, reduction, name)
-    if check_value_in(structure, "structure", STRUCTURES, name) == "cached":
-        check_loss_signature(loss_fn, name)
-        reduction = check_cached_options(reduction, "skip_window", False, False, None, name)
+    _check_types(network, loss_fn, optimizer, inputs)
+    accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
+    rtol, atol = check_positive_float(rtol, "rtol"), check_positive_float(atol, "atol")
+    reduction = _checked_reduction(loss_fn, reduction, structure)
+    comparison = _Comparison(network, loss_fn, optimizer, _split(inputs, accumulate_step), reduction)
+    return comparison.report(structure, rtol, atol)
+
+
+def _check_types(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence) -> None:
+    check_isinstance(network, "network", nn.Cell)
+    check_isinstance(loss_fn, "loss_fn", nn.Cell)
+    check_isinstance(optimizer, "optimizer", nn.Optimizer)
+    check_isinstance(inputs, "inputs", (tuple, list))
+
+
+def _checked_reduction(loss_fn: nn.Cell, reduction: Optional[str], structure: str) -> str:
+    """The window's reduction for `loss_fn` under `structure`, as the executor takes it."""
+    reduction = window_reduction(loss_fn, reduction)
+    if check_value_in(structure, "structure", STRUCTURES) == "cached":
+        check_loss_signature(loss_fn)
+        reduction = check_cached_options(reduction, "skip_window", False, False, None)
+    return reduction
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The batch as arrays, and as the K micro-batches they split into along the first axis."""
+
+    arrays: List[np.ndarray]
+    micro_batches: List[Tuple[np.ndarray, ...]]
+
+
+def _split(inputs: Sequence, accumulate_step: int) -> _Batch:
     arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
     if not arrays or len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1 or arrays[0].ndim == 0:
-        raise ValueError(f"For '{name}', the argument 'inputs' must be arrays sharing their first (batch) axis, "
-                         f"but got shapes {[a.shape for a in arrays]}.")
+        raise ArgumentValueError(f"the argument 'inputs' must be arrays sharing their first (batch) axis, but got "
+                                 f"shapes {[a.shape for a in arrays]}.")
     if accumulate_step > arrays[0].shape[0]:
-        raise ValueError(f"For '{name}', the argument 'accumulate_step' must not exceed the batch size "
-                         f"{arrays[0].shape[0]}, but got {accumulate_step}.")
+        raise ArgumentValueError(f"the argument 'accumulate_step' must not exceed the batch size "
+                                 f"{arrays[0].shape[0]}, but got {accumulate_step}.")
+    return _Batch(arrays=arrays, micro_batches=list(zip(*[np.array_split(a, accumulate_step) for a in arrays])))
 
-    with_loss = nn.WithLossCell(network, loss_fn)
-    micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
-    check_loss_output(with_loss, [Tensor(a) for a in micro_batches[0]], reduction, name, "loss_fn")
-    # Everything the two updates change, BatchNorm's statistics included, is put back afterwards.
-    state = list({id(p): p for p in [*network.get_parameters(), *(p for _, p in optimizer.parameters_and_names())]}
-                 .values())
-    start = {id(p): p.asnumpy().copy() for p in state}
-    names = [p.name for p in optimizer.parameters]
-    loss_only = LossOnly(with_loss) if reduction == "weighted_mean" else with_loss
-    stochastic = stochastic_cells(network)
-    with in_inference(network, stochastic) as hold:
-        try:
-            reference = nn.TrainOneStepCell(loss_only, optimizer).set_train()
-            hold()
-            reference(*[Tensor(a) for a in arrays])
-            expected = [p.asnumpy().copy() for p in optimizer.parameters]
-            _restore(state, start)
 
-            moved = set()
+def _tensors(arrays) -> List[Tensor]:
+    return [Tensor(a) for a in arrays]
+
+
+def _values(params) -> List[np.ndarray]:
+    return [p.asnumpy().copy() for p in params]
+
+
+def _differences(params, expected: List[np.ndarray], actual: List[np.ndarray],
+                 atol: float) -> Dict[str, Tuple[float, float]]:
+    """Each parameter's name -> (max abs diff, max rel diff) of its `actual` values against the `expected` ones."""
+    found = {}
+    for p, ref, acc in zip(params, expected, actual):
+        ref, acc = ref.astype(np.float64), acc.astype(np.float64)
+        abs_diff = np.abs(acc - ref)
+        found[p.name] = (float(abs_diff.max(initial=0.0)), float((abs_diff / (np.abs(ref) + atol)).max(initial=0.0)))
+    return found
+
+
+class _Start:
+    """Everything the updates change, BatchNorm's statistics included, as it was: each ``with`` block puts it back."""
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer) -> None:
+        owned = [*network.get_parameters(), *(p for _, p in optimizer.parameters_and_names())]
+        self.params = list({id(p): p for p in owned}.values())
+        self.values = {id(p): p.asnumpy().copy() for p in self.params}
+
+    def __enter__(self) -> "_Start":
+        return self
+
+    def __exit__(self, *raised) -> bool:
+        for p in self.params:
+            p.set_data(Tensor(self.values[id(p)]))
+        return False
+
+    def moved(self, params) -> List[str]:
+        """The names of `params` that differ from their start."""
+        return [p.name for p in params if not np.array_equal(p.asnumpy(), self.values[id(p)])]
+
+
+class _Comparison:
+    """The big batch's update and the window's, each from the same start, and why they differ."""
+
+    def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, batch: _Batch,
+                 reduction: str) -> None:
+        self.network, self.loss_fn, self.optimizer, self.batch = network, loss_fn, optimizer, batch
+        self.reduction = reduction
+        self.with_loss = nn.WithLossCell(network, loss_fn)
+        check_loss_output(self.with_loss, _tensors(batch.micro_batches[0]), reduction, arg_name="loss_fn")
+        self.loss_only = LossOnly(self.with_loss) if reduction == "weighted_mean" else self.with_loss
+        self.start = _Start(network, optimizer)
+        self.hold = None  # `in_inference`'s, while `report` runs: called after every `set_train`
+
+    def report(self, structure: str, rtol: float, atol: float) -> EquivalenceReport:
+        """Both updates, with the stochastic layers held as in inference (a mask drawn for the big batch never equals
+        the micro-batches' masks), compared within `rtol` and `atol`."""
+        stochastic = stochastic_cells(self.network)
+        with in_inference(self.network, stochastic) as self.hold:
+            expected = self._big_batch_update()
+            actual, moved = self._window_update(structure)
+            per_parameter = _differences(self.optimizer.parameters, expected, actual, atol)
+            max_abs = max(a for a, _ in per_parameter.values())
+            passed = not moved and all(np.allclose(a, r, rtol=rtol, atol=atol) for r, a in zip(expected, actual))
+            causes = [] if passed else self._causes(structure, moved, max_abs, rtol, atol)
+        return EquivalenceReport(accumulate_step=len(self.batch.micro_batches), max_abs_diff=max_abs,
+                                 max_rel_diff=max(r for _, r in per_parameter.values()), rtol=rtol, atol=atol,
+                                 per_parameter=per_parameter, moved_between_updates=sorted(moved), passed=passed,
+                                 causes=causes, inference_mode=stochastic)
+
+    def _big_batch_update(self) -> List[np.ndarray]:
+        with self.start:
+            reference = nn.TrainOneStepCell(self.loss_only, self.optimizer).set_train()
+            self.hold()
+            reference(*_tensors(self.batch.arrays))
+            return _values(self.optimizer.parameters)
+
+    def _window_update(self, structure: str) -> Tuple[List[np.ndarray], set]:
+        """The parameters after one window, and those that moved before it closed."""
+        moved = set()
+        with self.start:
             if structure == "cached":  # one call trains the whole window: nothing can move before it closes
-                cached = TrainCachedWindowCell(network, loss_fn, optimizer).set_train()
-                hold()
-                cached.train_window([tuple(Tensor(a) for a in micro) for micro in micro_batches])
+                cached = TrainCachedWindowCell(self.network, self.loss_fn, self.optimizer).set_train()
+                self.hold()
+                cached.train_window([tuple(_tensors(micro)) for micro in self.batch.micro_batches])
             else:
-                accumulating = TrainAccumulationCell(with_loss, optimizer, accumulate_step,
-                                                     reduction=reduction).set_train()
-                hold()
-                for i, micro in enumerate(micro_batches):
-                    accumulating(*[Tensor(a) for a in micro])
-                    if i < accumulate_step - 1:
-                        moved.update(n for n, p in zip(names, optimizer.parameters) if not np.array_equal(
-                            p.asnumpy(), start[id(p)]))
-            actual = [p.asnumpy().copy() for p in optimizer.parameters]
-        finally:
-            _restore(state, start)
+                accumulating = TrainAccumulationCell(self.with_loss, self.optimizer, len(self.batch.micro_batches),
+                                                     reduction=self.reduction).set_train()
+                self.hold()
+                *opening, last = self.batch.micro_batches
+                for micro in opening:
+                    accumulating(*_tensors(micro))
+                    moved.update(self.start.moved(self.optimizer.parameters))
+                accumulating(*_tensors(last))
+            return _values(self.optimizer.parameters), moved
 
-        per_parameter = {}
-        for n, ref, acc in zip(names, expected, actual):
-            abs_diff = np.abs(acc.astype(np.float64) - ref.astype(np.float64))
-            per_parameter[n] = (float(abs_diff.max(initial=0.0)),
-                                float((abs_diff / (np.abs(ref.astype(np.float64)) + atol)).max(initial=0.0)))
-        passed = not moved and all(np.allclose(acc, ref, rtol=rtol, atol=atol) for ref, acc in zip(expected, actual))
-        causes = []
-        if not passed and structure == "cached":  # the loss saw the whole window: only BatchNorm's statistics remain
-            causes = [c for c in explain(batchnorm_cells(network), [np.zeros(1)], [np.zeros(1)], 1, 0.0, rtol, atol)
-                      if c.name.startswith("BatchNorm")]
-        elif not passed and not moved:
-            try:
-                window, big = _gradients(with_loss, loss_only, optimizer.parameters, micro_batches, arrays, reduction,
-                                         hold)
-            finally:
-                _restore(state, start)
-            causes = explain(batchnorm_cells(network), window, big, accumulate_step,
-                             max(v[0] for v in per_parameter.values()), rtol, atol)
-    return EquivalenceReport(accumulate_step, max(v[0] for v in per_parameter.values()),
-                             max(v[1] for v in per_parameter.values()), rtol, atol, per_parameter,
-                             sorted(moved), passed, causes, stochastic)
+    def _causes(self, structure: str, moved: set, parameter_diff: float, rtol: float, atol: float) -> List[Cause]:
+        batchnorm = batchnorm_cells(self.network)
+        if structure == "cached":  # the loss saw the whole window: only BatchNorm's statistics remain
+            return [c for c in explain(batchnorm, [np.zeros(1)], [np.zeros(1)], 1, 0.0, rtol, atol)
+                    if c.name.startswith("BatchNorm")]
+        if moved:
+            return []
+        with self.start:
+            window, big = self._gradients()
+        return explain(batchnorm, window, big, len(self.batch.micro_batches), parameter_diff, rtol, atol)
+
+    def _gradients(self) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+        """The window's gradient as the reduction's rule combines its micro-batches' (float64, on the host: what a
+        micro-batch weighs, what the window is divided by, stand-alone) and the big batch's."""
+        rule = RULES[self.reduction]()
+        gradient = _Gradient(self.loss_only, self.optimizer.parameters).set_train()
+        self.hold()
+        big = [g.asnumpy().astype(np.float64) for g in gradient(*_tensors(self.batch.arrays))]
+        total, weights = [np.zeros_like(b) for b in big], 0.0
+        for micro in self.batch.micro_batches:
+            inputs = _tensors(micro)
+            weight = float(rule.split(self.with_loss(*inputs), inputs[0])[1])
+            total = [t + weight * g.asnumpy().astype(np.float64) for t, g in zip(total, gradient(*inputs))]
+            weights += weight
+        return [t / rule.divisor(weights, 1.0) for t in total], big

@@ -1,1 +1,1 @@
-"""Training: the executor, its runners and windows, records, schedules, checkpoints and resume."""
+"""Training: the executor, its structures, runs and windows, records, schedules, checkpoints and resume."""

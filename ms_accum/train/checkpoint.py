@@ -15,6 +15,8 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import mindspore as ms
 from mindspore import Parameter, log as ms_log, nn
 
+from .._validation import ArgumentTypeError, ArgumentValueError, door
+
 # The layout of what ms_accum writes beside the parameters: 1, the first; 2, training states also record the position
 # in global samples with the per-rank batch size and the world size (resuming on another device count). A file of a
 # later format than this ms_accum knows is refused rather than misread; MindSpore's own files have none (0).
@@ -26,11 +28,18 @@ MetaValue = Union[int, float, str, bool]
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the network; the message names the file."""
+    """A checkpoint that cannot be read or does not fit the network; the message names the file (and no caller: the
+    file, not the call, is at fault)."""
 
 
-def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optional[Dict[str, MetaValue]] = None,
-                    cls_name: str = "save_checkpoint") -> str:
+class CheckpointWriteError(CheckpointError, ArgumentValueError):
+    """A checkpoint that could not be written: the function the user called is named in front (`door`), as for any
+    argument refused, since the target `path` is one."""
+
+
+@door("save_checkpoint")
+def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
+                    metadata: Optional[Dict[str, MetaValue]] = None) -> str:
     """
     Saves `save_obj` to `path` atomically, with `metadata` and a CRC.
 
@@ -40,22 +49,21 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
         path (str): Target file; its directory must exist. An existing file is replaced only once the new one
             is complete on disk.
         metadata (dict, optional): ints, floats, bools or strings stored beside the parameters.
-        cls_name (str): The name errors give as the one called (the executor passes its `train_process`). Default:
-            ``"save_checkpoint"``.
 
     Returns:
         str, `path`.
 
     Raises:
         TypeError: If a metadata value is not an int, float, bool or str.
-        CheckpointError: If the file cannot be written (no space left, no permission: any `OSError`); the message
-            names the file, its directory and the cause. The temporary files are removed and no other file changes.
+        CheckpointWriteError: If the file cannot be written (no space left, no permission: any `OSError`), a
+            `CheckpointError`; the message names the file, its directory and the cause. The temporary files are
+            removed and no other file changes.
     """
     metadata = dict(metadata or {})
     for key, value in metadata.items():
         if not isinstance(value, (int, float, str, bool)):
-            raise TypeError(f"For '{cls_name}', the argument 'metadata' must map names to int, float, bool or "
-                            f"str, but '{key}' is {type(value).__name__}.")
+            raise ArgumentTypeError(f"the argument 'metadata' must map names to int, float, bool or str, but '{key}' "
+                                    f"is {type(value).__name__}.")
     append = {_META_PREFIX + "format_version": FORMAT_VERSION}
     append.update({_META_PREFIX + key: value for key, value in metadata.items()})
     path = os.fspath(path)
@@ -68,8 +76,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as err:
-        raise CheckpointError(f"For '{cls_name}', '{name}' could not be written in '{directory}': "
-                              f"{err.strerror or err}. No earlier file was changed.") from err
+        raise CheckpointWriteError(f"'{name}' could not be written in '{directory}': {err.strerror or err}. No "
+                                   f"earlier file was changed.") from err
     finally:
         for leftover in (tmp, _mindspore_temporary(tmp)):
             if os.path.exists(leftover):

@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank, init
 
-from .._validation import check_isinstance
+from .._validation import ArgumentValueError, check_isinstance, door
 from ..core.parallel import DataParallelInfo
 
 # What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
@@ -24,6 +24,7 @@ from ..core.parallel import DataParallelInfo
 LAUNCHER_ROLES = ("MS_WORKER", "MS_SCHED")
 
 
+@door("distributed_launch")
 def distributed_launch(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """
     The world size announced by a launcher (`msrun`) to this process, or None when no launcher started it.
@@ -42,11 +43,12 @@ def distributed_launch(environ: Optional[Mapping[str, str]] = None) -> Optional[
         return None
     text = environ["MS_WORKER_NUM"]
     if not text.isdigit() or int(text) <= 0:
-        raise ValueError(f"For 'distributed_launch', the environment variable 'MS_WORKER_NUM' must be a positive "
-                         f"int, but got '{text}'.")
+        raise ArgumentValueError(f"the environment variable 'MS_WORKER_NUM' must be a positive int, but got "
+                                 f"'{text}'.")
     return int(text)
 
 
+@door("init_data_parallel")
 def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
     """
     Joins the launcher's cluster and switches MindSpore to data parallelism.
@@ -66,8 +68,9 @@ def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
         TypeError: If `gradients_mean` is not a bool.
         RuntimeError: If no launcher started this process ("distributed mode requested without a launcher").
     """
-    check_isinstance(gradients_mean, "gradients_mean", bool, "init_data_parallel")
+    check_isinstance(gradients_mean, "gradients_mean", bool)
     if distributed_launch() is None:
+        # Not an argument refused, so no `door` names it: the name is written here.
         raise RuntimeError("For 'init_data_parallel', distributed mode requested without a launcher: start the "
                            "script with msrun, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 "
                            "--join=True script.py' (the environment variables MS_ROLE and MS_WORKER_NUM are "
@@ -86,7 +89,7 @@ class _AllReduceSum(nn.Cell):
         return self.all_reduce(x)
 
 
-def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
+def check_same_on_all_ranks(value: int, what: str) -> int:
     """
     Checks that every rank of the data-parallel group passes the same int, with one small all-reduce.
 
@@ -96,7 +99,6 @@ def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
     Args:
         value (int): This rank's value, below 2**24.
         what (str): What the value is, for the message.
-        cls_name (str): The caller's name, for the message.
 
     Returns:
         int, `value`.
@@ -106,8 +108,8 @@ def check_same_on_all_ranks(value: int, what: str, cls_name: str) -> int:
     """
     values = gather_ints(value)
     if len(set(values)) > 1:
-        raise ValueError(f"For '{cls_name}', {what} must be the same on every rank, but got {values} on ranks "
-                         f"0 to {len(values) - 1}.")
+        raise ArgumentValueError(f"{what} must be the same on every rank, but got {values} on ranks 0 to "
+                                 f"{len(values) - 1}.")
     return value
 
 

@@ -16,11 +16,13 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
-from .._validation import check_positive_float, check_positive_int, check_value_in
+from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int, \
+    check_value_in, door
 
 RULES = ("linear", "sqrt")
 
 
+@door("scale_lr")
 def scale_lr(lr: float, accumulate_step: int, rule: str = "linear") -> float:
     r"""
     Scales a learning rate tuned for one micro-batch to a window of `accumulate_step` micro-batches.
@@ -47,9 +49,9 @@ def scale_lr(lr: float, accumulate_step: int, rule: str = "linear") -> float:
         >>> scale_lr(0.001, 4, "sqrt")
         0.002
     """
-    lr = check_positive_float(lr, "lr", "scale_lr")
-    accumulate_step = check_positive_int(accumulate_step, "accumulate_step", "scale_lr")
-    rule = check_value_in(rule, "rule", RULES, "scale_lr")
+    lr = check_positive_float(lr, "lr")
+    accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
+    rule = check_value_in(rule, "rule", RULES)
     return lr * (accumulate_step if rule == "linear" else math.sqrt(accumulate_step))
 
 
@@ -87,17 +89,18 @@ class SamplesLR(LearningRateSchedule):
         >>> # optimizer = nn.Momentum(net.trainable_params(), lr, 0.9)
     """
 
+    @door("SamplesLR")
     def __init__(self, schedule: Union[LearningRateSchedule, Callable[[int], float]]) -> None:
         super().__init__()
         if isinstance(schedule, type):  # callable, but calling it would build one, with the samples as its argument
             made = ("an instance of it, e.g. " + f"{schedule.__name__}(...)"
                     if issubclass(schedule, LearningRateSchedule) else "an instance or a function")
-            raise TypeError(f"For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a callable "
-                            f"lr(samples), but got the class {schedule.__module__}.{schedule.__qualname__}: give "
-                            f"{made}.")
+            raise ArgumentTypeError(f"the argument 'schedule' must be a LearningRateSchedule or a callable "
+                                    f"lr(samples), but got the class {schedule.__module__}.{schedule.__qualname__}: "
+                                    f"give {made}.")
         if not callable(schedule):
-            raise TypeError(f"For 'SamplesLR', the argument 'schedule' must be a LearningRateSchedule or a callable "
-                            f"lr(samples), but got {schedule!r} of type {type(schedule).__name__}.")
+            raise ArgumentTypeError(f"the argument 'schedule' must be a LearningRateSchedule or a callable "
+                                    f"lr(samples), but got {schedule!r} of type {type(schedule).__name__}.")
         self.schedule = schedule
         self._of_tensor = isinstance(schedule, LearningRateSchedule)
         self.samples = 0
@@ -114,8 +117,10 @@ class SamplesLR(LearningRateSchedule):
         value = self.schedule(Tensor(samples, ms.int32)) if self._of_tensor else self.schedule(samples)
         value = float(value.asnumpy()) if isinstance(value, Tensor) else value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"For 'SamplesLR', the schedule must give a finite learning rate, but at {samples} "
-                             f"samples it gave {value!r}.")
+            # Found when built and whenever the rate is updated (by the executor's train_process too): either way
+            # SamplesLR's own argument is at fault, so its name is fixed.
+            raise ArgumentValueError(f"the schedule must give a finite learning rate, but at {samples} samples it "
+                                     f"gave {value!r}.").named("SamplesLR")
         return float(value)
 
     def construct(self, global_step):

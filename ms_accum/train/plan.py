@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from .._choices import DEVICES, REDUCTIONS, STRUCTURES
+from .._validation import ArgumentValueError, _refused, door
 
 
 def network_fingerprint(network: Any) -> dict:
@@ -54,7 +55,8 @@ class Trial:
 
     @property
     def accumulate_steps(self) -> int:
-        """Deprecated: `accumulate_step` (K has one name in the API); this alias goes in the next release."""
+        """Deprecated: `accumulate_step`, K's name in the API (only `train_process` says `mini_steps`, as the
+        signature of MindSpore's Cell-graph tutorial does); this alias goes in the next release."""
         warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
         return self.accumulate_step
 
@@ -107,7 +109,8 @@ class Plan:
 
     @property
     def accumulate_steps(self) -> int:
-        """Deprecated: `accumulate_step` (K has one name in the API); this alias goes in the next release."""
+        """Deprecated: `accumulate_step`, K's name in the API (only `train_process` says `mini_steps`, as the
+        signature of MindSpore's Cell-graph tutorial does); this alias goes in the next release."""
         warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
         return self.accumulate_step
 
@@ -115,6 +118,7 @@ class Plan:
         return dataclasses.asdict(self)
 
     @classmethod
+    @door("Plan.from_dict")
     def from_dict(cls, values: dict, path: Optional[str] = None) -> "Plan":
         """The plan `to_dict` returned, each field checked (`path`, the file it came from, is named in errors).
 
@@ -122,20 +126,19 @@ class Plan:
             ValueError: If a field is missing or has the wrong type or value.
         """
         where = f"the field '{{}}' of the plan '{path}'" if path else "the field '{}' of the plan"
-        cls_name = "Plan.load" if path else "Plan.from_dict"
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(values, dict):
-            raise ValueError(f"For '{cls_name}', the plan{f' {path!r}' if path else ''} must be a JSON object of "
-                             f"{sorted(names)}, but got {type(values).__name__}.")
+            raise ArgumentValueError(f"the plan{f' {path!r}' if path else ''} must be a JSON object of "
+                                     f"{sorted(names)}, but got {type(values).__name__}.")
         values = _renamed(values)
         missing = names - set(values) - _OPTIONAL
         if missing:
-            raise ValueError(f"For '{cls_name}', a plan must hold {sorted(names - _OPTIONAL)}, but {sorted(missing)} "
-                             f"are missing.")
+            raise ArgumentValueError(f"a plan must hold {sorted(names - _OPTIONAL)}, but {sorted(missing)} are "
+                                     f"missing.")
 
         def bad(name: str, expected: str, value: Any = None) -> ValueError:
             value = values[name] if value is None else value
-            return ValueError(f"For '{cls_name}', {where.format(name)} must be {expected}, but got {value!r}.")
+            return ArgumentValueError(f"{where.format(name)} must be {expected}, but got {value!r}.")
 
         if not isinstance(values["model"], str) or not values["model"]:
             raise bad("model", "a factory 'package.module:function' or a model's name")
@@ -174,8 +177,9 @@ class Plan:
         plan.path = path
         return plan
 
+    @door("Plan.check_fits")
     def check_fits(self, network: Any = None, ranks: Optional[int] = None,
-                   cls_name: str = "Plan.check_fits") -> "Plan":
+                   cls_name: Optional[str] = None) -> "Plan":
         """
         Refuses to train with a plan made for another number of ranks or another network.
 
@@ -184,7 +188,9 @@ class Plan:
                 `network` fingerprint (`network_fingerprint`), unless the plan has none (written before ms_accum
                 recorded it). Default: ``None``, not checked.
             ranks (int, optional): The ranks of this run. Default: ``None``, not checked.
-            cls_name (str): Who asks, named in the error. Default: ``"Plan.check_fits"``.
+            cls_name (str, optional): TRANSITIONAL (issue 43): the name the error gives as the one called, for a
+                caller not yet behind a `door` (the executor's `from_plan`, the command line). Default: ``None``,
+                named by the door the error leaves through.
 
         Returns:
             Plan, this plan.
@@ -195,15 +201,16 @@ class Plan:
         """
         name = f"'{self.path}'" if self.path else f"for '{self.model}'"
         if ranks is not None and ranks != self.ranks:
-            raise ValueError(f"For '{cls_name}', the plan {name} was made for {self.ranks} rank(s) (a global batch of "
-                             f"{self.global_batch} = K {self.accumulate_step} x B {self.batch_size} x {self.ranks} "
-                             f"rank(s)), but this run has {ranks}: plan again for {ranks} rank(s).")
+            raise _refused(ArgumentValueError(
+                f"the plan {name} was made for {self.ranks} rank(s) (a global batch of {self.global_batch} = K "
+                f"{self.accumulate_step} x B {self.batch_size} x {self.ranks} rank(s)), but this run has {ranks}: plan "
+                f"again for {ranks} rank(s)."), cls_name)
         if network is not None and self.network is not None:
             actual = network_fingerprint(network)
             if actual != self.network:
-                raise ValueError(f"For '{cls_name}', the plan {name} was made for another network, "
-                                 f"{_describe(self.network)}, but the network given has {_describe(actual)}: plan "
-                                 f"again for this network.")
+                raise _refused(ArgumentValueError(
+                    f"the plan {name} was made for another network, {_describe(self.network)}, but the network given "
+                    f"has {_describe(actual)}: plan again for this network."), cls_name)
         return self
 
     def save(self, path: str) -> str:
@@ -213,6 +220,7 @@ class Plan:
         return path
 
     @classmethod
+    @door("Plan.load")
     def load(cls, path: str) -> "Plan":
         """Reads a plan that `save` wrote, each field checked; `path` is kept in the plan's `path`.
 
@@ -224,13 +232,13 @@ class Plan:
             with open(path, encoding="utf-8") as handle:
                 values = json.load(handle)
         except (OSError, ValueError) as err:
-            raise ValueError(f"For 'Plan.load', the file '{path}' is not a plan written by 'ms-accum plan "
-                             f"--output' or Plan.save: {err}") from err
+            raise ArgumentValueError(f"the file '{path}' is not a plan written by 'ms-accum plan --output' or "
+                                     f"Plan.save: {err}") from err
         required = {f.name for f in dataclasses.fields(cls)} - _OPTIONAL
         if not isinstance(values, dict) or required - set(_renamed(values)):
             held = sorted(values) if isinstance(values, dict) else type(values).__name__
-            raise ValueError(f"For 'Plan.load', the file '{path}' is not a plan written by 'ms-accum plan "
-                             f"--output' or Plan.save: a plan must hold {sorted(required)}, but got {held}.")
+            raise ArgumentValueError(f"the file '{path}' is not a plan written by 'ms-accum plan --output' or "
+                                     f"Plan.save: a plan must hold {sorted(required)}, but got {held}.")
         return cls.from_dict(values, path)
 
     def __str__(self) -> str:

@@ -33,7 +33,8 @@ class StepRecord:
 
     @property
     def accumulate_steps(self) -> int:
-        """Deprecated: `accumulate_step` (K has one name in the API); this alias goes in the next release."""
+        """Deprecated: `accumulate_step`, K's name in the API (only `train_process` says `mini_steps`, as the
+        signature of MindSpore's Cell-graph tutorial does); this alias goes in the next release."""
         warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
         return self.accumulate_step
 

@@ -9,8 +9,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 from mindspore import nn
 
 from .schedule import AccumulationSchedule, pairs_text
-from .checkpoint import CheckpointError, MetaValue, checkpoint_path, find_latest, load_checkpoint, load_into, prune, \
-    save_checkpoint
+from .checkpoint import CheckpointError, CheckpointWriteError, MetaValue, checkpoint_path, find_latest, \
+    load_checkpoint, load_into, prune, save_checkpoint
 
 STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 # Before ms_accum 0.2 the executor's buffer was named "grad_sum" (the Accumulator's "accumulate"): such files load
@@ -171,14 +171,14 @@ class StateCheckpoints:
         """`save_checkpoint` into the run's directory; a failed save also names the newest complete training state,
         which a resumed run continues from."""
         try:
-            # The user ran train_process: its name, not this helper's, heads a failed save's message.
-            return save_checkpoint(save_obj, path, metadata, "GradientAccumulation.train_process")
-        except CheckpointError as err:
+            return save_checkpoint(save_obj, path, metadata)
+        except CheckpointWriteError as err:
             newest = find_latest(self.ckpt_dir, self.ckpt_name)
             where = (f"the newest complete training state is '{os.path.basename(newest)}': resume=True (the CLI's "
                      f"--resume) continues from it" if newest else
                      f"'{self.ckpt_dir}' holds no complete training state of '{self.ckpt_name}' yet")
-            raise CheckpointError(f"{err} {where[0].upper()}{where[1:]}.") from err.__cause__
+            # Unnamed: train_process, the only one to save states and what the user ran, names it at its door.
+            raise CheckpointWriteError(f"{err.detail} {where[0].upper()}{where[1:]}.") from err.__cause__
 
 
 def _pairs(text: str) -> List[Tuple[int, int]]:

@@ -11,9 +11,9 @@ every rank and every resume.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from .._validation import check_positive_int
+from .._validation import ArgumentError, ArgumentTypeError, ArgumentValueError, _refused, check_positive_int, door
 
 ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
 
@@ -25,8 +25,11 @@ class AccumulationSchedule:
     Args:
         schedule (Union[int, dict, Callable]): A fixed K; a dict whose keys, the samples consumed from which each K
             holds, start at 0 and increase; or ``K(samples_consumed)``, checked when first evaluated at each value.
-        cls_name (str): The caller's name, for messages. Default: ``"AccumulationSchedule"``.
         arg_name (str): The argument that gave it. Default: ``"mini_steps"``.
+
+    Attributes:
+        table (list[tuple[int, int]], optional): ``(samples consumed, K)`` from each threshold on, sorted; None for a
+            callable.
 
     Raises:
         TypeError: If `schedule` is none of these, or a key or K is not an int.
@@ -39,29 +42,25 @@ class AccumulationSchedule:
         (2, 2, 4)
     """
 
-    def __init__(self, schedule: ScheduleLike, cls_name: str = "AccumulationSchedule",
-                 arg_name: str = "mini_steps") -> None:
-        self.cls_name, self.arg_name = cls_name, arg_name
+    @door("AccumulationSchedule")
+    def __init__(self, schedule: ScheduleLike, arg_name: str = "mini_steps") -> None:
+        self.arg_name = arg_name
         if isinstance(schedule, dict):
-            self.steps = _check_steps(schedule, arg_name, cls_name)
+            self.table = _check_table(schedule, arg_name)
             self._function = None
         elif callable(schedule) and not isinstance(schedule, type):
-            self.steps = None
+            self.table = None
             self._function = schedule
         else:
-            self.steps = [(0, check_positive_int(schedule, arg_name, cls_name))]
+            self.table = [(0, check_positive_int(schedule, arg_name))]
             self._function = None
-
-    @property
-    def is_callable(self) -> bool:
-        """Whether K comes from a user's function (known only where it was evaluated) rather than from a table."""
-        return self._function is not None
 
     @property
     def fixed(self) -> Union[int, None]:
         """K when it never changes, else None."""
-        return self.steps[0][1] if self.steps is not None and len(self.steps) == 1 else None
+        return self.table[0][1] if self.table is not None and len(self.table) == 1 else None
 
+    @door("AccumulationSchedule")
     def __call__(self, samples: int) -> int:
         """K for the window that opens after `samples` samples consumed.
 
@@ -70,20 +69,20 @@ class AccumulationSchedule:
         """
         if self._function is not None:
             value = self._function(samples)
-            return check_positive_int(value, f"{self.arg_name}({samples})", self.cls_name)
-        return next(k for start, k in reversed(self.steps) if samples >= start)
+            return check_positive_int(value, f"{self.arg_name}({samples})")
+        return next(k for start, k in reversed(self.table) if samples >= start)
 
     def global_batches(self, per_batch: int) -> str:
         """The table as ``samples:global_batch`` pairs for `per_batch` samples per micro-batch over all ranks, what a
         training state records (a callable's is known only where evaluated: ``"callable"``)."""
-        if self.steps is None:
+        if self.table is None:
             return "callable"
-        return pairs_text((start, k * per_batch) for start, k in self.steps)
+        return pairs_text((start, k * per_batch) for start, k in self.table)
 
     def __repr__(self) -> str:
-        if self.steps is None:
+        if self.table is None:
             return f"AccumulationSchedule({self._function!r})"
-        return "AccumulationSchedule({" + ", ".join(f"{s}: {k}" for s, k in self.steps) + "})"
+        return "AccumulationSchedule({" + ", ".join(f"{s}: {k}" for s, k in self.table) + "})"
 
 
 def pairs_text(pairs) -> str:
@@ -91,28 +90,36 @@ def pairs_text(pairs) -> str:
     return ",".join(f"{samples}:{value}" for samples, value in pairs)
 
 
-def parse_schedule(text: str, arg_name: str = "text", cls_name: str = "parse_schedule") -> dict:
-    """``"0:2,4096:4,16384:8"`` (samples:K) as a dict, checked as `AccumulationSchedule` checks it. Errors name
-    `cls_name` and its argument `arg_name` (the command line passes ``"ms-accum train"``, ``"--accumulate-schedule"``).
+@door("parse_schedule")
+def parse_schedule(text: str, arg_name: str = "text", cls_name: Optional[str] = None) -> dict:
+    """``"0:2,4096:4,16384:8"`` (samples:K) as a dict, checked as `AccumulationSchedule` checks it. Errors name its
+    argument `arg_name` (the command line passes ``"--accumulate-schedule"``).
+
+    `cls_name` is TRANSITIONAL (issue 43): the name errors give as the one called, for a caller not yet behind a `door`
+    (the command line passes ``"ms-accum train"``).
 
     Raises:
         ValueError: If `text` is not comma-separated ``samples:K`` pairs of ints, gives a threshold twice, or the pairs
             are not a schedule.
     """
     pairs = {}
-    for item in text.split(","):
-        start, colon, k = item.strip().partition(":")
-        if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
-            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must be comma-separated samples:K pairs "
-                             f"such as '0:2,4096:4', but got '{text}'.")
-        if int(start) in pairs:
-            raise ValueError(f"For '{cls_name}', the argument '{arg_name}' must give each threshold once, but got "
-                             f"{int(start)} twice in '{text}'.")
-        pairs[int(start)] = int(k)
-    _check_steps(pairs, arg_name, cls_name)
+    try:
+        for item in text.split(","):
+            start, colon, k = item.strip().partition(":")
+            if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
+                raise ArgumentValueError(f"the argument '{arg_name}' must be comma-separated samples:K pairs such as "
+                                         f"'0:2,4096:4', but got '{text}'.")
+            if int(start) in pairs:
+                raise ArgumentValueError(f"the argument '{arg_name}' must give each threshold once, but got "
+                                         f"{int(start)} twice in '{text}'.")
+            pairs[int(start)] = int(k)
+        _check_table(pairs, arg_name)
+    except ArgumentError as err:  # TRANSITIONAL (issue 43)
+        raise _refused(err, cls_name)
     return pairs
 
 
+@door("rampup")
 def rampup(start: int, increment: int, samples_per_increment: int, global_batch: int,
            batch_size: int) -> Dict[int, int]:
     """
@@ -140,31 +147,31 @@ def rampup(start: int, increment: int, samples_per_increment: int, global_batch:
         >>> rampup(start=32, increment=32, samples_per_increment=1000, global_batch=96, batch_size=16)
         {0: 2, 1000: 4, 2000: 6}
     """
-    name = "rampup"
     for arg_name, value in (("start", start), ("increment", increment), ("samples_per_increment",
                                                                          samples_per_increment),
                             ("global_batch", global_batch), ("batch_size", batch_size)):
-        check_positive_int(value, arg_name, name)
+        check_positive_int(value, arg_name)
     if global_batch < start or (global_batch - start) % increment:
-        raise ValueError(f"For '{name}', the argument 'global_batch' must be 'start' ({start}) plus a whole number of "
-                         f"'increment' ({increment}), but got {global_batch}.")
+        raise ArgumentValueError(f"the argument 'global_batch' must be 'start' ({start}) plus a whole number of "
+                                 f"'increment' ({increment}), but got {global_batch}.")
     schedule = {}
     for i, batch in enumerate(range(start, global_batch + 1, increment)):
         if batch % batch_size:
-            raise ValueError(f"For '{name}', every global batch of the ramp must be divisible by 'batch_size' "
-                             f"({batch_size}), but {batch} is not.")
+            raise ArgumentValueError(f"every global batch of the ramp must be divisible by 'batch_size' "
+                                     f"({batch_size}), but {batch} is not.")
         schedule[i * samples_per_increment] = batch // batch_size
     return schedule
 
 
-def _check_steps(schedule: dict, arg_name: str, cls_name: str) -> List[Tuple[int, int]]:
-    steps = sorted(schedule.items()) if all(isinstance(key, int) for key in schedule) else None
-    if not schedule or steps is None or any(isinstance(key, bool) for key in schedule):
-        raise TypeError(f"For '{cls_name}', the argument '{arg_name}' must be a positive int, a dict from samples "
-                        f"consumed (ints, the first 0) to K, or a callable K(samples), but got {schedule!r}.")
-    if list(schedule) != [start for start, _ in steps] or steps[0][0] != 0:
-        raise ValueError(f"For '{cls_name}', the thresholds of '{arg_name}' must start at 0 and increase, but got "
-                         f"{list(schedule)}.")
-    for start, k in steps:
-        check_positive_int(k, f"{arg_name}[{start}]", cls_name)
-    return steps
+def _check_table(schedule: dict, arg_name: str) -> List[Tuple[int, int]]:
+    """`schedule`, a ``{samples: K}`` dict, as its sorted ``(samples, K)`` pairs, checked."""
+    table = sorted(schedule.items()) if all(isinstance(key, int) for key in schedule) else None
+    if not schedule or table is None or any(isinstance(key, bool) for key in schedule):
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a positive int, a dict from samples consumed "
+                                f"(ints, the first 0) to K, or a callable K(samples), but got {schedule!r}.")
+    if list(schedule) != [start for start, _ in table] or table[0][0] != 0:
+        raise ArgumentValueError(f"the thresholds of '{arg_name}' must start at 0 and increase, but got "
+                                 f"{list(schedule)}.")
+    for start, k in table:
+        check_positive_int(k, f"{arg_name}[{start}]")
+    return table

@@ -10,21 +10,18 @@ from typing import Iterator, Tuple
 
 from mindspore.dataset import Dataset
 
+from .._validation import door
 from .resume import Position
 from .schedule import AccumulationSchedule, ScheduleLike
 
 
-def windows_per_epoch(num_batches: int, mini_steps: int, partial_window: str = "apply") -> int:
-    """The optimizer steps of an epoch of `num_batches` batches in windows of `mini_steps`: a partial last window
-    counts when it is applied (``partial_window="apply"``), not when it is dropped."""
-    return count_windows(num_batches, 1, mini_steps, 1, partial_window)
-
-
+@door("count_windows")
 def count_windows(num_batches: int, epochs: int, mini_steps: ScheduleLike, per_batch: int,
                   partial_window: str = "apply") -> int:
     """The optimizer steps of `epochs` epochs of `num_batches` batches of `per_batch` global samples, K following
-    `mini_steps` (an int or a schedule, `ms_accum.train.schedule`), as `train_process` trains them."""
-    schedule = AccumulationSchedule(mini_steps, "count_windows", "mini_steps")
+    `mini_steps` (an int or a schedule, `ms_accum.train.schedule`), as `train_process` trains them: a partial last
+    window of an epoch counts when it is applied (``partial_window="apply"``), not when it is dropped."""
+    schedule = AccumulationSchedule(mini_steps)
     return sum(size == k or partial_window == "apply"
                for k, size, _ in _planned_windows(epochs, num_batches, schedule, per_batch, Position()))
 

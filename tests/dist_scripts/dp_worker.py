@@ -13,14 +13,16 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the Accumulator's train step
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
-from mindspore import Tensor, nn, ops  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
 from ms_accum.train.distributed import init_data_parallel  # noqa: E402
+from accumulator_step import accumulator_step  # noqa: E402
 from dp_cases import (CASES, IN, NODE_CASES, NOISE_CASE, OUT, PROFILED_CASE, RAMP_CASE,  # noqa: E402
                       global_micro_batches, loss_fn, make_net, make_optimizer, params_of, rank_share,
                       regression_problem)
@@ -40,26 +42,9 @@ def train_accumulator(case, shares):
     net = make_net()
     optimizer = make_optimizer(case["optimizer"], net.trainable_params())
     accumulator = Accumulator(optimizer, case["k"], case["clip_norm"], case["reduction"])
-    criterion = loss_fn(case)
-
-    def forward_fn(x, y):
-        return criterion(net(x), y)
-
-    if case["reduction"] == "weighted_mean":  # the loss returns (mean over real tokens, their count)
-        grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters, has_aux=True)
-
-        @ms.jit
-        def train_step(x, y):
-            (loss, count), grads = grad_fn(x, y)
-            return ops.depend(loss, accumulator(grads, count))
-    else:
-        grad_fn = ms.value_and_grad(forward_fn, None, optimizer.parameters)
-
-        @ms.jit
-        def train_step(x, y):
-            loss, grads = grad_fn(x, y)
-            return ops.depend(loss, accumulator(grads, x.shape[0]))
-
+    # Weighted by the real tokens the loss counts (mean over them, their count), else by the share's samples.
+    weight = "returned" if case["reduction"] == "weighted_mean" else "rows"
+    train_step = accumulator_step(net, loss_fn(case), accumulator, weight)
     for x, y in shares:
         train_step(Tensor(x), Tensor(y))
     accumulator.flush()  # from Python, outside the graph: the partial window's all-reduce runs eagerly

@@ -1,0 +1,163 @@
+"""One call of `GradientAccumulation.train_process`: its arguments checked, its windows, where it is in the data, what
+it records and logs, and the files it saves."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Iterator, Optional, Tuple
+
+import numpy as np
+from mindspore import nn
+from mindspore.dataset import Dataset, config as ds_config
+
+from .._choices import PARTIAL_WINDOWS
+from .._validation import ArgumentValueError, check_isinstance, check_positive_int, check_value_in, check_writable_dir
+from ..core.statistics import NoiseScale
+from .distributed import check_same_on_all_ranks, gather_ints
+from .options import Checkpoints, LogOptions
+from .records import StepRecord, TrainResult, WindowFigures, WindowLog
+from .resume import Position, StateCheckpoints
+from .schedule import AccumulationSchedule
+from .windows import _planned_windows, _samples_read, _windows
+
+NAME = "GradientAccumulation.train_process"  # what its warnings say the user called
+
+
+class Run:
+    """One run of `executor` over `dataset`, every argument checked before anything compiles.
+
+    `start` resumes, if asked, and returns the windows; for each, `open` and `close` (or `drop`) keep the position,
+    the records, the log and the training-state files; `finish` saves the final checkpoint.
+    """
+
+    def __init__(self, executor, epoch: int, dataset: Dataset, schedule: AccumulationSchedule, partial_window: str,
+                 checkpoints: Optional[Checkpoints], log: LogOptions) -> None:
+        self.executor, self.epoch, self.dataset, self.schedule = executor, epoch, dataset, schedule
+        self.partial_window, self.checkpoints = partial_window, checkpoints
+        self.num_batches = self._check(checkpoints)
+        parallel = executor.parallel
+        # Global samples in one micro-batch of every rank; the ranks' micro-batches may differ in size.
+        self.per_batch = (dataset.get_batch_size() if parallel is None else sum(gather_ints(dataset.get_batch_size())))
+        settings = {"mini_steps": schedule.fixed or 0, "global_batches": schedule.global_batches(self.per_batch),
+                    "partial_window": partial_window, "num_batches": self.num_batches,
+                    "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
+                    "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch}
+        self.settings = settings
+        given = checkpoints or Checkpoints()
+        self.states = StateCheckpoints(executor.state, None if checkpoints is None else os.fspath(given.directory),
+                                       given.name, settings, given.metadata, given.save_every, given.keep_last,
+                                       executor.writes, schedule)
+        self.log = WindowLog(log.every, log.verbose and executor.writes, log.on_step,
+                             executor.guard.stop_on_nonfinite, executor.guard.loss_scaler is not None)
+        self.position, self.result, self.largest = Position(), TrainResult(), 1
+
+    def _check(self, checkpoints: Optional[Checkpoints]) -> int:
+        """The arguments that only a run can check; returns the epoch's batch count."""
+        check_positive_int(self.epoch, "epoch")
+        check_isinstance(self.dataset, "train_dataset", Dataset)
+        check_value_in(self.partial_window, "partial_window", PARTIAL_WINDOWS)
+        if checkpoints is not None and self.executor.writes:
+            check_writable_dir(checkpoints.directory, "ckpt_dir")
+        columns = self.dataset.get_col_names()
+        if len(columns) != 2:
+            raise ArgumentValueError(f"the argument 'train_dataset' must yield 2 columns, the network's input and the "
+                                     f"loss's label, but it yields {len(columns)}: {columns}.")
+        num_batches = self.dataset.get_dataset_size()
+        if self.executor.parallel is not None:
+            # Every window closes with a collective: a rank with fewer batches would leave the others waiting.
+            check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
+        if num_batches <= 0:
+            raise ArgumentValueError("the argument 'train_dataset' must not be empty, but it has no batches.")
+        if self.schedule.fixed is not None and self.schedule.fixed > num_batches:
+            done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
+            warnings.warn(f"For '{NAME}', 'mini_steps' ({self.schedule.fixed}) is larger than an epoch's "
+                          f"{num_batches} batches: every window is partial and is {done} at the end of the epoch.",
+                          stacklevel=4)
+        return num_batches
+
+    def start(self) -> Iterator[Tuple[int, int, Iterator, int]]:
+        """Resumes (if asked) and works out every window's K before anything trains (a callable's bad value fails
+        here); returns the windows, `(K, size, micro-batches, samples consumed when it opens)`."""
+        executor = self.executor
+        resume = None if self.checkpoints is None else self.checkpoints.resume
+        self.position, resumed_from = self.states.resume(resume, self.epoch)
+        if executor.noise_scale is not None:  # a run's own estimate, continued by its resumed runs
+            executor.noise_scale = NoiseScale()
+            executor.noise_scale.load(self.states.resumed)
+            self.states.extra = executor.noise_scale.state
+        if executor.parallel is not None and resume not in (None, False):
+            check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
+        self.largest = max((k for k, _, _ in _planned_windows(self.epoch, self.num_batches, self.schedule,
+                                                              self.per_batch, self.position)), default=1)
+        if executor.noise_scale is not None and executor.parallel is None and self.largest == 1:
+            given = self.schedule.fixed or "a schedule that is 1 in every window of this run"
+            raise ArgumentValueError(f"the argument 'mini_steps' must be at least 2 in some window with "
+                                     f"noise_scale=True on one rank: the noise scale compares the micro-batch's "
+                                     f"gradient with the window's, and with one micro-batch per window they are one "
+                                     f"batch size, but got {given}.")
+        guard = executor.buffer.guard
+        self.result = TrainResult(dropped_windows=self.position.dropped_windows, resumed_from=resumed_from,
+                                  skipped_windows=int(guard.skipped_windows.asnumpy()),
+                                  skipped_micro_batches=int(guard.skipped_micro_batches.asnumpy()))
+        return _windows(self.dataset, self.epoch, self.num_batches, self.schedule, self.per_batch, self.position)
+
+    def drop(self, window: Iterator) -> None:
+        """A partial window dropped: read, not trained, so the data order stays the same."""
+        for _ in window:
+            pass
+        self.position.dropped_windows += 1
+        self.result.dropped_windows += 1
+
+    def open(self, opened_at: int, k: int) -> None:
+        """A window of K opens after `opened_at` global samples."""
+        self.states.window_opened(opened_at, k)
+        if self.executor.samples_lr is not None:
+            self.executor.samples_lr.update(opened_at)
+
+    def close(self, k: int, losses: list, norms: list, samples: list, applied: bool) -> None:
+        """A window of K trained: its record made, logged and kept; its training state saved when due."""
+        self.position.step += 1
+        record, figures = self._record(losses, norms, samples, applied, k)
+        self.log.window(record, figures, self.result)
+        self.states.window_closed(self.position)
+
+    def finish(self, network: nn.Cell) -> TrainResult:
+        """The final checkpoint (the network alone) saved, if any; the run's result."""
+        if self.checkpoints is not None and self.executor.writes:
+            given = self.checkpoints
+            meta = {"epoch": self.epoch, "step": self.position.step, "mini_steps": self.schedule.fixed or 0,
+                    "global_batches": self.settings["global_batches"], **(given.metadata or {})}
+            path = os.path.join(os.fspath(given.directory), f"{given.name}.ckpt")
+            self.result.checkpoint = self.states.save(network, path, meta)
+        return self.result
+
+    def _record(self, losses: list, norms: list, samples: list, applied: bool, k: int):
+        """The window's `StepRecord`, added to the result, and the figures it was made of."""
+        executor, position, result = self.executor, self.position, self.result
+        buffer = executor.buffer
+        window = WindowFigures(buffer.reduction, buffer.reducer, losses, norms, samples)
+        result.skipped_windows += int(not applied)
+        if buffer.leaves_out:  # read back only what can change: the window's verdict was the one value it needed
+            result.skipped_micro_batches = int(buffer.guard.skipped_micro_batches.asnumpy())
+        window_sq_norm = float(buffer.statistics.window_sq_norm.asnumpy()) if executor.statistics else np.nan
+        noise = None
+        if executor.noise_scale is not None and applied and window.has_two_batch_sizes():
+            noise = executor.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
+                                                window.weight)
+        outliers = [position.batch - len(losses) + int(i) for i in window.left_out_indices]
+        record = StepRecord(
+            epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(losses),
+            samples=window.samples, skipped=not applied, loss_scale=self._loss_scale(),
+            accumulate_step=k,
+            samples_consumed=_samples_read(position.epoch, position.batch, self.num_batches, self.per_batch),
+            grad_norm=float(np.sqrt(window_sq_norm)),
+            micro_batch_grad_norms=window.micro_batch_norms() if executor.statistics else [], noise_scale=noise,
+            outliers=outliers)
+        result.steps.append(record)
+        result.outliers += [(position.epoch, batch) for batch in outliers]
+        return record, window
+
+    def _loss_scale(self) -> float:
+        """The loss scale after the window: 1 without a scaler, and then never read back."""
+        scaler = self.executor.guard.loss_scaler
+        return 1.0 if scaler is None else float(self.executor.buffer.guard.loss_scale.asnumpy())

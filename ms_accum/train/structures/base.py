@@ -1,0 +1,105 @@
+"""What every structure shares: the parts it trains (`Parts`), how a window is closed (`Closer`), and the protocol
+a structure implements (`Structure`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from mindspore import Tensor, nn
+
+from ...core.buffer import AccumulationBuffer
+from ...core.statistics import UNMEASURED
+from ...graphs.cells import TrainClear, _CheckWindow, _StepWindow
+from ..options import GuardOptions, StatisticsOptions
+from ..records import values
+
+MicroBatches = Iterable[Sequence[Tensor]]  # one window's micro-batches, each the tuple of a batch's columns
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the executor built from the user's arguments, all checked at its door: every structure trains these.
+
+    `net_with_loss` takes a micro-batch's columns and returns its loss (`WithLossCell` for two columns); `buffer` is
+    the one window state every structure and the checkpoints share."""
+
+    network: nn.Cell
+    loss_fn: nn.Cell
+    net_with_loss: nn.Cell
+    optimizer: nn.Optimizer
+    buffer: AccumulationBuffer
+    clip_norm: Optional[float]
+    loss_arg: str = "loss_fn"  # the argument that gave the loss, which a loss that does not fit is said to be
+
+
+class Closer:
+    """Closes the window the buffer holds: the `check` graph makes it ready in place (reduced over the ranks, divided,
+    unscaled, clipped) and returns the guard's verdict; the host reads it and launches the `step` graph or, for a window
+    that is not finite, `TrainClear`. No graph with a tensor `if` (docs/mindspore.md, a tensor `if` costs a wait)."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.check = _CheckWindow(parts.buffer, parts.clip_norm).set_train()
+        self.step = _StepWindow(parts.optimizer, parts.buffer).set_train()
+        self.clear = TrainClear(parts.buffer).set_train()
+
+    def close(self) -> bool:
+        """`check`, then `step` or `clear`; returns whether the optimizer stepped."""
+        return self.follow(self.check())
+
+    def follow(self, verdict: Tensor) -> bool:
+        """`step` if the window's `verdict` (the buffer's check) lets it be applied, else `clear`."""
+        applied = bool(verdict.asnumpy())  # the one value the window needs at once: which graph runs next
+        (self.step if applied else self.clear)()
+        return applied
+
+
+class Structure:
+    """How the executor runs one window's micro-batches on its buffer (docs/structures.md).
+
+    A structure is one module of `ms_accum.train.structures` named as the structure, whose `STRUCTURE` is a subclass:
+    it owns its Cells (built in `__init__` or, for those whose K is a graph constant, in `prepare`), its refusals
+    (`refuse`, before the buffer is built) and its loop (`run`). The executor looks it up by name and knows nothing
+    else of it.
+
+    Args:
+        parts (Parts): What it trains.
+        closer (Closer): How it closes a window.
+    """
+
+    def __init__(self, parts: Parts, closer: Closer) -> None:
+        self.parts, self.closer = parts, closer
+        self.split = parts.buffer.statistics.split
+
+    @classmethod
+    def refuse(cls, network: nn.Cell, loss_fn: nn.Cell, reduction: str, guard: GuardOptions,
+               statistics: StatisticsOptions) -> str:
+        """Refuses, before anything is built, the options the structure cannot make exact; returns the buffer's
+        reduction (the user's, unless the structure needs its own)."""
+        return reduction
+
+    def prepare(self, largest: int) -> None:
+        """Builds what the run needs for windows of up to `largest` micro-batches (before any window trains)."""
+
+    def reset(self) -> None:
+        """Empties the buffer's window, whatever it holds, before a run."""
+        self.closer.clear()
+
+    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
+        """The outputs of the `size` micro-batches of `window` (each with its statistics when they are measured), and
+        whether the optimizer stepped."""
+        raise NotImplementedError
+
+    def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List, List[int], bool]:
+        """Trains the `size` micro-batches of `window` and closes it: `(their outputs, their statistics (squared
+        gradient norm, left out; `UNMEASURED` with statistics off), their sample counts, whether it was applied)`."""
+        samples: List[int] = []
+        outputs, applied = self.run(_noting_sizes(window, samples), size)
+        outputs = [self.split(output) for output in outputs]
+        return ([out for out, _ in outputs], [UNMEASURED if stat is None else values(stat) for _, stat in outputs],
+                samples, applied)
+
+
+def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:
+    for inputs in window:
+        samples.append(inputs[0].shape[0])
+        yield inputs
