@@ -449,6 +449,7 @@ def _child_trial(spec: str, device: str, batch_size: int, accumulate_step: int, 
     import mindspore as ms
     import mindspore.dataset as ds
     from ..train.executor import GradientAccumulation
+    from ..train.options import LogOptions, WindowOptions
     from .factory import load_model
     user = load_model(spec)
     data, label = user.batch(batch_size * (accumulate_step * WINDOWS + 1))
@@ -460,9 +461,10 @@ def _child_trial(spec: str, device: str, batch_size: int, accumulate_step: int, 
     else:
         ms.runtime.reset_peak_memory_stats()
     closed = []
-    GradientAccumulation(user.network, user.loss_fn, user.optimizer, reduction=reduction,
-                         structure=structure).train_process(1, dataset, accumulate_step, ckpt_dir=None, verbose=False,
-                                                            on_step=lambda _: closed.append(time.perf_counter()))
+    executor = GradientAccumulation(user.network, user.loss_fn, user.optimizer, structure=structure,
+                                    window=WindowOptions(reduction=reduction))
+    executor.train_process(1, dataset, accumulate_step, checkpoints=None,
+                           log=LogOptions(verbose=False, on_step=lambda _: closed.append(time.perf_counter())))
     peak = (process_status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated()) / MIB
     return {"peak_mib": round(peak, 1),
             "ms_per_window": round(statistics.median(b - a for a, b in zip(closed, closed[1:WINDOWS])) * 1e3, 2)}
