@@ -27,9 +27,9 @@ class ArgumentError(Exception):
         self.caller: Optional[str] = None
         self.final = False
 
-    def named(self, caller: str) -> "ArgumentError":
-        """This error, named after `caller` whatever door it passes through next."""
-        self.caller, self.final = caller, True
+    def named(self, name: str) -> "ArgumentError":
+        """This error, named after `name` whatever door it passes through next."""
+        self.caller, self.final = name, True
         return self
 
     def __str__(self) -> str:
@@ -65,81 +65,74 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _refused(error: ArgumentError, cls_name: Optional[str]) -> ArgumentError:
-    # TRANSITIONAL (issue 43): callers not yet behind a `door` still pass their name; removed once none does.
-    return error if cls_name is None else error.named(cls_name)
-
-
-def check_positive_int(value: Any, arg_name: str, cls_name: Optional[str] = None, minimum: int = 1) -> int:
+def check_positive_int(value: Any, arg_name: str, minimum: int = 1) -> int:
     """Return `value` if it is an int >= `minimum` (bool is refused: `True` is not a step count)."""
     kind = "a positive int" if minimum == 1 else "a non-negative int"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be {kind}, "
-                        f"but got {value!r} of type {_type_name(value)}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be {kind}, "
+                                f"but got {value!r} of type {_type_name(value)}.")
     if value < minimum:
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be {kind}, but got {value}."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be {kind}, but got {value}.")
     return value
 
 
-def check_positive_float(value: Any, arg_name: str, cls_name: Optional[str] = None,
-                         allow_none: bool = False) -> Optional[float]:
+def check_positive_float(value: Any, arg_name: str, allow_none: bool = False) -> Optional[float]:
     """Return `value` as a float if it is a finite real number > 0 (or None when `allow_none`)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be a positive float, "
-                        f"but got {value!r} of type {_type_name(value)}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a positive float, "
+                                f"but got {value!r} of type {_type_name(value)}.")
     if not math.isfinite(value) or value <= 0:
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a positive float, "
-                         f"but got {value}."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a positive float, "
+                                 f"but got {value}.")
     return float(value)
 
 
-def check_value_in(value: Any, arg_name: str, options: Iterable[str], cls_name: Optional[str] = None) -> str:
+def check_value_in(value: Any, arg_name: str, options: Iterable[str]) -> str:
     """Return `value` if it is one of `options`."""
     options = tuple(options)
     if not isinstance(value, str):
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be str, one of {list(options)}, "
-                        f"but got {value!r} of type {_type_name(value)}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be str, one of {list(options)}, "
+                                f"but got {value!r} of type {_type_name(value)}.")
     if value not in options:
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be one of {list(options)}, "
-                         f"but got '{value}'."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be one of {list(options)}, "
+                                 f"but got '{value}'.")
     return value
 
 
-def check_isinstance(value: Any, arg_name: str, types: Union[Type, Tuple[Type, ...]],
-                     cls_name: Optional[str] = None) -> Any:
+def check_isinstance(value: Any, arg_name: str, types: Union[Type, Tuple[Type, ...]]) -> Any:
     """Return `value` if it is an instance of `types` (None is always refused)."""
     if not isinstance(value, types):
         expected = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be {expected}, "
-                        f"but got {value!r} of type {_type_name(value)}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be {expected}, "
+                                f"but got {value!r} of type {_type_name(value)}.")
     return value
 
 
-def check_callable(value: Any, arg_name: str, cls_name: Optional[str] = None) -> Any:
+def check_callable(value: Any, arg_name: str) -> Any:
     """Return `value` if it can be called (a Cell or a function)."""
     if value is None or not callable(value):
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be a Cell or a callable, "
-                        f"but got {value!r} of type {_type_name(value)}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a Cell or a callable, "
+                                f"but got {value!r} of type {_type_name(value)}.")
     return value
 
 
-def check_writable_dir(path: Any, arg_name: str, cls_name: Optional[str] = None) -> str:
+def check_writable_dir(path: Any, arg_name: str) -> str:
     """Create `path` if needed and prove it is writable, so a long run cannot fail at its first save."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be a directory path, "
-                        f"but got {path!r} of type {_type_name(path)}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a directory path, "
+                                f"but got {path!r} of type {_type_name(path)}.")
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
-                         f"but '{path}' is a file."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
+                                 f"but '{path}' is a file.")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
-                         f"but '{path}' cannot be created: {err.strerror}."), cls_name) from None
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
+                                 f"but '{path}' cannot be created: {err.strerror}.") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
-                         f"but '{path}' is not writable."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
+                                 f"but '{path}' is not writable.")
     return path

@@ -408,8 +408,8 @@ def test_data_parallel_before_init_is_refused(restore_parallel_context):
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL)
     message = ("the parallel mode is 'data_parallel', which needs mindspore.communication.init() first, but it was "
                "not called.")
-    with raises_exactly(ValueError, f"For 'X', {message}"):
-        data_parallel_info("X")
+    with raises_exactly(ValueError, f"For 'data_parallel_info', {message}"):
+        data_parallel_info()
     from ms_accum import Accumulator  # what the user called, not the check inside it
     with raises_exactly(ValueError, f"For 'Accumulator', {message}"):
         Accumulator(nn.SGD(nn.Dense(3, 2).trainable_params(), 0.1), 2)

@@ -20,6 +20,7 @@ from ms_accum.train.plan import network_fingerprint
 from ms_accum.tools.planner import (CONFIRM_UP_TO, HEADROOM, MIB, Trial, _search, _Trials, check_output_path,
                                     parse_size)
 from conftest import FACTORY, raises_exactly
+from ms_accum._validation import door
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_WITH_PLAN = REPO / "tests" / "plan_scripts" / "train_with_plan.py"
@@ -50,7 +51,7 @@ def linear(intercept, slope, failing_above=None):
 def test_search_confirms_the_largest_size_within_the_budget_and_the_next_above_it(limit, expected):
     sizes = [1, 2, 4, 8, 16, 32]
     measure, calls = linear(100, 10)
-    best, line = _search(sizes, limit, measure, "plan", True)
+    best, line = _search(sizes, limit, measure, True)
     assert best == expected
     assert expected in calls and (expected == 32 or sizes[sizes.index(expected) + 1] in calls)
     assert len(calls) == len(set(calls)) <= 4  # each size at most once, not every size
@@ -59,19 +60,20 @@ def test_search_confirms_the_largest_size_within_the_budget_and_the_next_above_i
 
 def test_search_treats_a_killed_trial_as_over_the_budget_and_refuses_a_budget_below_one_sample():
     measure, calls = linear(100, 10, failing_above=4)
-    assert _search([1, 2, 4, 8, 16, 32], 10 ** 6, measure, "plan", False)[0] == 4
+    assert _search([1, 2, 4, 8, 16, 32], 10 ** 6, measure, False)[0] == 4
     measure, _ = linear(100, 10)
     with pytest.raises(ValueError, match=r"For 'plan', the argument 'memory' \(50 MiB\) is below the step of one "
                                          r"micro-batch of 1 sample\(s\), which peaked at 110 MiB: the smallest budget "
                                          r"that works is 110 MiB \(with 0% kept free\)\."):
-        _search([1, 2, 4], 50, measure, "plan", True)
+        with door("plan"):  # an inner step of `plan`: named by its door
+            _search([1, 2, 4], 50, measure, True)
     with pytest.raises(ValueError, match=r"the smallest budget that works is 116 MiB \(with 5% kept free\)\."):
-        _search([1, 2, 4], 50, measure, "plan", True, 0.05)  # 110 / 0.95
+        _search([1, 2, 4], 50, measure, True, 0.05)  # 110 / 0.95
 
 
 def test_search_does_not_try_a_size_predicted_far_above_the_budget():
     measure, calls = linear(100, 100)
-    assert _search([1, 2, 4096], 2000, measure, "plan", True)[0] == 2
+    assert _search([1, 2, 4096], 2000, measure, True)[0] == 2
     assert calls == [1, 2]  # 4096 samples would need ~400 MB x 1000: predicted far above, not tried
 
 
@@ -182,7 +184,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_trial(tmp_path, 
         plan("mlp", 64, "1GiB", output=3)
     # What the command line calls for --output: the path is checked, nothing is created or changed.
     fine = tmp_path / "plan.json"
-    assert check_output_path(str(fine), "--output", "ms-accum plan") == str(fine) and not fine.exists()
+    assert check_output_path(str(fine), "--output") == str(fine) and not fine.exists()
     fine.write_text("old")
     assert check_output_path(str(fine)) == str(fine) and fine.read_text() == "old"
 
@@ -335,7 +337,8 @@ def test_a_plan_knows_its_ranks_and_network_and_refuses_others(tmp_path):
     with raises_exactly(ValueError, f"For 'GradientAccumulation.from_plan', the plan '{path}' was made for 2 rank(s) "
                                     f"(a global batch of 16 = K 2 x B 4 x 2 rank(s)), but this run has 1: plan again "
                                     f"for 1 rank(s)."):
-        loaded.check_fits(net, 1, "GradientAccumulation.from_plan")
+        with door("GradientAccumulation.from_plan"):  # what from_plan calls: the name is its door's
+            loaded.check_fits(net, 1)
     other = nn.SequentialCell([nn.Dense(6, 32), nn.ReLU(), nn.Dense(32, 3)])
     with raises_exactly(ValueError, f"For 'Plan.check_fits', the plan '{path}' was made for another network, "
                                     f"4 trainable parameters of 163 values (hash {fingerprint['hash']}), but the "

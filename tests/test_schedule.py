@@ -12,6 +12,7 @@ from ms_accum.train.checkpoint import CheckpointError, find_latest
 from ms_accum.train.lr import SamplesLR
 from ms_accum.train.schedule import AccumulationSchedule, parse_schedule, rampup
 from conftest import raises_exactly
+from ms_accum._validation import door
 
 B = 4
 SCHEDULE = {0: 2, 64: 4, 160: 8}  # samples consumed: K
@@ -94,7 +95,8 @@ def test_bad_ramps_and_command_line_schedules():
     for text, twice in (("0:2,100:4,100:8", 100), ("0:2,0:4", 0), ("0:2,100:4,0100:8", 100)):
         with raises_exactly(ValueError, f"For 'ms-accum train', the argument '--accumulate-schedule' must give each "
                                         f"threshold once, but got {twice} twice in '{text}'."):
-            parse_schedule(text, "--accumulate-schedule", "ms-accum train")
+            with door("ms-accum train"):  # as the command line calls it
+                parse_schedule(text, "--accumulate-schedule")
 
 
 def test_a_callables_bad_value_is_refused_when_first_evaluated_naming_the_sample_count():

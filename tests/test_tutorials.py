@@ -152,7 +152,7 @@ def test_mindcv_plan_refuses_a_bad_budget(tmp_path):
                          text=True, cwd=str(tmp_path), timeout=300)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
-        "mindcv_plan.py: error: For 'mindcv_plan', the argument '--memory' must be a memory size such as '800MiB', "
+        "mindcv_plan.py: error: For 'plan', the argument '--memory' must be a memory size such as '800MiB', "
         "'2GiB' or a number of bytes, but got 'lots'.")
 
 

@@ -7,7 +7,6 @@ import os
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import nn
 
 from ms_accum import GradientAccumulation, cli
 from ms_accum.train.checkpoint import load_checkpoint

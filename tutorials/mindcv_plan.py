@@ -148,7 +148,7 @@ if __name__ == "__main__":
     os.environ["MS_ACCUM_TUTORIAL_IMAGE_SIZE"] = str(args.image_size)
     IMAGE_SIZE = args.image_size
     try:
-        budget_bytes = None if args.memory is None else parse_size(args.memory, "--memory", "mindcv_plan")
+        budget_bytes = None if args.memory is None else parse_size(args.memory, "--memory")
     except ValueError as err:
         parser.error(str(err))
     out = main(args.global_batch, budget_bytes, args.windows)

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from .._choices import REDUCTIONS
-from .._validation import ArgumentTypeError, ArgumentValueError, _refused, check_isinstance, check_value_in, door
+from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
 from .inference import in_inference
 
 
@@ -115,7 +115,7 @@ def declared_reduction(loss_fn: nn.Cell) -> Optional[str]:
     return None
 
 
-def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: Optional[str] = None) -> str:
+def window_reduction(loss_fn: nn.Cell, reduction: Optional[str]) -> str:
     """
     The window's reduction for `loss_fn`, honouring what the loss says it computes: a loss that sums over its batch
     is accumulated by summing (the window's gradient is then the gradient of the sum over the whole window, one step
@@ -124,8 +124,6 @@ def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: Optio
     Args:
         loss_fn (nn.Cell): The loss.
         reduction (str, optional): The reduction asked for; None takes the loss's own.
-        cls_name (str, optional): TRANSITIONAL (issue 43): the name errors give as the one called, for a caller not
-            yet behind a `door`. Default: ``None``, named by the door the error leaves through.
 
     Returns:
         str, ``"mean"``, ``"sum"`` or ``"weighted_mean"``.
@@ -137,18 +135,18 @@ def window_reduction(loss_fn: nn.Cell, reduction: Optional[str], cls_name: Optio
     """
     own = declared_reduction(loss_fn)
     if own == "none":  # one loss per sample: there is no window of it to accumulate
-        raise _refused(ArgumentValueError(
+        raise ArgumentValueError(
             f"the argument 'loss_fn' must reduce the batch to a scalar, but got {type(loss_fn).__name__} with "
-            f"reduction 'none': build it with reduction='mean' (or 'sum')."), cls_name)
+            f"reduction 'none': build it with reduction='mean' (or 'sum').")
     if reduction is None:
         return "sum" if own == "sum" else "mean"
-    check_value_in(reduction, "reduction", REDUCTIONS, cls_name)
+    check_value_in(reduction, "reduction", REDUCTIONS)
     if own == "sum" and reduction != "sum":
-        raise _refused(ArgumentValueError(
+        raise ArgumentValueError(
             f"the argument 'reduction' must be 'sum' or None for a loss_fn that sums over its batch "
             f"({type(loss_fn).__name__} with reduction 'sum'), but got '{reduction}': a window of K sums divided by "
             f"its samples is 1/K of the large batch's update. Leave 'reduction' out, or build the loss with "
-            f"reduction='mean'."), cls_name)
+            f"reduction='mean'.")
     return reduction
 
 

@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import ops
 from mindspore.communication import GlobalComm, get_group_size, get_rank
 
-from .._validation import ArgumentValueError, _refused, door
+from .._validation import ArgumentValueError, door
 
 
 _hyper_map = ops.HyperMap()
@@ -40,13 +40,9 @@ class DataParallelInfo:
 
 
 @door("data_parallel_info")
-def data_parallel_info(cls_name: Optional[str] = None) -> Optional[DataParallelInfo]:
+def data_parallel_info() -> Optional[DataParallelInfo]:
     """
     This process's rank and group size when MindSpore's parallel mode is data parallel, else None.
-
-    Args:
-        cls_name (str, optional): TRANSITIONAL (issue 43): the name errors give as the one called, for a caller not
-            yet behind a `door`. Default: ``None``, named by the door the error leaves through.
 
     Returns:
         DataParallelInfo, or None in stand-alone mode.
@@ -59,13 +55,13 @@ def data_parallel_info(cls_name: Optional[str] = None) -> Optional[DataParallelI
     if mode == ms.ParallelMode.STAND_ALONE:
         return None
     if mode != ms.ParallelMode.DATA_PARALLEL:
-        raise _refused(ArgumentValueError(f"the parallel mode must be '{ms.ParallelMode.STAND_ALONE}' or "
-                                          f"'{ms.ParallelMode.DATA_PARALLEL}', but got '{mode}'."), cls_name)
+        raise ArgumentValueError(f"the parallel mode must be '{ms.ParallelMode.STAND_ALONE}' or "
+                                 f"'{ms.ParallelMode.DATA_PARALLEL}', but got '{mode}'.")
     # Without init(), get_rank() and get_group_size() answer 0 and 1 rather than fail (measured), so the
     # collectives would be compiled for a group that does not exist: check the flag init() sets.
     if not GlobalComm.INITED:
-        raise _refused(ArgumentValueError(f"the parallel mode is '{mode}', which needs "
-                                          f"mindspore.communication.init() first, but it was not called."), cls_name)
+        raise ArgumentValueError(f"the parallel mode is '{mode}', which needs "
+                                 f"mindspore.communication.init() first, but it was not called.")
     return DataParallelInfo(get_rank(), get_group_size())
 
 

@@ -51,24 +51,24 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
                                  f"'weighted_mean'.")
     check_cached_policy(policy)
     if skip_outliers is not None:
-        raise ArgumentValueError(f"the argument 'skip_outliers' must be None with structure='cached', but "
-                                 f"got {skip_outliers!r}: a micro-batch left out would still be in the loss that made the "
+        raise ArgumentValueError(f"the argument 'skip_outliers' must be None with structure='cached', but got "
+                                 f"{skip_outliers!r}: a micro-batch left out would still be in the loss that made the "
                                  f"others' gradients, so the update would equal no large-batch step.")
     if statistics or noise_scale:
-        raise ArgumentValueError(f"the arguments 'statistics' and 'noise_scale' must be False with "
-                                 f"structure='cached', but got statistics={statistics!r}, noise_scale={noise_scale!r}: a "
-                                 f"micro-batch's gradient here is its share of one window loss, not a gradient of a loss of "
-                                 f"its own, and its norm says nothing about the gradient noise.")
+        raise ArgumentValueError(f"the arguments 'statistics' and 'noise_scale' must be False with structure='cached', "
+                                 f"but got statistics={statistics!r}, noise_scale={noise_scale!r}: a micro-batch's "
+                                 f"gradient here is its share of one window loss, not a gradient of a loss of its own, "
+                                 f"and its norm says nothing about the gradient noise.")
     return CACHED_REDUCTION
 
 
 def check_cached_policy(policy: str) -> None:
     """Refuses ``"skip_microbatch"``, which no cached window can make exact."""
     if policy == "skip_microbatch":
-        raise ArgumentValueError(f"the argument 'policy' must be 'skip_window' with structure='cached', but "
-                                 f"got 'skip_microbatch': every micro-batch's gradient is its share of the one window loss, "
-                                 f"in which its samples are the other samples' negatives, so no update without it equals a "
-                                 f"step on the remaining batch.")
+        raise ArgumentValueError(f"the argument 'policy' must be 'skip_window' with structure='cached', but got "
+                                 f"'skip_microbatch': every micro-batch's gradient is its share of the one window "
+                                 f"loss, in which its samples are the other samples' negatives, so no update without "
+                                 f"it equals a step on the remaining batch.")
 
 
 def check_loss_signature(loss_fn: nn.Cell) -> None:
@@ -96,14 +96,15 @@ def check_same_masks(network: nn.Cell) -> None:
         return
     where = random_ops[0][0]
     if ms.get_context("mode") != ms.GRAPH_MODE:
-        raise ArgumentValueError(f"the argument 'network' must have no random ops (dropout) in PyNative mode "
-                                 f"with structure='cached', but its cell '{where}' has one: both passes would share its kernel "
-                                 f"and see other masks. Use graph mode (with mindspore.set_seed), or drop the dropout.")
+        raise ArgumentValueError(f"the argument 'network' must have no random ops (dropout) in PyNative mode with "
+                                 f"structure='cached', but its cell '{where}' has one: both passes would share its "
+                                 f"kernel and see other masks. Use graph mode (with mindspore.set_seed), or drop the "
+                                 f"dropout.")
     unseeded = [name for name, prim in random_ops if not prim.attrs["Seed0"] and not prim.attrs["Seed1"]]
     if unseeded:
-        raise ArgumentValueError(f"the argument 'network' must have seeded random ops with "
-                                 f"structure='cached', but its cell '{unseeded[0]}' draws unseeded masks: pass 2 would see "
-                                 f"other masks than pass 1. Call mindspore.set_seed(...) before building the network.")
+        raise ArgumentValueError(f"the argument 'network' must have seeded random ops with structure='cached', but its "
+                                 f"cell '{unseeded[0]}' draws unseeded masks: pass 2 would see other masks than pass "
+                                 f"1. Call mindspore.set_seed(...) before building the network.")
 
 
 class _CachedLossGrad(nn.Cell):
@@ -301,8 +302,8 @@ class TrainCachedWindowCell(nn.Cell):
                 ms.set_context(mode=mode)
         if not isinstance(loss, Tensor) or loss.ndim != 0 and loss.size != 1:
             got = f"a Tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-            raise ArgumentValueError(f"the argument 'loss_fn' must return a scalar loss of the window's outputs "
-                                     f"with structure='cached', but for {inputs[0].shape[0]} samples it returned {got}.")
+            raise ArgumentValueError(f"the argument 'loss_fn' must return a scalar loss of the window's outputs with "
+                                     f"structure='cached', but for {inputs[0].shape[0]} samples it returned {got}.")
         self.fields = [(tuple(f.shape[1:]), f.dtype) for f in fields]  # pass 1's placeholders for `sens`
         self.checked = True
 
@@ -326,7 +327,7 @@ class TrainCachedWindowCell(nn.Cell):
             micro_batches.append(inputs)
             outputs.append(self.passes(self._pass1, *inputs[:-1], *self._placeholders(inputs[0].shape[0])))
         if not micro_batches:
-            raise ArgumentValueError(f"the window must hold at least one micro-batch, but got none.")
+            raise ArgumentValueError("the window must hold at least one micro-batch, but got none.")
         single = not self.tuple_output
         fields = tuple(ops.concat([out if single else out[i] for out in outputs]) for i in range(len(self.fields)))
         labels = ops.concat([inputs[-1] for inputs in micro_batches])

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (ArgumentTypeError, ArgumentValueError, _refused, check_isinstance, check_positive_int,
+from .._validation import (ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_int,
                            check_value_in, door)
 
 MIB = 2 ** 20
@@ -44,7 +44,7 @@ _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*")
 
 
 @door("plan")
-def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name: Optional[str] = None) -> int:
+def parse_size(value: Union[str, int, float], arg_name: str = "memory") -> int:
     """
     Bytes of a memory size: a number of bytes, or a string such as ``"800MiB"``, ``"2GiB"``, ``"1.5GB"``, ``"512M"``.
 
@@ -58,18 +58,17 @@ def parse_size(value: Union[str, int, float], arg_name: str = "memory", cls_name
     Raises:
         ValueError: If `value` is not a positive size.
     """
-    # TRANSITIONAL (issue 43): `cls_name`, the name tutorials/mindcv_plan.py still passes, goes with `_refused`.
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         size = value
     else:
         match = _SIZE.fullmatch(value) if isinstance(value, str) else None
         if match is None or match.group(2).lower() not in _UNITS:
-            raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a memory size such as '800MiB', "
-                                              f"'2GiB' or a number of bytes, but got {value!r}."), cls_name)
+            raise ArgumentValueError(f"the argument '{arg_name}' must be a memory size such as '800MiB', "
+                                     f"'2GiB' or a number of bytes, but got {value!r}.")
         size = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if not math.isfinite(size) or size < 1:
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a positive memory size, but got "
-                                          f"{value!r}."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a positive memory size, but got "
+                                 f"{value!r}.")
     return int(size)
 
 
@@ -179,7 +178,7 @@ def _fastest(runner: "_Trials", baseline: Trial, structures: Sequence[str], usab
 
 
 @door("plan")
-def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output", cls_name: Optional[str] = None) -> str:
+def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output") -> str:
     """
     `path` if a plan can be written there (`plan`'s `output`, ``ms-accum plan --output``): called before any trial,
     so that hours of trials are not lost to a path found unwritable at the end. An existing file is left as it is;
@@ -196,21 +195,20 @@ def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output",
         TypeError: If `path` is not a path.
         ValueError: If `path` is a directory, or its directory does not exist or cannot be written.
     """
-    # TRANSITIONAL (issue 43): `cls_name`, the name tests/test_plan.py still passes, goes with `_refused`.
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise _refused(ArgumentTypeError(f"the argument '{arg_name}' must be a file path, but got {path!r} of type "
-                                         f"{type(path).__name__}."), cls_name)
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a file path, but got {path!r} of type "
+                                f"{type(path).__name__}.")
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
-                                          f"got '{path}', a directory."), cls_name)
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
+                                 f"got '{path}', a directory.")
     existed = os.path.exists(path)
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as err:
-        raise _refused(ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
-                                          f"got '{path}': {err.strerror}."), cls_name) from None
+        raise ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
+                                 f"got '{path}': {err.strerror}.") from None
     if not existed:
         os.remove(path)
     return path
@@ -249,8 +247,8 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, 
     return runner.run(batch_size, accumulate_step, structure)
 
 
-def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], cls_name: Optional[str] = None,
-            given: bool = True, headroom: float = 0.0):
+def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], given: bool = True,
+            headroom: float = 0.0):
     """
     The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
     (or predicted far) above it, and the line fitted through every measurement.
@@ -261,7 +259,6 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], cl
     within the budget and the next larger size was measured above it (or is predicted above `CONFIRM_UP_TO` times
     it). `given`: whether `budget` is the user's or the device's free memory, as the message says it.
     """
-    # TRANSITIONAL (issue 43): `cls_name`, the name tests/test_plan.py still passes, goes with `_refused`.
     limit = budget * (1 - headroom)
     peaks: Dict[int, Optional[float]] = {}
 
@@ -272,14 +269,14 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], cl
 
     first = run(sizes[0])
     if first.peak_mib is None:
-        raise _refused(ArgumentValueError(f"a micro-batch of {sizes[0]} sample(s) could not be trained: "
-                                          f"{first.error}."), cls_name)
+        raise ArgumentValueError(f"a micro-batch of {sizes[0]} sample(s) could not be trained: "
+                                 f"{first.error}.")
     if first.peak_mib > limit:
         what = "the argument 'memory'" if given else "the device's free memory"
-        raise _refused(ArgumentValueError(
+        raise ArgumentValueError(
             f"{what} ({budget:.0f} MiB) is below the step of one micro-batch of {sizes[0]} sample(s), which peaked "
             f"at {first.peak_mib:.0f} MiB: the smallest budget that works is "
-            f"{math.ceil(first.peak_mib / (1 - headroom))} MiB (with {headroom:.0%} kept free)."), cls_name)
+            f"{math.ceil(first.peak_mib / (1 - headroom))} MiB (with {headroom:.0%} kept free).")
     if len(sizes) > 1:
         run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
     while True:

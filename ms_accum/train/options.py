@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from .._choices import OUTLIER_WARMUP, POLICIES, REDUCTIONS
-from .._validation import (ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance, check_positive_float,
-                           check_positive_int, check_value_in, door)
+from .._validation import (ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance,
+                           check_positive_float, check_positive_int, check_value_in, door)
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def with_deprecated(given: Dict[str, Any], deprecated: Dict[str, Any], allowed: 
         if option not in moved:
             raise TypeError(f"got an unexpected keyword argument '{keyword}'")
         warnings.warn(f"the keyword '{keyword}' is deprecated; use {_CLASSES[option].__name__}({field}=...) as "
-                      f"'{option}'.", DeprecationWarning, stacklevel=3)
+                      f"'{option}'.", DeprecationWarning, stacklevel=4)  # this, the caller, its door, the user
         moved[option][field] = value
     result = {}
     for option in allowed:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from .._choices import DEVICES, REDUCTIONS, STRUCTURES
-from .._validation import ArgumentValueError, _refused, door
+from .._validation import ArgumentValueError, door
 
 
 def network_fingerprint(network: Any) -> dict:
@@ -178,8 +178,7 @@ class Plan:
         return plan
 
     @door("Plan.check_fits")
-    def check_fits(self, network: Any = None, ranks: Optional[int] = None,
-                   cls_name: Optional[str] = None) -> "Plan":
+    def check_fits(self, network: Any = None, ranks: Optional[int] = None) -> "Plan":
         """
         Refuses to train with a plan made for another number of ranks or another network.
 
@@ -188,9 +187,6 @@ class Plan:
                 `network` fingerprint (`network_fingerprint`), unless the plan has none (written before ms_accum
                 recorded it). Default: ``None``, not checked.
             ranks (int, optional): The ranks of this run. Default: ``None``, not checked.
-            cls_name (str, optional): TRANSITIONAL (issue 43): the name the error gives as the one called, for a
-                caller not yet behind a `door` (the executor's `from_plan`, the command line). Default: ``None``,
-                named by the door the error leaves through.
 
         Returns:
             Plan, this plan.
@@ -201,16 +197,16 @@ class Plan:
         """
         name = f"'{self.path}'" if self.path else f"for '{self.model}'"
         if ranks is not None and ranks != self.ranks:
-            raise _refused(ArgumentValueError(
+            raise ArgumentValueError(
                 f"the plan {name} was made for {self.ranks} rank(s) (a global batch of {self.global_batch} = K "
                 f"{self.accumulate_step} x B {self.batch_size} x {self.ranks} rank(s)), but this run has {ranks}: plan "
-                f"again for {ranks} rank(s)."), cls_name)
+                f"again for {ranks} rank(s).")
         if network is not None and self.network is not None:
             actual = network_fingerprint(network)
             if actual != self.network:
-                raise _refused(ArgumentValueError(
+                raise ArgumentValueError(
                     f"the plan {name} was made for another network, {_describe(self.network)}, but the network given "
-                    f"has {_describe(actual)}: plan again for this network."), cls_name)
+                    f"has {_describe(actual)}: plan again for this network.")
         return self
 
     def save(self, path: str) -> str:

@@ -6,16 +6,15 @@ pass. Gradients are unchanged; each marked cell's forward runs twice.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional
+from typing import Iterable, List
 
 from mindspore import nn
 
-from .._validation import ArgumentError, ArgumentTypeError, ArgumentValueError, _refused, check_isinstance, door
+from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, door
 
 
 @door("recompute_cells")
-def recompute_cells(network: nn.Cell, names: Iterable[str], cls_name: Optional[str] = None,
-                    arg_name: str = "names") -> List[str]:
+def recompute_cells(network: nn.Cell, names: Iterable[str], arg_name: str = "names") -> List[str]:
     """
     Marks the sub-cells of `network` at the given paths for recomputation (`Cell.recompute()`).
 
@@ -24,9 +23,6 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], cls_name: Optional[s
     Args:
         network (nn.Cell): The network.
         names (Iterable[str]): Paths as `network.cells_and_names()` gives them, e.g. ``["conv1", "fc1"]``.
-        cls_name (str, optional): TRANSITIONAL (issue 43): the name errors give as the one called, for a caller not
-            yet behind a `door` (the executor and the CLI pass their own). Default: ``None``, named by the door the
-            error leaves through.
         arg_name (str): The argument that gave `names`, for messages. Default: ``"names"``.
 
     Returns:
@@ -42,20 +38,17 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], cls_name: Optional[s
         >>> recompute_cells(LeNet5(), ["conv1", "conv2"])
         ['conv1', 'conv2']
     """
-    try:
-        check_isinstance(network, "network", nn.Cell)
-        cells = {path: cell for path, cell in network.cells_and_names() if path}
-        if isinstance(names, str):  # a str is iterable too: its letters are no cell paths
-            raise ArgumentTypeError(f"the argument '{arg_name}' must be a list of cell paths, e.g. ['{names}'], but "
-                                    f"got the str '{names}'.")
-        names = list(names)
-        for name in names:
-            check_isinstance(name, arg_name, str)
-            if name not in cells:
-                raise ArgumentValueError(f"the argument '{arg_name}' must hold sub-cells of the network, but got "
-                                         f"'{name}'; valid paths: {sorted(cells)}.")
-    except ArgumentError as err:  # TRANSITIONAL (issue 43)
-        raise _refused(err, cls_name)
+    check_isinstance(network, "network", nn.Cell)
+    cells = {path: cell for path, cell in network.cells_and_names() if path}
+    if isinstance(names, str):  # a str is iterable too: its letters are no cell paths
+        raise ArgumentTypeError(f"the argument '{arg_name}' must be a list of cell paths, e.g. ['{names}'], but "
+                                f"got the str '{names}'.")
+    names = list(names)
+    for name in names:
+        check_isinstance(name, arg_name, str)
+        if name not in cells:
+            raise ArgumentValueError(f"the argument '{arg_name}' must hold sub-cells of the network, but got "
+                                     f"'{name}'; valid paths: {sorted(cells)}.")
     for name in names:
         cells[name].recompute()
     return names

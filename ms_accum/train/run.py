@@ -72,7 +72,7 @@ class Run:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
             warnings.warn(f"For '{NAME}', 'mini_steps' ({self.schedule.fixed}) is larger than an epoch's "
                           f"{num_batches} batches: every window is partial and is {done} at the end of the epoch.",
-                          stacklevel=4)
+                          stacklevel=5)  # this, Run, train_process, its door, the user
         return num_batches
 
     def start(self) -> Iterator[Tuple[int, int, Iterator, int]]:

@@ -11,9 +11,9 @@ every rank and every resume.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Tuple, Union
 
-from .._validation import ArgumentError, ArgumentTypeError, ArgumentValueError, _refused, check_positive_int, door
+from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_int, door
 
 ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
 
@@ -91,31 +91,25 @@ def pairs_text(pairs) -> str:
 
 
 @door("parse_schedule")
-def parse_schedule(text: str, arg_name: str = "text", cls_name: Optional[str] = None) -> dict:
+def parse_schedule(text: str, arg_name: str = "text") -> dict:
     """``"0:2,4096:4,16384:8"`` (samples:K) as a dict, checked as `AccumulationSchedule` checks it. Errors name its
     argument `arg_name` (the command line passes ``"--accumulate-schedule"``).
-
-    `cls_name` is TRANSITIONAL (issue 43): the name errors give as the one called, for a caller not yet behind a `door`
-    (the command line passes ``"ms-accum train"``).
 
     Raises:
         ValueError: If `text` is not comma-separated ``samples:K`` pairs of ints, gives a threshold twice, or the pairs
             are not a schedule.
     """
     pairs = {}
-    try:
-        for item in text.split(","):
-            start, colon, k = item.strip().partition(":")
-            if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
-                raise ArgumentValueError(f"the argument '{arg_name}' must be comma-separated samples:K pairs such as "
-                                         f"'0:2,4096:4', but got '{text}'.")
-            if int(start) in pairs:
-                raise ArgumentValueError(f"the argument '{arg_name}' must give each threshold once, but got "
-                                         f"{int(start)} twice in '{text}'.")
-            pairs[int(start)] = int(k)
-        _check_table(pairs, arg_name)
-    except ArgumentError as err:  # TRANSITIONAL (issue 43)
-        raise _refused(err, cls_name)
+    for item in text.split(","):
+        start, colon, k = item.strip().partition(":")
+        if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
+            raise ArgumentValueError(f"the argument '{arg_name}' must be comma-separated samples:K pairs such as "
+                                     f"'0:2,4096:4', but got '{text}'.")
+        if int(start) in pairs:
+            raise ArgumentValueError(f"the argument '{arg_name}' must give each threshold once, but got "
+                                     f"{int(start)} twice in '{text}'.")
+        pairs[int(start)] = int(k)
+    _check_table(pairs, arg_name)
     return pairs
 
 
