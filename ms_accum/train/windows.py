@@ -71,16 +71,50 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
     for epoch in range(1, epochs + 1):
         skip = _skipped(epoch, num_batches, resumed_at)
         position.epoch, position.batch = epoch, 0
-        batches = _counted(iterator, position)
+        batches = _EpochBatches(iterator, position)
         for _ in itertools.islice(batches, skip):
             pass
         for k, size, opened_at in _epoch_windows(epoch, skip, num_batches, schedule, per_batch):
-            yield k, size, itertools.islice(batches, size), opened_at
+            yield k, size, batches.window(size), opened_at
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
 
 
-def _counted(iterator, position: Position) -> Iterator:
-    for inputs in iterator:
-        position.batch += 1
-        yield inputs
+class _EpochBatches:
+    """One epoch's batches from the dataset's iterator, counted in `position.batch` as they are used.
+
+    A window's micro-batches end by reading the next window's first batch ahead: the host reads it while the device
+    still runs the graphs just launched, instead of after the window's verdict, when the device has nothing queued
+    (docs/structures.md, why the default decides on the host)."""
+
+    def __init__(self, iterator, position: Position) -> None:
+        self.iterator, self.position = iterator, position
+        self.ahead = None  # the batch read ahead, if any
+        self.done = False  # the epoch's batches are all read
+
+    def __iter__(self) -> "_EpochBatches":
+        return self
+
+    def __next__(self):
+        if self.ahead is None:
+            self._read()
+        if self.ahead is None:
+            raise StopIteration
+        batch, self.ahead = self.ahead, None
+        self.position.batch += 1
+        return batch
+
+    def _read(self) -> None:
+        if not self.done:
+            self.ahead = next(self.iterator, None)
+            self.done = self.ahead is None
+
+    def window(self, size: int) -> Iterator:
+        """The next `size` batches; once they are used, the batch after them is read ahead."""
+        for _ in range(size):
+            batch = next(self, None)
+            if batch is None:
+                return
+            yield batch
+        if self.ahead is None:
+            self._read()
