@@ -288,7 +288,7 @@ def test_a_summing_loss_with_a_mean_asked_for_is_refused():
                                  reduction=reduction)
 
 
-def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_path, monkeypatch):
+def test_columns_the_network_cannot_take_are_refused_before_compiling(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a compile error would leave rank_0/om/analyze_fail.ir here
     x, y = batch_for("mlp", 8, seed=0)
     net, ex = executor()
@@ -296,8 +296,8 @@ def test_dataset_with_other_than_two_columns_is_refused_before_compiling(tmp_pat
     for data in ({"image": x}, {"image": x, "label": y, "weight": y.astype(np.float32)}):
         one = ds.NumpySlicesDataset(data, shuffle=False).batch(4)
         with raises_exactly(ValueError, f"For 'GradientAccumulation.train_process', the argument 'train_dataset' must "
-                                        f"yield 2 columns, the network's input and the loss's label, but it yields "
-                                        f"{len(data)}: {list(data)}."):
+                                        f"yield the columns of the network's 1 input(s), then the loss's 1 label(s), "
+                                        f"but it yields {len(data)}: {list(data)}."):
             ex.train_process(1, one, mini_steps=2, ckpt_dir=None)
     assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
     assert not os.path.exists(tmp_path / "rank_0")

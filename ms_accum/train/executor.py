@@ -10,6 +10,7 @@ from mindspore.dataset import Dataset
 from .._choices import AUTO_STRUCTURE, STRUCTURES
 from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
 from ..core.buffer import AccumulationBuffer
+from ..core.columns import with_loss
 from ..core.losses import window_reduction
 from ..core.parallel import data_parallel_info
 from ..core.statistics import NoiseScale
@@ -42,9 +43,11 @@ class GradientAccumulation:
     step on the global batch. Give every rank its own shard with the same number of batches; rank 0 prints and saves.
 
     Args:
-        network (nn.Cell): The network, returning logits.
-        loss_fn (nn.Cell): The loss, reducing the batch to a scalar: a mean (e.g.
-            `nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")`) or a sum.
+        network (nn.Cell): The network: it takes a batch's first columns, in order.
+        loss_fn (nn.Cell): The loss, ``loss_fn(network output, *labels)`` over the batch's last columns (as many as
+            its `construct` requires after the output; one for MindSpore's losses), reducing the batch to a scalar: a
+            mean (e.g. `nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")`) or a sum. ``None``: the
+            network computes its own loss from all the columns (as MindFormers' and HF-style models do).
         optimizer (nn.Optimizer): The optimizer over `network`'s parameters.
         structure (str): How micro-batches run (docs/structures.md). ``"three_graphs"``: the tutorial's
             `TrainForwardBackward` per micro-batch, then the window's check and its step (or clear) chosen on the host,
@@ -85,8 +88,8 @@ class GradientAccumulation:
     """
 
     @door("GradientAccumulation")
-    def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, *, structure: str = "auto",
-                 window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
+    def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, *,
+                 structure: str = "auto", window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
                  statistics: Optional[StatisticsOptions] = None, **deprecated) -> None:
         check_cpu_kernels()
         recompute = deprecated.pop("recompute", None)
@@ -98,11 +101,13 @@ class GradientAccumulation:
         window, self.guard, measure = (check_isinstance(options[name], name, kind) for name, kind in (
             ("window", WindowOptions), ("guard", GuardOptions), ("statistics", StatisticsOptions)))
         self._network = check_isinstance(network, "network", nn.Cell)
-        check_isinstance(loss_fn, "loss_fn", nn.Cell)
+        if loss_fn is not None:  # None: the network computes its own loss from all the columns
+            check_isinstance(loss_fn, "loss_fn", nn.Cell)
         check_isinstance(optimizer, "optimizer", nn.Optimizer)
         _check_optimizer_updates(network, optimizer)
         kind = structure_class(check_value_in(structure, "structure", STRUCTURES))
-        reduction = kind.refuse(network, loss_fn, window_reduction(loss_fn, window.reduction), self.guard, measure)
+        reduction = window.reduction or "mean" if loss_fn is None else window_reduction(loss_fn, window.reduction)
+        reduction = kind.refuse(network, loss_fn, reduction, self.guard, measure)
         if measure.noise_scale and reduction == "sum":
             raise ArgumentValueError("the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
                                      "'weighted_mean'), but got reduction 'sum'.")
@@ -119,7 +124,8 @@ class GradientAccumulation:
                                          loss_scaler=self.guard.loss_scaler, reduction=reduction,
                                          dtype=window.buffer_dtype, statistics=self.statistics,
                                          skip_outliers=measure.skip_outliers, outlier_warmup=measure.outlier_warmup)
-        parts = Parts(network, loss_fn, nn.WithLossCell(network, loss_fn), optimizer, self.buffer, window.clip_norm)
+        parts = Parts(network, loss_fn, with_loss(network, loss_fn), optimizer, self.buffer, window.clip_norm,
+                      "network" if loss_fn is None else "loss_fn")
         self._structure: Structure = kind(parts, Closer(parts))
         self.state = TrainingState(parts.net_with_loss, optimizer, self.buffer)  # what training-state files hold
         self.plan: Optional[Plan] = None  # the Plan it was built from (`from_plan`), if any
@@ -186,7 +192,7 @@ class GradientAccumulation:
 
         Args:
             epoch (int): Number of epochs.
-            train_dataset (Dataset): Yields (data, label) micro-batches.
+            train_dataset (Dataset): Yields micro-batches: the network's inputs, then the loss's labels.
             mini_steps (Union[int, dict, Callable], optional): K, micro-batches per optimizer step: an int, or a
                 schedule of the global samples consumed (`ms_accum.train.schedule`), decided when each window opens.
                 Default: ``None``, the plan's K for an executor built by `from_plan` (required otherwise).

@@ -12,6 +12,7 @@ from mindspore.dataset import Dataset, config as ds_config
 
 from .._choices import PARTIAL_WINDOWS
 from .._validation import ArgumentValueError, check_isinstance, check_positive_int, check_value_in, check_writable_dir
+from ..core.columns import check_columns
 from ..core.statistics import NoiseScale
 from .distributed import check_same_on_all_ranks, gather_ints
 from .options import Checkpoints, LogOptions
@@ -58,10 +59,7 @@ class Run:
         check_value_in(self.partial_window, "partial_window", PARTIAL_WINDOWS)
         if checkpoints is not None and self.executor.writes:
             check_writable_dir(checkpoints.directory, "ckpt_dir")
-        columns = self.dataset.get_col_names()
-        if len(columns) != 2:
-            raise ArgumentValueError(f"the argument 'train_dataset' must yield 2 columns, the network's input and the "
-                                     f"loss's label, but it yields {len(columns)}: {columns}.")
+        check_columns(self.executor.state.network, self.dataset.get_col_names())
         num_batches = self.dataset.get_dataset_size()
         if self.executor.parallel is not None:
             # Every window closes with a collective: a rank with fewer batches would leave the others waiting.

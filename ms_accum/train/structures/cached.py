@@ -6,6 +6,7 @@ from typing import List, Tuple
 from mindspore import nn
 
 from ...graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature, check_same_masks
+from ..._validation import ArgumentValueError
 from ..options import GuardOptions, StatisticsOptions
 from .base import Closer, MicroBatches, Parts, Structure
 
@@ -19,6 +20,10 @@ class Cached(Structure):
     @classmethod
     def refuse(cls, network: nn.Cell, loss_fn: nn.Cell, reduction: str, guard: GuardOptions,
                statistics: StatisticsOptions) -> str:
+        if loss_fn is None:
+            raise ArgumentValueError("the argument 'loss_fn' must be the loss of the whole window's outputs with "
+                                     "structure='cached', but got None: gradient caching runs the loss apart from the "
+                                     "network.")
         check_loss_signature(loss_fn)
         reduction = check_cached_options(reduction, guard.policy, statistics.norms, statistics.noise_scale,
                                          statistics.skip_outliers)
