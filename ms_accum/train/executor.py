@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 from mindspore import nn
 from mindspore.dataset import Dataset
@@ -24,6 +24,7 @@ from .recompute import recompute_cells
 from .records import TrainResult
 from .run import Run
 from .schedule import AccumulationSchedule, ScheduleLike
+from .validation import Validation
 from .structures import Closer, Parts, Structure, structure_class
 
 
@@ -100,7 +101,7 @@ class GradientAccumulation:
                                   ("window", "guard", "statistics"))
         window, self.guard, measure = (check_isinstance(options[name], name, kind) for name, kind in (
             ("window", WindowOptions), ("guard", GuardOptions), ("statistics", StatisticsOptions)))
-        self._network = check_isinstance(network, "network", nn.Cell)
+        check_isinstance(network, "network", nn.Cell)
         if loss_fn is not None:  # None: the network computes its own loss from all the columns
             check_isinstance(loss_fn, "loss_fn", nn.Cell)
         check_isinstance(optimizer, "optimizer", nn.Optimizer)
@@ -128,6 +129,7 @@ class GradientAccumulation:
                       "network" if loss_fn is None else "loss_fn")
         self._structure: Structure = kind(parts, Closer(parts))
         self.state = TrainingState(parts.net_with_loss, optimizer, self.buffer)  # what training-state files hold
+        self.network, self.loss_fn = network, loss_fn
         self.plan: Optional[Plan] = None  # the Plan it was built from (`from_plan`), if any
         rate = getattr(optimizer, "learning_rate", None)
         self.samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
@@ -181,7 +183,8 @@ class GradientAccumulation:
     @door("GradientAccumulation.train_process")
     def train_process(self, epoch: int, train_dataset: Dataset, mini_steps: Optional[ScheduleLike] = None,
                       partial_window: str = "apply", *, checkpoints: Optional[Checkpoints] = Checkpoints(),
-                      log: LogOptions = LogOptions(), **deprecated) -> TrainResult:
+                      log: LogOptions = LogOptions(), eval_dataset: Optional[Dataset] = None,
+                      eval_every: Union[int, Validation, None] = None, **deprecated) -> TrainResult:
         """
         Trains for `epoch` epochs over `train_dataset`, stepping the optimizer every `mini_steps` batches.
 
@@ -199,7 +202,12 @@ class GradientAccumulation:
             partial_window (str): ``"apply"`` (default) or ``"drop"``.
             checkpoints (Checkpoints, optional): Where and how often to save, and what to resume from; ``None``
                 saves nothing. Default: ``Checkpoints()``, the final network in ``ckpt/gradient_accumulation.ckpt``.
-            log (LogOptions): What it says about each window. Default: ``LogOptions()``, a line per window.
+            log (LogOptions): What it says about each window; an `on_step` that returns True stops the run there
+                (early stopping; its training state is saved, so it resumes). Default: ``LogOptions()``.
+            eval_dataset (Dataset, optional): Held-out batches, of the training's columns, scored every `eval_every`
+                optimizer steps and after the last (`StepRecord.validation`). Default: ``None``.
+            eval_every (Union[int, Validation], optional): The steps between scores, or a `Validation` with its
+                metrics and the best checkpoint to keep. Default: ``None``, the last step only.
             deprecated: The keywords of 0.3 (`ckpt_dir`, `ckpt_name`, `save_every`, `keep_last`, `metadata`, `resume`,
                 `log_every`, `verbose`, `on_step`), with a `DeprecationWarning`.
 
@@ -217,7 +225,8 @@ class GradientAccumulation:
         """
         options = with_deprecated({"checkpoints": checkpoints, "log": log}, deprecated, ("checkpoints", "log"))
         schedule = AccumulationSchedule(self._mini_steps(mini_steps, train_dataset), arg_name="mini_steps")
-        run = Run(self, epoch, train_dataset, schedule, partial_window, options["checkpoints"], options["log"])
+        run = Run(self, epoch, train_dataset, schedule, partial_window, options["checkpoints"], options["log"],
+                  _validation(eval_dataset, eval_every))
         self._structure.reset()  # start from an empty window whatever happened before
         windows = run.start()
         structure = self.runner(run.largest)  # built once, for the largest K; shorter windows run through it too
@@ -229,8 +238,9 @@ class GradientAccumulation:
             # What a window's graphs refuse is about the executor's own arguments (a loss that does not fit).
             with door("GradientAccumulation", final=True):
                 trained = structure.train_window(window, size)
-            run.close(k, *trained)
-        return run.finish(self._network)
+            if run.close(k, *trained):
+                break
+        return run.finish(self.network)
 
     def _mini_steps(self, mini_steps: Optional[ScheduleLike], train_dataset: Dataset) -> ScheduleLike:
         """`mini_steps`, or the plan's K; a plan also fixes the micro-batch."""
@@ -244,6 +254,18 @@ class GradientAccumulation:
                                      f"{self.plan.batch_size} samples, but its batch size is "
                                      f"{train_dataset.get_batch_size()}.")
         return self.plan.accumulate_step if mini_steps is None else mini_steps
+
+
+def _validation(eval_dataset: Optional[Dataset], eval_every) -> Optional[Tuple[Dataset, Validation]]:
+    """`train_process`'s held-out data and when to score it, checked."""
+    if eval_dataset is None:
+        if eval_every is not None:
+            raise ArgumentValueError("the argument 'eval_every' needs 'eval_dataset', but 'eval_dataset' is None.")
+        return None
+    check_isinstance(eval_dataset, "eval_dataset", Dataset)
+    if isinstance(eval_every, Validation):
+        return eval_dataset, eval_every
+    return eval_dataset, Validation(every=2 ** 62 if eval_every is None else eval_every)
 
 
 def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer) -> None:

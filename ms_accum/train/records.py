@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Tensor
 
+from .._compat import renamed_keyword
 
+
+@renamed_keyword("accumulate_steps", "accumulate_step")  # 0.2's keyword
 @dataclass
 class StepRecord:
     """One window: where it closed (`step`: windows closed so far, see `Position`), its loss (the sample- or
@@ -30,6 +33,7 @@ class StepRecord:
     micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
     outliers: List[int] = field(default_factory=list)  # batch indices (in the epoch) left out as outliers
+    validation: Optional[Dict[str, float]] = None  # with an eval_dataset, when scored after this window (`Validation`)
 
     @property
     def accumulate_steps(self) -> int:
@@ -54,6 +58,7 @@ class TrainResult:
     skipped_windows: int = 0  # not finite, so not applied (over the whole training, resumed runs included)
     skipped_micro_batches: int = 0  # left out: not finite (policy "skip_microbatch") or outliers (skip_outliers)
     outliers: List[Tuple[int, int]] = field(default_factory=list)  # (epoch, batch index in it) of each outlier left out
+    stopped: bool = False  # stopped early: `on_step` returned True (the training state was saved, if it has a place)
 
     @property
     def losses(self) -> List[float]:
@@ -113,7 +118,8 @@ class WindowLog:
         self.log_every, self.verbose, self.on_step = log_every, verbose, on_step
         self.stop_on_nonfinite, self.scaled = stop_on_nonfinite, scaled
 
-    def window(self, record: StepRecord, figures: WindowFigures, result: TrainResult) -> None:
+    def window(self, record: StepRecord, figures: WindowFigures, result: TrainResult) -> bool:
+        """Says what the window did; returns whether `on_step` asked the run to stop (it returned True)."""
         epoch, step = record.epoch, record.step
         if self.verbose:
             for batch, i in zip(record.outliers, figures.left_out_indices):
@@ -134,5 +140,4 @@ class WindowLog:
                 warnings.warn(what, RuntimeWarning, stacklevel=3)
         if self.verbose and step % self.log_every == 0:
             print(f"epoch: {epoch} step: {step} loss is {record.loss:.6f}", flush=True)
-        if self.on_step is not None:
-            self.on_step(record)
+        return self.on_step is not None and self.on_step(record) is True

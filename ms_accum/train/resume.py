@@ -3,12 +3,13 @@ devices as before or on another number of them (the same global batch per update
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
 from .schedule import AccumulationSchedule, pairs_text
+from .windows import Position, _planned_windows
 from .checkpoint import CheckpointError, CheckpointWriteError, MetaValue, checkpoint_path, find_latest, \
     load_checkpoint, load_into, prune, save_checkpoint
 
@@ -19,20 +20,6 @@ _OLD_BUFFER_PREFIX, _BUFFER_PREFIX = "grad_sum.", "accumulate."
 # Settings a resumed run must share exactly. The layout (mini_steps, rank_batch_size, world_size, num_batches) may
 # change as long as the global batch per update and the samples per epoch stay.
 _SAME = ("partial_window", "data_seed")
-
-
-@dataclass
-class Position:
-    """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states).
-
-    A step is a window closed, whether the optimizer applied it or the guard skipped it as not finite: what
-    `StepRecord.step`, `save_every` and the files' ``{step:09d}`` count. A dropped partial window is no step.
-    """
-
-    epoch: int = 1
-    batch: int = 0  # batches of `epoch` already read
-    step: int = 0  # windows closed
-    dropped_windows: int = 0
 
 
 class StateCheckpoints:
@@ -71,6 +58,7 @@ class StateCheckpoints:
         # The run's settings win over the caller's metadata: resuming checks them.
         self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
         self.save_every = save_every if writes else None
+        self.writes = writes
         self.keep_last = keep_last
 
     def resume(self, resume: Union[bool, str, os.PathLike, None], epochs: int) -> Tuple[Position, Optional[str]]:
@@ -104,9 +92,11 @@ class StateCheckpoints:
         saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['mini_steps']) * _per_batch(saved)}")
         self.history = _pairs(meta.get("batch_history", ""))
         self.windows = _runs(meta.get("batch_windows", ""))
+        position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
+        position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
         if _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
                 "callable" in (saved["global_batches"], self.run["global_batches"]):
-            self._check_schedule(path, saved["global_batches"])
+            self._check_schedule(path, saved["global_batches"], self._ahead(epochs, position))
         else:
             _check_global_batch(path, saved, self.run)
         _check_epoch_samples(path, saved, self.run)
@@ -117,8 +107,6 @@ class StateCheckpoints:
                   value for name, value in contents[0].items()}
         load_into(self.state, path, strict=True, contents=(params, meta))
         self.resumed = meta
-        position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
-        position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
         return position, path
 
     def window_opened(self, samples: int, k: int) -> None:
@@ -132,14 +120,25 @@ class StateCheckpoints:
         else:
             self.windows.append([samples, batch, 1])
 
-    def _check_schedule(self, path: str, saved: str) -> None:
-        """Refuses a resume whose global batch schedule differs from the saved run's, naming where."""
+    def _ahead(self, epochs: int, position: Position) -> Callable[[], List[int]]:
+        """The global samples consumed at each window this run opens from `position` on (K evaluated at each, as the
+        run will), computed when asked."""
+        return lambda: [opened_at for _, _, opened_at in _planned_windows(
+            epochs, int(self.run["num_batches"]), self.schedule, _per_batch(self.run), position)]
+
+    def _check_schedule(self, path: str, saved: str, ahead: Callable[[], List[int]]) -> None:
+        """Refuses a resume whose global batch schedule differs from the saved run's, naming where: a callable is
+        compared with a saved table at the windows the saved run opened and at every window this run can still open
+        (`ahead`)."""
         if "callable" not in (saved, self.run["global_batches"]):
             mine, theirs = dict(_pairs(self.run["global_batches"])), dict(_pairs(saved))
             points = sorted(set(mine) | set(theirs))
         else:  # a callable is known where the saved run evaluated it: at every window it opened, compare there
             theirs = dict(self.history)  # older files recorded only where K changed
             theirs.update((start + i * batch, batch) for start, batch, count in self.windows for i in range(count))
+            if saved != "callable":  # the saved table gives its batch at every window this run opens too
+                table = dict(_pairs(saved))
+                theirs.update((start, _at(table, start)) for start in ahead())
             points = sorted(theirs)
             mine = {s: self.schedule(s) * _per_batch(self.run) for s in points}
             if saved == "callable" and points:
@@ -154,9 +153,10 @@ class StateCheckpoints:
                                       f"global batch is {a}, this run's {b}; resuming would not continue the same "
                                       f"training.")
 
-    def window_closed(self, position: Position) -> None:
-        """Saves the state when `position.step` is due (and prunes old files)."""
-        if self.save_every is None or position.step % self.save_every:
+    def window_closed(self, position: Position, stopping: bool = False) -> None:
+        """Saves the state when `position.step` is due, or the run is `stopping` early (and prunes old files)."""
+        due = self.save_every is not None and position.step % self.save_every == 0
+        if not (due or stopping and self.writes and self.ckpt_dir is not None):
             return
         self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
                   {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),

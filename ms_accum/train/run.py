@@ -2,6 +2,7 @@
 it records and logs, and the files it saves."""
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Iterator, Optional, Tuple
@@ -19,6 +20,7 @@ from .options import Checkpoints, LogOptions
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule
+from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
 
 NAME = "GradientAccumulation.train_process"  # what its warnings say the user called
@@ -32,7 +34,8 @@ class Run:
     """
 
     def __init__(self, executor, epoch: int, dataset: Dataset, schedule: AccumulationSchedule, partial_window: str,
-                 checkpoints: Optional[Checkpoints], log: LogOptions) -> None:
+                 checkpoints: Optional[Checkpoints], log: LogOptions,
+                 validation: Optional[Tuple[Dataset, Validation]] = None) -> None:
         self.executor, self.epoch, self.dataset, self.schedule = executor, epoch, dataset, schedule
         self.partial_window, self.checkpoints = partial_window, checkpoints
         self.num_batches = self._check(checkpoints)
@@ -51,6 +54,9 @@ class Run:
         self.log = WindowLog(log.every, log.verbose and executor.writes, log.on_step,
                              executor.guard.stop_on_nonfinite, executor.guard.loss_scaler is not None)
         self.position, self.result, self.largest = Position(), TrainResult(), 1
+        self.eval_dataset, self.evaluator = (None, None) if validation is None else (
+            validation[0], Evaluator(executor.network, executor.loss_fn, validation[1]))
+        self.verbose = log.verbose and executor.writes
 
     def _check(self, checkpoints: Optional[Checkpoints]) -> int:
         """The arguments that only a run can check; returns the epoch's batch count."""
@@ -82,7 +88,9 @@ class Run:
         if executor.noise_scale is not None:  # a run's own estimate, continued by its resumed runs
             executor.noise_scale = NoiseScale()
             executor.noise_scale.load(self.states.resumed)
-            self.states.extra = executor.noise_scale.state
+        if self.evaluator is not None:  # the best score so far, continued by resumed runs
+            self.evaluator.best = float(self.states.resumed.get("best_score", math.nan))
+        self.states.extra = self._extra
         if executor.parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
         self.largest = max((k for k, _, _ in _planned_windows(self.epoch, self.num_batches, self.schedule,
@@ -112,15 +120,41 @@ class Run:
         if self.executor.samples_lr is not None:
             self.executor.samples_lr.update(opened_at)
 
-    def close(self, k: int, losses: list, norms: list, samples: list, applied: bool) -> None:
-        """A window of K trained: its record made, logged and kept; its training state saved when due."""
+    def close(self, k: int, losses: list, norms: list, samples: list, applied: bool) -> bool:
+        """A window of K trained: its record made, scored when due, logged and kept; its training state saved when
+        due. Returns whether the run stops here (`on_step` returned True: early stopping)."""
         self.position.step += 1
         record, figures = self._record(losses, norms, samples, applied, k)
-        self.log.window(record, figures, self.result)
-        self.states.window_closed(self.position)
+        if self.evaluator is not None and self.evaluator.due(self.position.step, False):
+            self._score(record)
+        stop = bool(self.log.window(record, figures, self.result))
+        self.states.window_closed(self.position, stopping=stop)
+        self.result.stopped = stop
+        return stop
+
+    def _score(self, record: StepRecord) -> None:
+        """The validation scores after `record`'s window, in it; the best network saved when it improved."""
+        record.validation = self.evaluator.score(self.eval_dataset, self.executor.buffer.reducer)
+        if self.verbose:
+            scores = " ".join(f"{name} {value:.6f}" for name, value in record.validation.items())
+            print(f"epoch: {record.epoch} step: {record.step} validation {scores}", flush=True)
+        if self.evaluator.improved(record.validation) and self.checkpoints is not None and self.executor.writes:
+            path = os.path.join(os.fspath(self.checkpoints.directory), f"{self.checkpoints.name}-best.ckpt")
+            self.states.save(self.executor.network, path, {"step": record.step, **record.validation})
+
+    def _extra(self) -> dict:
+        """More of the run's state, saved with every training-state file."""
+        extra = {} if self.executor.noise_scale is None else self.executor.noise_scale.state()
+        if self.evaluator is not None and not math.isnan(self.evaluator.best):
+            extra["best_score"] = self.evaluator.best
+        return extra
 
     def finish(self, network: nn.Cell) -> TrainResult:
-        """The final checkpoint (the network alone) saved, if any; the run's result."""
+        """The last window scored if it was not, the final checkpoint (the network alone) saved, if any; the run's
+        result."""
+        last = self.result.steps[-1] if self.result.steps else None
+        if self.evaluator is not None and last is not None and last.validation is None:
+            self._score(last)
         if self.checkpoints is not None and self.executor.writes:
             given = self.checkpoints
             meta = {"epoch": self.epoch, "step": self.position.step, "mini_steps": self.schedule.fixed or 0,
