@@ -27,6 +27,9 @@ def test_round_trip_with_metadata(tmp_path):
     for a, b in zip(params_of(other), params_of(net)):
         np.testing.assert_array_equal(a, b)
     assert os.listdir(tmp_path) == ["a.ckpt"]  # no temporary file left behind
+    # Readable by the group (MindSpore's own files are 0400), and written again over itself.
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert save_checkpoint(net, path) == path and os.stat(path).st_mode & 0o777 == 0o640
 
 
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):

@@ -134,7 +134,7 @@ def _train(tmp_path, epochs=1, batch=8, **kwargs):
 
 
 def test_resume_true_without_a_state_starts_afresh(tmp_path):
-    result = _train(tmp_path, resume=True, save_every=1)
+    result = _train(tmp_path, resume=True, save_every=1, keep_last=None)  # None: every state kept
     assert result.resumed_from is None and [r.step for r in result.steps] == [1, 2, 3]
     assert [step for step, _ in list_checkpoints(str(tmp_path), "run")] == [1, 2, 3]
 

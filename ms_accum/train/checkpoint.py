@@ -37,6 +37,9 @@ class CheckpointWriteError(CheckpointError, ArgumentValueError):
     argument refused, since the target `path` is one."""
 
 
+CHECKPOINT_MODE = 0o640  # the files' permissions: read and write for the owner, read for the group
+
+
 @door("save_checkpoint")
 def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
                     metadata: Optional[Dict[str, MetaValue]] = None) -> str:
@@ -74,6 +77,9 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
             ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        # MindSpore writes its files read-only for their owner (0400); readable by the group, a file that rank 0
+        # saved can be copied by another account to another node (docs/resume.md).
+        os.chmod(tmp, CHECKPOINT_MODE)
         os.replace(tmp, path)
     except OSError as err:
         raise CheckpointWriteError(f"'{name}' could not be written in '{directory}': {err.strerror or err}. No "

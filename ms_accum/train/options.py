@@ -133,8 +133,10 @@ class Checkpoints:
             training-state files. Default: ``"gradient_accumulation"``.
         save_every (int, optional): Save the training state every this many optimizer steps. Default: ``None``, only
             the final checkpoint.
-        keep_last (int, optional): Keep only the newest `keep_last` training-state files. Default: ``None``, keep
-            all.
+        keep_last (int, optional): Keep only the newest `keep_last` training-state files; ``None`` keeps them all. A
+            state file holds the parameters, the optimizer's state and the buffer: about 4x the parameters with
+            Adam or AdamW, 3x with Momentum. Default: ``2``, the newest and the one before it, so a long run cannot
+            fill a disk unnoticed.
         metadata (dict, optional): Extra values stored in the checkpoints (ints, floats, strings).
         resume (Union[bool, str], optional): ``True`` resumes from the newest readable training-state file in
             `directory` (and starts afresh if there is none); a path resumes from that file. Default: ``None``.
@@ -147,7 +149,7 @@ class Checkpoints:
     directory: Union[str, "os.PathLike"] = "ckpt"
     name: str = "gradient_accumulation"
     save_every: Optional[int] = None
-    keep_last: Optional[int] = None
+    keep_last: Optional[int] = 2
     metadata: Optional[dict] = None
     resume: Union[bool, str, "os.PathLike", None] = None
 

@@ -27,6 +27,7 @@ from mindspore import nn
 
 import ms_accum.train.checkpoint
 from ms_accum import GradientAccumulation
+from ms_accum.train.options import QUIET, Checkpoints
 from ms_accum.demo.models import MLP
 from ms_accum.graphs.cells import HostSteppedAccumulationCell, TrainForwardBackward
 from ms_accum.graphs.window import HostSteppedWindowCell
@@ -63,8 +64,8 @@ def inject(fault: str) -> None:
     elif kind == "boundary":
         original_save = StateCheckpoints.window_closed
 
-        def save_then_die(self, position):
-            original_save(self, position)
+        def save_then_die(self, position, stopping=False):
+            original_save(self, position, stopping)
             if position.step == int(value):
                 die()
         StateCheckpoints.window_closed = save_then_die
@@ -101,9 +102,9 @@ def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_S
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
                                     structure=structure)
     schedule = parse_schedule(mini_steps) if ":" in mini_steps else int(mini_steps)
-    result = executor.train_process(EPOCHS, dataset, schedule, ckpt_dir=ckpt_dir, ckpt_name="run",
-                                    verbose=False, save_every=SAVE_EVERY, keep_last=int(keep_last) or None,
-                                    resume=True if resume == "latest" else resume)
+    checkpoints = Checkpoints(ckpt_dir, "run", save_every=SAVE_EVERY, keep_last=int(keep_last) or None,
+                              resume=True if resume == "latest" else resume)
+    result = executor.train_process(EPOCHS, dataset, schedule, checkpoints=checkpoints, log=QUIET)
     if info is not None:
         np.savez(os.path.join(ckpt_dir, f"params_rank{info.rank}.npz"),
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
