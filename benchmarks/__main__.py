@@ -14,6 +14,7 @@ from . import common
 SECTIONS = {  # name -> what it measures (README.md has the details)
     "step": "speed: LeNet5 b32, K=4, the steps alone on pre-loaded tensors",
     "epoch": "speed: LeNet5 over real MNIST, ms_accum through its executor",
+    "epoch_alone": "speed: LeNet5 over real MNIST, the default and the tutorial's loop each alone in a fresh process",
     "conv_net": "speed: the activation-heavy conv net through the executor, K=4 x B=8",
     "char_transformer": "speed: the Shakespeare tutorial's transformer through the executor, K=4 x B=8",
     "activations": "memory: conv net and transformer, K = 4, 8, 16, as multiples of one micro-batch's step",
@@ -24,7 +25,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
-ROUNDS = {"step": (21, 2), "epoch": (11, 1), "heavy": (9, 1), "parallel": (7, 1)}
+ROUNDS = {"step": (21, 2), "epoch": (11, 1), "epoch_alone": (8, 1), "heavy": (9, 1), "parallel": (7, 1)}
 WARMUP = (1, 0)                  # rounds run and discarded before the timed ones
 STEP_MICRO_BATCHES = (32, 8)     # per round and contender
 EPOCH_IMAGES = (6400, 256)       # per round and contender
@@ -90,6 +91,13 @@ def main(argv=None) -> int:
             print("== epoch. skipped: no MNIST directory (pass --data DIR or set MS_ACCUM_MNIST)\n", flush=True)
         else:
             show(speed.epoch(data_dir, EPOCH_IMAGES[mode], ROUNDS["epoch"][mode], WARMUP[mode]))
+    if section("epoch_alone"):
+        data_dir = common.mnist_dir(args.data)
+        if data_dir is None:
+            print("== epoch_alone. skipped: no MNIST directory (pass --data DIR or set MS_ACCUM_MNIST)\n", flush=True)
+        else:
+            from . import alone
+            show(alone.table(data_dir, EPOCH_IMAGES[mode] // 2, ROUNDS["epoch_alone"][mode]))
     for net in ("conv_net", "char_transformer"):
         if section(net):
             show(speed.heavy(net, HEAVY_WINDOWS[mode], ROUNDS["heavy"][mode], WARMUP[mode]))
