@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 
@@ -44,6 +45,15 @@ class ArgumentValueError(ArgumentError, ValueError):
     """An argument of the right type and a wrong value."""
 
 
+class NoBatchError(ArgumentValueError):
+    """A dataset that yields no batch of the size asked for: `samples` is how many samples it holds (None if unknown),
+    so a caller can say which batch size would do."""
+
+    def __init__(self, detail: str, samples: Optional[int]) -> None:
+        super().__init__(detail)
+        self.samples = samples
+
+
 class door(contextlib.ContextDecorator):  # noqa: N801  (read as a decorator: @door("Accumulator"))
     """A public entry point: an `ArgumentError` raised inside is named after `name`, unless an outer door, the one
     the user called, names it after itself. As a decorator or a ``with`` block. A `final` door names them for good:
@@ -59,6 +69,30 @@ class door(contextlib.ContextDecorator):  # noqa: N801  (read as a decorator: @d
         if isinstance(error, ArgumentError) and not error.final:
             error.caller, error.final = self.name, self.final
         return False
+
+
+def describe_exception(err: BaseException) -> str:
+    """`err` in one line, for a message that wraps a user's or MindSpore's error: its type and first paragraph
+    (MindSpore appends its stacks after a blank line or a rule of dashes), and the last exception line of a Python
+    traceback it quotes (a data pipeline's map function that raised)."""
+    text = str(err).strip()
+    head = first_paragraph(text)
+    causes = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line.strip())]
+    cause = f" {causes[-1]}" if causes and causes[-1] not in head else ""
+    return f"{type(err).__name__}: {head or '(no message)'}{cause}"
+
+
+def first_paragraph(text: str) -> str:
+    """The lines of `text` before its first blank line or rule of dashes, joined into one."""
+    lines = []
+    for line in text.strip().splitlines():
+        if not line.strip() or line.strip().startswith("---"):
+            break
+        lines.append(line.strip())
+    return " ".join(lines)
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: .*)?$")  # the last line of a Python traceback
 
 
 def _type_name(value: Any) -> str:

@@ -14,23 +14,26 @@ Your model is a factory, ``package.module:function`` (`ms_accum.tools.factory`, 
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
 per micro-batch, the windows are all-reduced, and only rank 0 prints, plots, saves and evaluates.
 
-Errors are one line on stderr (exit 2 for a bad command line, 1 for bad data or checkpoints), never a
-traceback. MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
+Errors are one line on stderr (exit 2 for a bad command line, 1 for anything else: bad data, checkpoints, a factory,
+or a failure while training), never a traceback, and they name flags, files and commands, not the library's classes.
+MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
 from ._choices import DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
-from ._validation import door
+from ._validation import ArgumentError, NoBatchError, describe_exception, door, first_paragraph
 
 MODEL_NAMES = tuple(DEMO_FACTORIES)
 OPTIMIZERS = ("momentum", "sgd", "adam")
@@ -46,7 +49,12 @@ DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_steps": 4, "structu
 
 
 class CliError(Exception):
-    """A failure the user can fix; printed as one line."""
+    """A failure the user can fix; printed as one line. `summary`: what the command did before it failed (the
+    checkpoint `train` saved), printed with --json."""
+
+    def __init__(self, message: str, summary: Optional[dict] = None) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 def _number(kind, positive: bool, what: str):
@@ -148,6 +156,9 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
                        help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
                             "there is none); the end result equals the uninterrupted run's")
     train.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation after training")
+    train.add_argument("--eval-batch-size", type=positive_int, metavar="B",
+                       help="the evaluation's batch size (default: the training micro-batch, --batch-size over the "
+                            "workers)")
 
 
 def _add_eval_parser(sub) -> None:
@@ -155,7 +166,9 @@ def _add_eval_parser(sub) -> None:
                                            "data (strict loading)")
     evaluate.add_argument("--ckpt", required=True, metavar="FILE")
     _add_model_argument(evaluate, None, "the model recorded in the checkpoint")
-    evaluate.add_argument("--batch-size", type=positive_int, default=256, metavar="B")
+    evaluate.add_argument("--eval-batch-size", "--batch-size", type=positive_int, dest="eval_batch_size", metavar="B",
+                          help="the evaluation's batch size (default: the micro-batch the checkpoint was trained with, "
+                               "else 256)")
     evaluate.add_argument("--num-samples", type=positive_int, metavar="N", help="evaluate the first N test images")
     _add_data_arguments(evaluate)
 
@@ -346,6 +359,7 @@ class _Job:
     source: str  # the data, as the summary names it
     synthetic: bool
     settings: dict  # recorded in the checkpoint: the optimizer and where the data is
+    reads: str = ""  # what this rank reads, as an error names it
 
 
 def _demo_job(args: argparse.Namespace, parallel, world: int) -> _Job:
@@ -363,24 +377,37 @@ def _demo_job(args: argparse.Namespace, parallel, world: int) -> _Job:
         # per shard in MindSpore's DistributedSampler (measured), so each worker takes its share, rounded up.
         shards = {"num_shards": world, "shard_id": parallel.rank}
         num_samples = None if num_samples is None else -(-num_samples // world)
-    with door("ms-accum train"):
-        dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
-                              seed=args.seed, num_samples=num_samples, **shards)
+    try:
+        with door("ms-accum train"):
+            dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
+                                  seed=args.seed, num_samples=num_samples, **shards)
+    except NoBatchError as err:
+        given = f" of --num-samples {args.num_samples}" if args.num_samples else ""
+        per = f" per worker ({world})" if world > 1 else ""
+        raise CliError(f"For 'ms-accum train', the {err.samples} training image(s){given}{per} in "
+                       f"{os.path.abspath(data_dir)} hold no micro-batch of {args.batch_size // world}: pass a "
+                       f"--batch-size of at most {err.samples * world}.") from err
     return _Job(network=network, loss_fn=nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                 optimizer=make_optimizer(settings, network.trainable_params()), dataset=dataset, ckpt_name=args.model,
                 source=os.path.abspath(data_dir), synthetic=synthetic,
+                reads=f"the MNIST training images in {os.path.abspath(data_dir)}",
                 settings={**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic})
 
 
 def _factory_job(args: argparse.Namespace, parallel, world: int) -> _Job:
     """Your factory's network, loss and optimizer (as it built them) on its own training data, this rank's shard."""
     from .tools.factory import load_model
-    with door("ms-accum train"):
-        user = load_model(args.model)
-        dataset = user.data(args.batch_size // world, "train", 0 if parallel is None else parallel.rank, world)
+    call = (args.batch_size // world, "train", 0 if parallel is None else parallel.rank, world)
+    try:
+        with door("ms-accum train"):
+            user = load_model(args.model)
+            dataset = user.data(*call)
+    except NoBatchError as err:
+        raise CliError(_smaller_batch(err, args, "--batch-size", world)) from err
     return _Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
                 ckpt_name=re.sub(r"\W", "_", args.model), source=f"the data of {args.model}", synthetic=False,
-                settings={"optimizer": type(user.optimizer).__name__})
+                settings={"optimizer": type(user.optimizer).__name__},
+                reads=f"dataset{call} of the factory '{args.model}'")
 
 
 def run_train(args: argparse.Namespace) -> Optional[dict]:
@@ -395,36 +422,59 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     main = parallel is None or parallel.is_main
     import mindspore as ms
     ms.set_seed(args.seed)
-    job = (_factory_job if factory else _demo_job)(args, parallel, world)
+    with _during(f"reading the data of {args.model}"):
+        job = (_factory_job if factory else _demo_job)(args, parallel, world)
     executor = _executor(args, job, planned, world)
     checkpoints = _checkpoints(args, job, world, main)
     label = f"{args.model}, K={_k_text(args)} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if job.synthetic else "") + ("" if parallel is None else f", {world} workers")
-    result = _train(args, executor, job, checkpoints, label, args.quiet or not main)
+    with _during(f"training on {job.reads}"):
+        result = _train(args, executor, job, checkpoints, label, args.quiet or not main)
     if not main:
         return None
     ks = [record.accumulate_step for record in result.steps]
     noise = [record.noise_scale for record in result.steps] if args.noise_scale else None
-    plot = save_loss_plot(result.losses, os.path.join(checkpoints.directory, f"{job.ckpt_name}_loss.png"), label, ks,
-                          noise)
+    plot = os.path.join(checkpoints.directory, f"{job.ckpt_name}_loss.png")
+    with _during(f"writing the loss curve {plot}"):
+        save_loss_plot(result.losses, plot, label, ks, noise)
     summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": job.synthetic,
                "data": job.source, "optimizer_steps": len(result.steps), "world_size": world,
                "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
                "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
-               "accumulate_steps": ks,
+               "accumulate_step": ks,
                "grad_norm": [record.grad_norm for record in result.steps] if executor.statistics else None,
                "noise_scale": noise, "outliers": result.outliers,
                "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
     if not args.json:
         _print_trained(label, summary, result, job.synthetic)
     if not args.no_eval:
-        from .demo.evaluation import evaluate_checkpoint
-        evaluation, _ = evaluate_checkpoint(result.checkpoint, args.model, None if factory else args.data, 256,
-                                            arg_name="--model")
+        evaluation = _evaluate_trained(args, summary, factory, world)
         summary.update(evaluation.as_dict())
         if not args.json:
             print(_accuracy_line(evaluation, job.synthetic))
     return summary
+
+
+def _evaluate_trained(args: argparse.Namespace, summary: dict, factory: bool, world: int):
+    """The checkpoint `train` saved, evaluated in batches of --eval-batch-size, else of the training micro-batch; a
+    failure is one line that names the checkpoint saved, with the summary for --json."""
+    from .demo.evaluation import evaluate_checkpoint
+    checkpoint = summary["checkpoint"]
+    try:
+        with door("ms-accum train"):
+            return evaluate_checkpoint(checkpoint, args.model, None if factory else args.data,
+                                       args.eval_batch_size or args.batch_size // world, arg_name="--model")[0]
+    except Exception as err:  # noqa: BLE001  (whatever failed, the training and its checkpoint stand)
+        smaller = f" --eval-batch-size {err.samples}" if getattr(err, "samples", None) else ""
+        raise CliError(f"{error_line(err, args)} Training finished and saved {checkpoint}: evaluate it with "
+                       f"'ms-accum eval --ckpt {checkpoint}{smaller}'.", summary=summary) from err
+
+
+def _smaller_batch(err, args: argparse.Namespace, flag: str, world: int = 1) -> str:
+    """A split that yields no batch (`ms_accum._validation.NoBatchError`): its message, and the flag that asks for
+    batches it holds."""
+    most = f" of at most {err.samples * world}" if err.samples else " smaller"
+    return f"{error_line(err, args)} Pass a {flag}{most}."
 
 
 def _join_launcher(args: argparse.Namespace):
@@ -473,7 +523,7 @@ def _checkpoints(args: argparse.Namespace, job: _Job, world: int, main: bool):
     # Created only now, once every argument was accepted: a refused run leaves no directory behind.
     with door("ms-accum train"):
         ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir") if main else args.ckpt_dir
-    metadata = {"model": args.model, "accumulate_steps": _k_text(args), "batch_size": args.batch_size,
+    metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
                 "seed": args.seed, "world_size": world, **job.settings}
     return Checkpoints(directory=ckpt_dir, name=job.ckpt_name, save_every=args.save_every, keep_last=args.keep_last,
                        metadata=metadata, resume=args.resume)
@@ -566,13 +616,17 @@ def run_eval(args: argparse.Namespace) -> dict:
     from .demo.evaluation import checkpoint_data_dir, evaluate_checkpoint
     from .tools.factory import is_factory
     _refuse_with_factory(args, args.model is not None and is_factory(args.model), ("data", "num_samples"))
-    evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.batch_size, args.num_samples,
-                                               arg_name="--model")
+    try:
+        with door("ms-accum eval"), _during(f"evaluating {args.ckpt}"):
+            evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.eval_batch_size,
+                                                       args.num_samples, arg_name="--model")
+    except NoBatchError as err:
+        raise CliError(_smaller_batch(err, args, "--eval-batch-size")) from err
     model = args.model or metadata["model"]
     synthetic = not is_factory(model) and is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:
-        print(f"{args.ckpt} ({model}, trained {metadata.get('step', '?')} optimizer steps with "
-              f"accumulate_steps={metadata.get('accumulate_steps', '?')})")
+        k = metadata.get("accumulate_step", metadata.get("accumulate_steps", "?"))  # 0.2's files: accumulate_steps
+        print(f"{args.ckpt} ({model}, trained {metadata.get('step', '?')} optimizer steps with K={k})")
         print(_accuracy_line(evaluation, synthetic))
     return {"checkpoint": args.ckpt, "model": model, "synthetic": synthetic, **evaluation.as_dict()}
 
@@ -581,7 +635,6 @@ def run_verify(args: argparse.Namespace) -> dict:
     """One update from K accumulated micro-batches against one on their K*B concatenation, from the same start."""
     runtime.set_device(args.device)
     import mindspore as ms
-    from mindspore import nn
     from .tools.factory import is_factory, load_model
     from .tools.verify import verify_equivalence
     factory = is_factory(args.model)
@@ -589,26 +642,17 @@ def run_verify(args: argparse.Namespace) -> dict:
     ms.set_seed(args.seed)
     large = args.accumulate_steps * args.batch_size
     if factory:
-        with door("ms-accum verify"):
+        with door("ms-accum verify"), _during(f"reading sample({large}) of the factory '{args.model}'"):
             user = load_model(args.model)
             batch = user.batch(large)
         network, loss_fn, optimizer = user.network, user.loss_fn, user.optimizer
         optimizer_name, synthetic, source = type(optimizer).__name__, False, f"{large} samples of its sample()"
     else:
-        data_dir, synthetic = find_data(args)
-        from .demo.data import dataset_for
-        from .demo.models import build_model, make_optimizer
-        settings = _optimizer_settings(args)
-        network = build_model(args.model)
-        with door("ms-accum verify"):
-            dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large)
-        batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))  # refuses fewer than K*B images
-        loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-        optimizer, optimizer_name = make_optimizer(settings, network.trainable_params()), settings["optimizer"]
-        source = f"the first images of {os.path.abspath(data_dir)}" + (f" [{SYNTHETIC_NOTE}]" if synthetic else "")
-    report = verify_equivalence(network, loss_fn, optimizer, batch, args.accumulate_steps, rtol=args.rtol,
-                                atol=args.atol)
-    summary = {"model": args.model, "accumulate_steps": args.accumulate_steps, "batch_size": args.batch_size,
+        network, loss_fn, optimizer, optimizer_name, synthetic, source, batch = _verify_on_mnist(args, large)
+    with door("ms-accum verify"), _during(f"verifying {args.model}"):
+        report = verify_equivalence(network, loss_fn, optimizer, batch, args.accumulate_steps, rtol=args.rtol,
+                                    atol=args.atol)
+    summary = {"model": args.model, "accumulate_step": args.accumulate_steps, "batch_size": args.batch_size,
                "optimizer": optimizer_name, "synthetic": synthetic, "passed": report.passed,
                "max_abs_diff": report.max_abs_diff, "max_rel_diff": report.max_rel_diff,
                "rtol": args.rtol, "atol": args.atol, "moved_between_updates": report.moved_between_updates,
@@ -626,13 +670,38 @@ def run_verify(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _verify_on_mnist(args: argparse.Namespace, large: int) -> tuple:
+    """A built-in model with the command line's optimizer, and the first K*B training images (all of them, or the
+    command is refused): (network, loss, optimizer, its name, synthetic, where the batch is from, the batch)."""
+    from mindspore import nn
+    from .demo.data import dataset_for
+    from .demo.models import build_model, make_optimizer
+    data_dir, synthetic = find_data(args)
+    settings = _optimizer_settings(args)
+    network = build_model(args.model)
+    try:
+        with door("ms-accum verify"), _during(f"reading the MNIST training images in {os.path.abspath(data_dir)}"):
+            dataset = dataset_for(args.model, data_dir, large, usage="train", shuffle=False, num_samples=large,
+                                  drop_remainder=True)
+            batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))
+    except NoBatchError as err:
+        raise CliError(f"For 'ms-accum verify', --accumulate-steps {args.accumulate_steps} x --batch-size "
+                       f"{args.batch_size} needs {large} training images, but {os.path.abspath(data_dir)} holds "
+                       f"{err.samples}.") from err
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    optimizer, optimizer_name = make_optimizer(settings, network.trainable_params()), settings["optimizer"]
+    source = f"the first images of {os.path.abspath(data_dir)}" + (f" [{SYNTHETIC_NOTE}]" if synthetic else "")
+    return network, loss_fn, optimizer, optimizer_name, synthetic, source, batch
+
+
 def run_plan(args: argparse.Namespace) -> dict:
     """Plans in fresh processes, prints the plan and writes it with --output."""
     from .tools.planner import plan
     log = None if args.quiet or args.json else (lambda line: print(f"ms-accum plan: {line}", file=sys.stderr,
                                                                    flush=True))
-    result = plan(args.model, args.global_batch, args.memory, ranks=args.ranks, device=args.device, log=log,
-                  output=args.output)
+    with door("ms-accum plan"), _during(f"planning {args.model}"):
+        result = plan(args.model, args.global_batch, args.memory, ranks=args.ranks, device=args.device, log=log,
+                      output=args.output)
     if not args.json:
         print(result)
         if args.output:
@@ -640,20 +709,117 @@ def run_plan(args: argparse.Namespace) -> dict:
     return result.to_dict()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the `ms-accum` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    os.environ.setdefault("GLOG_v", "3")  # MindSpore's log: errors only, so a CLI error stays one line
-    from .train.checkpoint import CheckpointError
+def error_line(err: BaseException, args: argparse.Namespace) -> str:
+    """`err` as the one line the command prints, in its terms (`in_flags`): an argument refused is named after the
+    command the user ran; the tool's own errors say what they say; anything else is its type and first paragraph,
+    with the error a MindSpore data pipeline wraps, and what the command was doing when it happened (`_during`)."""
+    from .train.checkpoint import CheckpointError, CheckpointWriteError
+    from .train.records import NonFiniteError
     from .demo.data import DataError
+    command = f"ms-accum {args.command}"
+    if isinstance(err, CheckpointWriteError) and getattr(err, "newest", None):  # a state to resume from: --resume
+        return (f"For '{command}', {err.unwritten} The newest complete training state is "
+                f"'{os.path.basename(err.newest)}': the same command with --resume continues from it.")
+    if isinstance(err, ArgumentError):
+        return f"For '{command}', " + in_flags(first_paragraph(err.detail), args, arguments=True)
+    if isinstance(err, (CliError, CheckpointError, DataError)):
+        return in_flags(first_paragraph(str(err)), args)
+    if isinstance(err, NonFiniteError) and err.window:
+        return f"{err.window}; stopped, as --stop-on-nonfinite asks."
+    during = getattr(err, "ms_accum_during", None)
+    return describe_exception(err) + (f" (while {during})" if during else "")
+
+
+# What the command line sets, by the library's names for it: the library's messages name its arguments (`'name'`,
+# `name=value`, `mini_steps x batch_size`), which a command's error names by their flags (`in_flags`).
+FLAGS = {"mini_steps": "--accumulate-steps", "accumulate_step": "--accumulate-steps", "batch_size": "--batch-size",
+         "partial_window": "--partial-window", "data_seed": "--seed", "seed": "--seed", "save_every": "--save-every",
+         "keep_last": "--keep-last", "resume": "--resume", "noise_scale": "--noise-scale", "epoch": "--epochs",
+         "statistics": "--statistics", "skip_outliers": "--skip-outliers", "outlier_warmup": "--outlier-warmup",
+         "stop_on_nonfinite": "--stop-on-nonfinite", "clip_norm": "--clip-norm", "policy": "--policy",
+         "structure": "--structure", "recompute": "--recompute", "ckpt_dir": "--ckpt-dir", "model": "--model",
+         "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
+         "output": "--output", "rtol": "--rtol", "atol": "--atol"}
+# What a factory returned, as the library's messages name it (its own arguments' names).
+FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
+
+
+def in_flags(text: str, args: argparse.Namespace, arguments: bool = False) -> str:
+    """A library's message in the terms of the command line `args` ran: its arguments named by their flags (K and
+    the micro-batch of a training state as --accumulate-steps and the global --batch-size), a factory's parts as the
+    factory's, and no library entry point named. `arguments`: the message is about arguments (an `ArgumentError`), so
+    every quoted name is one; elsewhere only names no file or model is called (``mini_steps``, not ``model``)."""
+    flags = {**FLAGS, **({"batch_size": "--eval-batch-size"} if args.command == "eval" else {})}
+
+    def layout(match):  # a training state's K x micro-batch x ranks: --batch-size is the global micro-batch
+        k, batch, ranks = (int(group) for group in match.groups())
+        workers = f" over {ranks} workers" if ranks > 1 else ""
+        return f"--accumulate-steps {k} x --batch-size {batch * ranks}{workers}"
+
+    text = re.sub(r"For '[A-Za-z_][\w.]*', ", "", text)  # a library entry point's name (the command's own stays)
+    text = re.sub(r"mini_steps=(\d+) x batch_size=(\d+) x (\d+) rank\(s\)", layout, text)
+    text = text.replace(" or Plan.save", "")
+    model = getattr(args, "model", None) or ""
+    if ":" in model:
+        for name, part in FACTORY_PARTS.items():
+            text = text.replace(f"the argument '{name}'", f"the {part} of the factory '{model}'")
+    every = "|".join(sorted(flags, key=len, reverse=True))
+    identifiers = "|".join(sorted((name for name in flags if "_" in name), key=len, reverse=True))
+    text = re.sub(r"must be (None|False) with ", "must not be given with ", text)
+    text = re.sub(rf"(?<![\w'/.:-])({every})=(?:'([^']*)'|([\w.]+))", lambda m: _flag_value(flags[m[1]], m[2], m[3]),
+                  text)
+    text = re.sub(rf"'({every if arguments else identifiers})'", lambda m: f"'{flags[m[1]]}'", text)
+    # K by the executor's own name, said bare ("no mini_steps keeps it"); the others are quoted or given a value.
+    return re.sub(r"(?<![\w'/.:(-])mini_steps(?![\w/])", flags["mini_steps"], text)
+
+
+def _flag_value(flag: str, quoted: Optional[str], bare: Optional[str]) -> str:
+    """``name=value`` of a message as the command line gives it: ``--flag value``, ``--flag`` (True), ``no --flag``."""
+    if bare in ("True", "False", "None"):
+        return flag if bare == "True" else f"no {flag}"
+    return f"{flag} {bare if quoted is None else quoted}"
+
+
+@contextlib.contextmanager
+def _during(what: str):
+    """Marks an error that is not the tool's own with what the command was doing (`error_line` says it)."""
     try:
-        summary = {"train": run_train, "eval": run_eval, "verify": run_verify, "plan": run_plan}[args.command](args)
-    except (CliError, CheckpointError, DataError, ValueError, TypeError, OSError, FloatingPointError) as err:
-        print(f"ms-accum {args.command}: error: {err}", file=sys.stderr)
-        return 1
+        yield
+    except Exception as err:  # noqa: BLE001  (only marked, and raised again)
+        if not hasattr(err, "ms_accum_during"):
+            with contextlib.suppress(AttributeError, TypeError):
+                err.ms_accum_during = what
+        raise
+
+
+def _warning_printer(args: argparse.Namespace):
+    """`warnings.showwarning` for a command: a warning is one line in its terms, ``ms-accum train: warning: ...``."""
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001  (warnings' signature)
+        print(f"ms-accum {args.command}: warning: {in_flags(first_paragraph(str(message)), args)}", file=sys.stderr)
+    return show
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the `ms-accum` console script; returns the exit status. Whatever fails, the command ends with
+    one line on stderr (`error_line`), never a traceback."""
+    args = build_parser().parse_args(argv)
+    # MindSpore's log: critical only, so an error stays one line (a graph that fails to compile also logs it as an
+    # ERROR, with its C++ stack); set GLOG_v to see more.
+    os.environ.setdefault("GLOG_v", "4")
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(args)
+            summary = {"train": run_train, "eval": run_eval, "verify": run_verify,
+                       "plan": run_plan}[args.command](args)
     except KeyboardInterrupt:
         print(f"ms-accum {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001  (every failure is one line)
+        done = getattr(err, "summary", None)
+        if args.json and done is not None:  # what the command did before it failed: the checkpoint `train` saved
+            print(json.dumps(done))
+        print(f"ms-accum {args.command}: error: {error_line(err, args)}", file=sys.stderr)
+        return 1
     if args.json and summary is not None:
         print(json.dumps(summary))
     return 1 if summary is not None and summary.get("passed") is False else 0

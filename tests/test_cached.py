@@ -18,6 +18,7 @@ import mindspore.dataset as ds
 from mindspore import Tensor, amp, nn, ops
 
 from ms_accum import GradientAccumulation, TrainCachedWindowCell, verify_equivalence
+from ms_accum.core.dropout import seed_dropout
 from conftest import mnist_dir, params_of, raises_exactly, requires_mnist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts"))
@@ -123,10 +124,11 @@ def test_control_the_per_micro_batch_structure_is_not_the_large_step(kind):
     assert diff > 1e-3  # K small batches of negatives are not one large one
 
 
-def test_dropout_both_passes_see_the_same_masks():
+def test_dropout_both_passes_see_the_same_masks(mode):
     """Pass 1's masks are read off its outputs (a dropped unit is a zero) by a twin network built with the same seed,
-    whose forward graph draws the same masks (its kernel is seeded alike and called in the same order); the cached
-    update must equal one step of the large batch with exactly those masks."""
+    whose `SeededDropout` ops draw the same masks from the same offsets; the cached update, whose pass 2 draws again
+    from the offsets pass 1 started at, must equal one step of the large batch with exactly those masks. In PyNative
+    too: the masks are drawn from the ops' Parameters, not from kernels of each branch."""
     p = 0.25
     x, y = build("infonce")[2](K * B)
     micro = [Tensor(x[i * B:(i + 1) * B]) for i in range(K)]
@@ -140,6 +142,7 @@ def test_dropout_both_passes_see_the_same_masks():
             return self.network(pairs)
 
     twin, _, _ = build("infonce", dropout=p)
+    seed_dropout(twin)
     forward = Forward(twin).set_train()
     masks = np.concatenate([np.stack([(t.asnumpy() != 0) for t in forward(m)], 1) for m in micro]).astype(np.float32)
     assert 0.6 < masks.mean() < 0.9  # dropout ran
@@ -147,7 +150,8 @@ def test_dropout_both_passes_see_the_same_masks():
 
     net, loss, _ = build("infonce", dropout=p)
     def seeds(n):
-        return [(c.dropout.dropout.attrs["Seed0"], c.dropout.dropout.attrs["Seed1"]) for c in (n.query, n.doc)]
+        return [int(c.dropout.dropout.seed.asnumpy()) for c in (n.query, n.doc)]
+    seed_dropout(net)
     assert seeds(net) == seeds(twin)
     masked = MaskedTwoTower(1.0 - p)
     ms.load_param_into_net(masked, {q.name: ms.Parameter(Tensor(q.asnumpy()), name=q.name)
@@ -251,25 +255,31 @@ def test_bad_inputs_are_refused_before_anything_compiles():
         assert np.array_equal(p.asnumpy(), build("supcon")[0].parameters_dict()[p.name].asnumpy())
 
 
-def test_unseeded_dropout_and_pynative_dropout_are_refused():
-    ms.set_seed(0)
-    seeded = TwoTower(dropout=0.5)
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        with pytest.raises(ValueError, match=r"^For 'TrainCachedWindowCell', the argument 'network' must have no "
-                                             r"random ops \(dropout\) in PyNative mode"):
-            TrainCachedWindowCell(seeded, InfoNCE(), nn.SGD(seeded.trainable_params()))
-    finally:
-        ms.set_context(mode=ms.GRAPH_MODE)
-    net = TwoTower(dropout=0.5)
-    for tower in (net.query, net.doc):  # as built without mindspore.set_seed
+def test_other_random_ops_need_seeds_and_graph_mode():
+    """Dropout is drawn from `SeededDropout` (either mode, seeded or not); another random primitive keeps its state in
+    its kernels, which agree between the passes only when seeded and in graph mode."""
+    unseeded = TwoTower(dropout=0.5)
+    for tower in (unseeded.query, unseeded.doc):  # as built without mindspore.set_seed
         tower.dropout.dropout.add_prim_attr("Seed0", 0)
         tower.dropout.dropout.add_prim_attr("Seed1", 0)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        TrainCachedWindowCell(unseeded, InfoNCE(), nn.SGD(unseeded.trainable_params()))
+        noisy = TwoTower(dropout=0.5)
+        noisy.query.noise = ops.StandardNormal(seed=1, seed2=2)
+        with raises_exactly(ValueError, "For 'TrainCachedWindowCell', the argument 'network' must have no random ops "
+                                        "drawing in their kernels in PyNative mode with structure='cached', but its "
+                                        "cell 'query' has a StandardNormal: both passes would share its kernel and "
+                                        "draw other values. Use graph mode (with seeded ops), or drop the op."):
+            TrainCachedWindowCell(noisy, InfoNCE(), nn.SGD(noisy.trainable_params()))
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    TrainCachedWindowCell(noisy, InfoNCE(), nn.SGD(noisy.trainable_params()))
+    noisy.doc.noise = ops.StandardNormal()
     with raises_exactly(ValueError, "For 'GradientAccumulation', the argument 'network' must have seeded random ops "
-                                    "with structure='cached', but its cell 'query.dropout' draws unseeded masks: pass "
-                                    "2 would see other masks than pass 1. Call mindspore.set_seed(...) before building "
-                                    "the network."):
-        GradientAccumulation(net, InfoNCE(), nn.SGD(net.trainable_params()), structure="cached")
+                                    "with structure='cached', but its cell 'doc' has an unseeded StandardNormal: "
+                                    "pass 2 would draw other values than pass 1. Give the op its seeds."):
+        GradientAccumulation(noisy, InfoNCE(), nn.SGD(noisy.trainable_params()), structure="cached")
 
 
 def run_worker(ckpt_dir, fault: str = "none") -> subprocess.CompletedProcess:

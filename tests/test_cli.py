@@ -48,8 +48,8 @@ def test_train_then_eval_on_real_mnist(tmp_path):
     assert trained["checkpoint"] == str(ckpt)
     assert (tmp_path / "lenet5_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _, meta = load_checkpoint(str(ckpt))
-    assert {k: meta[k] for k in ("model", "accumulate_steps", "batch_size", "epoch", "step")} == {
-        "model": "lenet5", "accumulate_steps": 2, "batch_size": 32, "epoch": 1, "step": 128}
+    assert {k: meta[k] for k in ("model", "accumulate_step", "batch_size", "epoch", "step")} == {
+        "model": "lenet5", "accumulate_step": 2, "batch_size": 32, "epoch": 1, "step": 128}
 
     out = run_cli("eval", "--ckpt", str(ckpt), "--json", "--quiet")  # model and data come from the checkpoint
     assert out.returncode == 0, out.stderr
@@ -100,13 +100,13 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
             "--no-eval", "--quiet", "--json"]
     assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2,512:4", "--noise-scale"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert summary["accumulate_steps"] == [1] * 8 + [2] * 4 + [4] * 4 and summary["samples_consumed"] == 1024
+    assert summary["accumulate_step"] == [1] * 8 + [2] * 4 + [4] * 4 and summary["samples_consumed"] == 1024
     # The noise scale needs two batch sizes: none while K=1, an estimate from the first window of 2 on.
     assert summary["noise_scale"][:8] == [None] * 8 and all(v is not None for v in summary["noise_scale"][8:])
     assert len(summary["grad_norm"]) == 16 and all(np.isfinite(summary["grad_norm"]))
     assert (tmp_path / "mlp_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _, meta = load_checkpoint(str(tmp_path / "mlp.ckpt"))
-    assert meta["accumulate_steps"] == "0:1,256:2,512:4" and meta["global_batches"] == "0:32,256:64,512:128"
+    assert meta["accumulate_step"] == "0:1,256:2,512:4" and meta["global_batches"] == "0:32,256:64,512:128"
     # A threshold no micro-batch of this clean data reaches: nothing left out, and the JSON says so.
     assert cli.main(argv + ["--accumulate-steps", "2", "--skip-outliers", "50", "--outlier-warmup", "4"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
@@ -166,8 +166,8 @@ def test_verify_names_adam_magnifying_rounding_on_real_mnist(capsys):
 def test_verify_needs_k_times_b_images(synthetic, capsys):
     assert cli.main(["verify", "--accumulate-steps", "64", "--batch-size", "32", "--data", synthetic]) == 1
     assert capsys.readouterr().err == (
-        "ms-accum verify: error: For 'ms-accum verify', the dataset yields no batch: fewer samples than batch_size "
-        "2048 with drop_remainder=True (num_samples=2048, num_shards=None).\n")
+        f"ms-accum verify: error: For 'ms-accum verify', --accumulate-steps 64 x --batch-size 32 needs 2048 training "
+        f"images, but {os.path.abspath(synthetic)} holds 1024.\n")
 
 
 @pytest.mark.slow  # make test-all
@@ -265,7 +265,7 @@ def test_bad_data_and_checkpoints_exit_1_naming_the_file(tmp_path, synthetic, ca
         (["eval", "--ckpt", random_file], unreadable.format(random_file, random_file)),
         (["eval", "--ckpt", cut_file], unreadable.format(cut_file, cut_file)),
         (["eval", "--ckpt", good, "--model", "lenet5", "--data", synthetic],
-         f"Checkpoint '{good}' was saved with model='mlp', but model='lenet5' was asked for."),
+         f"Checkpoint '{good}' was saved with --model mlp, but --model lenet5 was asked for."),
         (["eval", "--ckpt", bare, "--data", synthetic],
          f"Checkpoint '{bare}' does not record its model: pass --model, one of ['lenet5', 'mlp'] or "
          f"package.module:function."),
@@ -354,9 +354,9 @@ def test_a_full_disk_ends_with_one_line_naming_the_file_and_the_state_to_resume(
     full = run_cli(*argv, "--ckpt-dir", str(small_file_system))
     assert full.returncode == 1
     assert full.stderr.strip().splitlines()[-1] == (
-        f"ms-accum train: error: For 'GradientAccumulation.train_process', 'lenet5-000000006.ckpt' could not be "
-        f"written in '{small_file_system}': No space left on device. No earlier file was changed. The newest complete "
-        f"training state is 'lenet5-000000004.ckpt': resume=True (the CLI's --resume) continues from it.")
+        f"ms-accum train: error: For 'ms-accum train', 'lenet5-000000006.ckpt' could not be written in "
+        f"'{small_file_system}': No space left on device. No earlier file was changed. The newest complete training "
+        f"state is 'lenet5-000000004.ckpt': the same command with --resume continues from it.")
     kept = sorted(os.listdir(small_file_system))
     assert kept == ["lenet5-000000002.ckpt", "lenet5-000000004.ckpt"]  # intact, and no temporary file left
     # The states it kept continue the run: copied where there is room, --resume goes on from step 4.

@@ -383,7 +383,9 @@ def _assert_failed_cleanly(root, info, before_temp):
     assert _download_temp_dirs() <= before_temp  # the `download` package's own temp dir is gone too
 
 
-@pytest.mark.parametrize("url", [_closed_port_url(), "http://mnist.invalid/MNIST_Data.zip"])
+# Named ids: the closed port differs in every process that collects the tests (pytest-xdist's workers must agree).
+@pytest.mark.parametrize("url", [_closed_port_url(), "http://mnist.invalid/MNIST_Data.zip"],
+                         ids=["closed-port", "unknown-host"])
 def test_download_offline_fails_fast_and_clean(tmp_path, url):
     root = str(tmp_path / "datasets")
     before = _download_temp_dirs()

@@ -7,6 +7,7 @@ taken from MindSpore's own CPU profiler in the workers. Two msrun launches act a
 cases of `NODE_CASES`, and `ms-accum train`). `fault_scripts/resume_worker.py` under msrun is killed mid-window and
 resumed, and resumed on one process with twice the K. The error paths are checked in-process.
 """
+import functools
 import glob
 import json
 import os
@@ -30,8 +31,8 @@ from conftest import raises_exactly
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts")
 sys.path.insert(0, SCRIPTS)
-from dp_cases import (CASES, NODE_CASES, PAD, PROFILED_CASE, RAMP_CASE, global_micro_batches, loss_fn,  # noqa: E402
-                      make_net, make_optimizer, nan_window, params_of, rank_share)
+from dp_cases import (CASES, NODE_CASES, NOISE_CASE, PAD, PROFILED_CASE, RAMP_CASE, global_micro_batches,  # noqa: E402
+                      loss_fn, make_net, make_optimizer, nan_window, params_of, rank_share)
 
 RTOL, ATOL = 1e-5, 1e-6
 WORKERS = 2
@@ -187,6 +188,12 @@ def reference_run(case):
     return params_of(net), losses
 
 
+@functools.lru_cache(maxsize=None)
+def reference_of(name):
+    """`reference_run` of `CASES[name]`, once per module: two tests compare with each executor case's."""
+    return reference_run(CASES[name])
+
+
 @pytest.mark.distributed
 def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(dp_run):
     # K from the global samples consumed: the ranks' micro-batches of 2 and 6 count as 8, so both ranks open the same
@@ -226,7 +233,7 @@ def test_noise_scale_under_data_parallel_matches_the_exact_value(dp_run):
     _, reports = dp_run
     estimates = [report["noise_scale"]["estimate"] for report in reports]
     exact = reports[0]["noise_scale"]["exact"]
-    assert estimates[0] == estimates[1] and reports[0]["noise_scale"]["windows"] == 40000 // 16
+    assert estimates[0] == estimates[1] and reports[0]["noise_scale"]["windows"] == NOISE_CASE["samples"] // 16
     assert abs(estimates[0] / exact - 1) < 0.10, (estimates, exact)
 
 
@@ -238,7 +245,7 @@ def test_ranks_equal_single_process_on_global_batch(dp_run, name):
     for key in ranks[0]:
         # Both ranks apply the same all-reduced window: bit-identical parameters.
         assert np.array_equal(ranks[0][key], ranks[1][key]), f"{name}: '{key}' differs between the ranks"
-    expected, _ = reference_run(CASES[name])
+    expected, _ = reference_of(name)
     start = params_of(make_net())
     for key, value in expected.items():
         assert not np.allclose(value, start[key]), f"{name}: '{key}' did not train"
@@ -272,7 +279,7 @@ def test_token_cases_give_the_ranks_very_different_token_counts():
 def test_the_logged_loss_is_the_global_windows(dp_run, name):
     # Ranks holding different numbers of samples (or tokens) log the same loss: the global batch's, not their share's.
     _, reports = dp_run
-    _, expected = reference_run(CASES[name])
+    _, expected = reference_of(name)
     assert reports[0][name]["losses"] == reports[1][name]["losses"]
     np.testing.assert_allclose(reports[0][name]["losses"], expected, rtol=1e-5)
 

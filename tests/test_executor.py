@@ -1,4 +1,5 @@
 """GradientAccumulation: partial windows, unequal micro-batches, logging, checkpoints, argument checks."""
+import functools
 import os
 
 import numpy as np
@@ -14,14 +15,25 @@ def loss_fn():
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
-def big_batch_steps(batches):
-    """Reference: one TrainOneStepCell step per list of samples (concatenated)."""
+@functools.lru_cache(maxsize=None)
+def big_batch_trajectory(seed, n, bounds):
+    """Reference: one TrainOneStepCell step on each slice `bounds` of `batch_for("mlp", n, seed)`; the parameters
+    after each step. Computed once per module and shared by the structures compared with it (a compile of the
+    reference costs as much as the graph under test); nothing mutates the returned arrays."""
+    x, y = batch_for("mlp", n, seed=seed)
     net = make_net("mlp")
     step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn()), nn.Momentum(net.trainable_params(), 0.05, 0.9))
     step.set_train()
-    for x, y in batches:
-        step(Tensor(x), Tensor(y))
-    return params_of(net)
+    after = []
+    for lo, hi in bounds:
+        step(Tensor(x[lo:hi]), Tensor(y[lo:hi]))
+        after.append(params_of(net))
+    return after
+
+
+def big_batch_steps(seed, n, bounds):
+    """The parameters after the reference's steps on the slices `bounds` of `batch_for("mlp", n, seed)`."""
+    return big_batch_trajectory(seed, n, bounds)[-1]
 
 
 def dataset(x, y, batch_size, drop_remainder=False):
@@ -34,11 +46,14 @@ def executor(structure="fused", **kwargs):
                                      structure=structure, **kwargs)
 
 
+PARTIAL_WINDOWS = ((0, 16), (16, 32), (32, 40))  # 40 samples in windows of K=4 x 4: 16, 16 and a partial 8
+
+
 @pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
 def test_partial_window_is_applied_as_mean_of_samples_seen(structure, tmp_path):
     # 10 batches of 4 with K=4: windows of 16, 16 and a partial window of 8 samples.
     x, y = batch_for("mlp", 40, seed=1)
-    expected = big_batch_steps([(x[:16], y[:16]), (x[16:32], y[16:32]), (x[32:], y[32:])])
+    expected = big_batch_steps(1, 40, PARTIAL_WINDOWS)
     net, ex = executor(structure)
     result = ex.train_process(1, dataset(x, y, 4), mini_steps=4, ckpt_dir=str(tmp_path), verbose=False)
     assert [r.micro_batches for r in result.steps] == [4, 4, 2]
@@ -49,7 +64,7 @@ def test_partial_window_is_applied_as_mean_of_samples_seen(structure, tmp_path):
 
 def test_partial_window_can_be_dropped(tmp_path):
     x, y = batch_for("mlp", 40, seed=1)
-    expected = big_batch_steps([(x[:16], y[:16]), (x[16:32], y[16:32])])
+    expected = big_batch_trajectory(1, 40, PARTIAL_WINDOWS)[1]  # the reference after the two full windows' steps
     net, ex = executor()
     result = ex.train_process(1, dataset(x, y, 4), mini_steps=4, partial_window="drop", ckpt_dir=str(tmp_path),
                               verbose=False)
@@ -64,7 +79,7 @@ def test_partial_window_can_be_dropped(tmp_path):
 def test_unequal_micro_batches_match_concatenated_batch(structure, tmp_path):
     # 22 samples in batches of 8: 8, 8, 6 -> with K=3 one window of all 22, the last micro-batch smaller.
     x, y = batch_for("mlp", 22, seed=2)
-    expected = big_batch_steps([(x, y)])
+    expected = big_batch_steps(2, 22, ((0, 22),))
     net, ex = executor(structure)
     result = ex.train_process(1, dataset(x, y, 8), mini_steps=3, ckpt_dir=str(tmp_path), verbose=False)
     assert [r.samples for r in result.steps] == [22]
@@ -111,7 +126,7 @@ def test_saves_checkpoint_with_metadata(tmp_path):
 
 def test_mini_steps_larger_than_epoch_warns_and_trains(tmp_path):
     x, y = batch_for("mlp", 12, seed=6)
-    expected = big_batch_steps([(x, y)])
+    expected = big_batch_steps(6, 12, ((0, 12),))
     net, ex = executor()
     with pytest.warns(UserWarning, match="'mini_steps' \\(5\\) is larger than an epoch's 3 batches"):
         result = ex.train_process(1, dataset(x, y, 4), mini_steps=5, ckpt_dir=str(tmp_path), verbose=False)
@@ -256,6 +271,23 @@ def test_loss_without_reduction_is_refused(loss):
         GradientAccumulation(net, loss, nn.SGD(net.trainable_params()))
 
 
+SUMMED = {}
+
+
+def summed_large_batch_steps(summing):
+    """One TrainOneStepCell step with the summing loss on each window's concatenated batch (12 samples, then 10), once
+    per loss for the three structures compared with it."""
+    if id(summing) not in SUMMED:
+        x, y = batch_for("mlp", 22, seed=3)
+        ref = make_net("mlp")
+        step = nn.TrainOneStepCell(nn.WithLossCell(ref, summing), nn.Momentum(ref.trainable_params(), 0.002, 0.9))
+        step.set_train()
+        for lo, hi in ((0, 12), (12, 22)):
+            step(Tensor(x[lo:hi]), Tensor(y[lo:hi]))
+        SUMMED[id(summing)] = params_of(ref)
+    return SUMMED[id(summing)]
+
+
 @pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
 @pytest.mark.parametrize("summing", [nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
                                      nn.CrossEntropyLoss(reduction="sum")])
@@ -263,17 +295,12 @@ def test_a_summing_loss_accumulates_to_the_large_batch_sum(summing, structure):
     # The loss says it sums (its `reduction`, or LossBase's `average` flag): the window is the sum over all its
     # samples, one step on the concatenated batch with that loss, partial window and unequal micro-batches included.
     x, y = batch_for("mlp", 22, seed=3)
-    ref = make_net("mlp")
-    step = nn.TrainOneStepCell(nn.WithLossCell(ref, summing), nn.Momentum(ref.trainable_params(), 0.002, 0.9))
-    step.set_train()
-    for lo, hi in ((0, 12), (12, 22)):
-        step(Tensor(x[lo:hi]), Tensor(y[lo:hi]))
     net = make_net("mlp")
     executor = GradientAccumulation(net, summing, nn.Momentum(net.trainable_params(), 0.002, 0.9),
                                     structure=structure)
     assert executor.buffer.reduction.name == "sum"
     executor.train_process(1, dataset(x, y, 4), mini_steps=3, ckpt_dir=None, verbose=False)
-    for a, e in zip(params_of(net), params_of(ref)):
+    for a, e in zip(params_of(net), summed_large_batch_steps(summing)):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 

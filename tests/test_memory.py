@@ -13,11 +13,20 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_scripts", "peak.py")
 K = 8
+
+
+def concurrently(*calls):
+    """The results of `calls`, each of which measures fresh processes, run two at a time. A process's peak is its own,
+    whatever runs beside it; starting one (importing MindSpore, compiling) keeps one core busy, so the second core
+    measures the next."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda call: call(), calls))
 
 
 def measured(factory: str, contender: str, k: int, *options: str) -> dict:
@@ -32,16 +41,19 @@ def peak(contender: str, *options: str) -> int:
     return measured("conv_net", contender, K, *options)["peak"]
 
 
-@functools.lru_cache(maxsize=None)
-def median_of_3(contender: str, *options: str) -> int:
-    return sorted(peak(contender, *options) for _ in range(3))[1]
+def medians_of_3(*configurations) -> dict:
+    """The median peak of 3 fresh processes of each configuration (contender, options...), all run two at a time."""
+    runs = concurrently(*[functools.partial(peak, *config) for config in configurations for _ in range(3)])
+    return {config: sorted(runs[3 * i:3 * i + 3])[1] for i, config in enumerate(configurations)}
 
 
 @pytest.fixture(scope="module")
 def peaks():
     # The median of 3 fresh processes for the two figures compared within 1.15x: one process's peak moves by up to
     # about 0.15x one B step (docs/mindspore.md, no peak memory on CPU).
-    return {"one_kb": peak("one_kb"), "one_b": median_of_3("one_b"), "executor": median_of_3("auto")}
+    runs = concurrently(functools.partial(peak, "one_kb"), *[functools.partial(peak, "one_b")] * 3,
+                        *[functools.partial(peak, "auto")] * 3)
+    return {"one_kb": runs[0], "one_b": sorted(runs[1:4])[1], "executor": sorted(runs[4:])[1]}
 
 
 def test_default_executor_costs_about_one_micro_batch_not_the_window(peaks):
@@ -60,18 +72,29 @@ def test_measure_sees_activations(peaks):
     assert peaks["one_kb"] > 1.6 * peaks["one_b"]
 
 
-@pytest.mark.slow  # make test-all
-@pytest.mark.parametrize("structure, option, before", [
+ONE_GRAPH_CASES = [
     ("fused", "--partial", "a partial window ran through TrainForwardBackward: 363 against 262 MiB"),
     ("fused", "--ramp", "one TrainAccumulationCell per K: 370 against 246 MiB"),
     ("window", "--partial", "a partial window ran through TrainForwardBackward: 412 against 272 MiB"),
-    ("window", "--ramp", "one TrainWindowCell per K: 387 against 272 MiB")])
-def test_a_structure_runs_every_window_through_one_graph(peaks, structure, option, before):
+    ("window", "--ramp", "one TrainWindowCell per K: 387 against 272 MiB")]
+
+
+@pytest.fixture(scope="module")
+def structure_peaks():
+    """The median of 3 fresh processes of each structure, as it is and with each option of the test below."""
+    configurations = sorted({(structure,) for structure, _, _ in ONE_GRAPH_CASES}
+                            | {(structure, option) for structure, option, _ in ONE_GRAPH_CASES})
+    return medians_of_3(*configurations)
+
+
+@pytest.mark.slow  # make test-all
+@pytest.mark.parametrize("structure, option, before", ONE_GRAPH_CASES)
+def test_a_structure_runs_every_window_through_one_graph(peaks, structure_peaks, structure, option, before):
     # Each graph of the network holds activation memory of its own (docs/mindspore.md, each graph's memory): an epoch's
     # partial window, or a window of another K in a schedule, must run through the Cell that runs the others (the
     # fused one closes it on the host; the window one trains the first micro-batches of a stack of K). `before`: the
     # second graph's cost, measured.
-    whole, other = median_of_3(structure), median_of_3(structure, option)
+    whole, other = structure_peaks[(structure,)], structure_peaks[(structure, option)]
     assert other - whole < 0.3 * peaks["one_b"], (f"peak RSS growth MiB: {structure} {whole / 2**20:.0f}, {option} "
                                                   f"{other / 2**20:.0f} (before the fix, {before})")
 
@@ -79,10 +102,10 @@ def test_a_structure_runs_every_window_through_one_graph(peaks, structure, optio
 @pytest.fixture(scope="module")
 def window_peaks():
     # The executor's default structure, K=4 x B=8, as it is and with each option that touches every gradient.
-    runs = {"three_graphs": measured("wide_mlp", "three_graphs", 4)}
-    for option in ("statistics", "clip", "skip_microbatch", "outliers"):
-        runs[f"three_graphs_{option}"] = measured("wide_mlp", "three_graphs", 4, "--option", option)
-    return runs
+    options = ("statistics", "clip", "skip_microbatch", "outliers")
+    runs = concurrently(functools.partial(measured, "wide_mlp", "three_graphs", 4),
+                        *[functools.partial(measured, "wide_mlp", "three_graphs", 4, "--option", o) for o in options])
+    return {"three_graphs": runs[0], **{f"three_graphs_{option}": run for option, run in zip(options, runs[1:])}}
 
 
 @pytest.mark.slow  # make test-all
@@ -110,7 +133,6 @@ def test_an_option_on_the_window_costs_no_copy_of_a_gradient(window_peaks, optio
 REAL_SIZE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_scripts", "real_size.py")
 
 
-@functools.lru_cache(maxsize=None)  # the plain step's figure serves every test that compares with it
 def real_size(optimizer: str, contender: str) -> dict:
     """``{"peak": bytes, "params": bytes}`` of `memory_scripts/real_size.py` (12 x Dense(2048, 2048), B=1, K=4)."""
     out = subprocess.run([sys.executable, REAL_SIZE_SCRIPT, optimizer, contender], capture_output=True, text=True,
@@ -119,17 +141,28 @@ def real_size(optimizer: str, contender: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-@pytest.mark.slow  # make test-all
-@pytest.mark.parametrize("optimizer, structure, bound, before", [
+REAL_SIZE_CASES = [
     ("sgd", "three_graphs", 1.25, "+1.86x: every gradient alive before its assign_add (a forward HyperMap)"),
     ("adamw", "three_graphs", 0.60, "+1.16x, the issue's figure"),
-    ("adamw", "fused", 0.35, "+0.42x: the optimizer in a branch of the micro-batch's graph, after the backward")])
-def test_a_window_costs_its_buffer_on_a_parameter_heavy_network(optimizer, structure, bound, before):
+    ("adamw", "fused", 0.35, "+0.42x: the optimizer in a branch of the micro-batch's graph, after the backward")]
+
+
+@pytest.fixture(scope="module")
+def real_sizes():
+    """`real_size` of every configuration the test below compares, the plain step's once per optimizer."""
+    configurations = sorted({(optimizer, "one_b") for optimizer, _, _, _ in REAL_SIZE_CASES}
+                            | {(optimizer, structure) for optimizer, structure, _, _ in REAL_SIZE_CASES})
+    return dict(zip(configurations, concurrently(*[functools.partial(real_size, *c) for c in configurations])))
+
+
+@pytest.mark.slow  # make test-all
+@pytest.mark.parametrize("optimizer, structure, bound, before", REAL_SIZE_CASES)
+def test_a_window_costs_its_buffer_on_a_parameter_heavy_network(real_sizes, optimizer, structure, bound, before):
     # The buffer is 1.00x the parameters; a plain step's gradients are transient. The default structure measured
     # +1.03-1.11x with SGD and +0.17-0.20x with AdamW (whose plain step peaks at the optimizer's temporaries beside the
     # gradients), "fused" +0.20x with AdamW, one process's figure moving by about 0.08x: `bound` leaves that margin
     # and fails on the regression `before` describes (docs/memory.md).
-    plain, window = real_size(optimizer, "one_b"), real_size(optimizer, structure)
+    plain, window = real_sizes[(optimizer, "one_b")], real_sizes[(optimizer, structure)]
     above = (window["peak"] - plain["peak"]) / plain["params"]
     assert above < bound, (f"{optimizer}: the {structure} structure's peak is +{above:.2f}x the parameters above the "
                            f"plain step's ({plain['peak'] / 2**20:.0f} / {window['peak'] / 2**20:.0f} MiB; before "

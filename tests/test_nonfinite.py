@@ -1,5 +1,7 @@
 """Non-finite windows and loss scaling: skipped windows never reach the parameters, counters are right,
 the scale changes once per window, and scaled training equals unscaled training."""
+import functools
+
 import numpy as np
 import pytest
 import mindspore as ms
@@ -51,6 +53,31 @@ def params_of(net):
     return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
+@functools.lru_cache(maxsize=None)
+def second_window_alone():
+    """The parameters after training on `batches()`' second window alone, from the start: what skipping the first
+    leaves. Trained once for the tests that compare with it; nothing mutates the returned arrays."""
+    return train(batches()[K:])[1]
+
+
+@functools.lru_cache(maxsize=None)
+def without_micro_batch_1():
+    """Reference for leaving out micro-batch 1: the three-graph Cells fed micro-batches 0 and 2 as window 1, then
+    window 2; once for the structures compared with it."""
+    items = batches()
+    net = make_net()
+    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    buffer = AccumulationBuffer(optimizer.parameters)
+    forward_backward = TrainForwardBackward(nn.WithLossCell(net, loss_fn()), optimizer, buffer)
+    optim, clear = TrainOptim(optimizer, buffer), TrainClear(buffer)
+    for window in ([items[0], items[2]], items[3:]):
+        for x, y in window:
+            forward_backward(ms.Tensor(x), ms.Tensor(y))
+        optim()
+        clear()
+    return params_of(net)
+
+
 def assert_finite(params):
     assert all(np.isfinite(v).all() for v in params.values())
 
@@ -63,7 +90,7 @@ def test_nonfinite_window_is_skipped_with_a_warning():
     assert result.skipped_windows == 1 and result.skipped_micro_batches == 0
     assert_finite(params)
     # Exactly as if the first window had never been there (Momentum's state untouched as well).
-    _, expected, _ = train(items[K:])
+    expected = second_window_alone()
     for name in expected:
         np.testing.assert_array_equal(params[name], expected[name])
 
@@ -77,17 +104,7 @@ def test_skip_microbatch_leaves_out_the_bad_micro_batch_and_renormalizes(structu
     assert np.isfinite(result.steps[0].loss)  # the window's loss is over the micro-batches it kept
     assert_finite(params)
     # Reference: the three-graph Cells fed the two good micro-batches of window 1, then window 2.
-    net = make_net()
-    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
-    buffer = AccumulationBuffer(optimizer.parameters)
-    forward_backward = TrainForwardBackward(nn.WithLossCell(net, loss_fn()), optimizer, buffer)
-    optim, clear = TrainOptim(optimizer, buffer), TrainClear(buffer)
-    for window in ([items[0], items[2]], items[3:]):
-        for x, y in window:
-            forward_backward(ms.Tensor(x), ms.Tensor(y))
-        optim()
-        clear()
-    for name, value in params_of(net).items():
+    for name, value in without_micro_batch_1().items():
         np.testing.assert_allclose(params[name], value, rtol=1e-6, atol=1e-7)
 
 
@@ -130,7 +147,7 @@ def test_dynamic_loss_scale_skips_the_overflowing_window_and_lowers_the_scale_on
     assert [r.skipped for r in result.steps] == [True, False]
     assert [r.loss_scale for r in result.steps] == [2.0 ** 107, 2.0 ** 107]  # lowered once, not per micro-batch
     assert_finite(scaled)
-    _, expected, _ = train(items[K:])
+    expected = second_window_alone()
     for name in expected:
         np.testing.assert_array_equal(scaled[name], expected[name])
 
@@ -199,6 +216,17 @@ def test_a_half_precision_window_whose_sum_would_overflow_is_still_applied():
     assert int(buffer.guard.skipped_windows.asnumpy()) == 0
 
 
+@functools.lru_cache(maxsize=None)
+def window_check(statistics):
+    """A buffer and its TrainOptim, compiled once for every case of the test below, and every Parameter's starting
+    value (the network's, the optimizer's, the buffer's and its guard's), which each case restores first."""
+    net = nn.SequentialCell(nn.Dense(100, 100), nn.Dense(100, 3))
+    optimizer = nn.SGD(net.trainable_params(), 0.0)  # lr 0: only whether the step ran matters
+    buffer = AccumulationBuffer(optimizer.parameters, reduction="sum", statistics=statistics)
+    optim = TrainOptim(optimizer, buffer)
+    return buffer, optim, [(p, p.asnumpy().copy()) for p in optim.get_parameters()]
+
+
 @pytest.mark.parametrize("statistics", [False, True])
 @pytest.mark.parametrize("value", [None, np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("tensor", ["0.weight", "0.bias", "1.weight"])
@@ -206,14 +234,14 @@ def test_the_window_check_finds_a_nonfinite_element_in_any_tensor(tensor, value,
     # The float32 window's check sums each tensor's squares with L2Loss; with statistics on it reads the window's
     # squared norm instead, where a tensor above `_ops.SMALL_TENSOR` elements (0.weight, 100 x 100) is a dot. Either
     # way, one element that is not finite rules the window out.
-    net = nn.SequentialCell(nn.Dense(100, 100), nn.Dense(100, 3))
-    optimizer = nn.SGD(net.trainable_params(), 0.0)  # lr 0: only whether the step ran matters
-    buffer = AccumulationBuffer(optimizer.parameters, reduction="sum", statistics=statistics)
+    buffer, optim, start = window_check(statistics)
+    for param, value_at_start in start:  # a fresh buffer, guard and optimizer: nothing an earlier case left
+        param.set_data(ms.Tensor(value_at_start))
     for g in buffer.grad_sum:
         data = np.full(g.shape, 0.5, np.float32)
         if value is not None and g.name == f"accumulate.{tensor}":
             data.flat[data.size // 2] = value
         g.set_data(ms.Tensor(data))
     ms.ops.assign(buffer.mini_step, ms.Tensor(1, ms.int32))
-    assert bool(TrainOptim(optimizer, buffer)().asnumpy()) == (value is None)
+    assert bool(optim().asnumpy()) == (value is None)
     assert int(buffer.guard.skipped_windows.asnumpy()) == (value is not None)

@@ -16,6 +16,7 @@ from mindspore import nn
 
 from ms_accum import GradientAccumulation, Plan, cli, plan
 from ms_accum._choices import STRUCTURES
+from ms_accum.demo.models import LeNet5
 from ms_accum.train.plan import network_fingerprint
 from ms_accum.tools.planner import (CONFIRM_UP_TO, HEADROOM, MIB, Trial, _search, _Trials, check_output_path,
                                     parse_size)
@@ -260,12 +261,13 @@ def test_a_plan_for_a_parameter_heavy_network_counts_the_parameter_side(tmp_path
 
 def test_from_plan_takes_the_plans_structure_reduction_and_k(tmp_path):
     trials = [Trial(4, 2, "fused", 10.0, 1.0)]
-    chosen = Plan("lenet5", 8, 1, 4, 2, "fused", "mean", 10.0, 20.0, 20.0, 1.0, 2.0, "CPU", trials)
+    net = nn.Dense(6, 3)
+    chosen = Plan("lenet5", 8, 1, 4, 2, "fused", "mean", 10.0, 20.0, 20.0, 1.0, 2.0, "CPU", trials,
+                  network_fingerprint(net))
     assert Plan.load(chosen.save(str(tmp_path / "p.json"))) == chosen
     (tmp_path / "bad.json").write_text('{"model": "lenet5"}')
     with pytest.raises(ValueError, match="is not a plan written by 'ms-accum plan --output'"):
         Plan.load(str(tmp_path / "bad.json"))
-    net = nn.Dense(6, 3)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     executor = GradientAccumulation.from_plan(chosen, net, loss, nn.SGD(net.trainable_params(), 0.1))
     assert executor.structure == "fused" and executor.plan is chosen
@@ -348,15 +350,31 @@ def test_a_plan_knows_its_ranks_and_network_and_refuses_others(tmp_path):
     renamed = nn.SequentialCell([nn.Dense(6, 16), nn.ReLU(), nn.Dense(16, 3)])
     renamed.update_parameters_name("encoder.")
     assert network_fingerprint(renamed)["hash"] != fingerprint["hash"]
-    # A plan written before plans recorded the network (and with 0.2's 'accumulate_steps') loads; only ranks checked.
+    # A plan written before plans recorded the network (and with 0.2's 'accumulate_steps') loads, and is compared with
+    # the network its model builds now: LeNet5's parameters fit it, another network's do not.
     old = _plan_dict()
     del old["network"]
     old["accumulate_steps"] = old.pop("accumulate_step")
-    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "old.json").write_text(json.dumps({**old, "ranks": 1, "global_batch": 8}))
     old_plan = Plan.load(str(tmp_path / "old.json"))
-    assert old_plan.network is None and old_plan.check_fits(other, 2) is old_plan
+    assert old_plan.network is None and old_plan.check_fits(LeNet5(), 1) is old_plan
+    lenet = network_fingerprint(LeNet5())
+    with raises_exactly(ValueError, f"For 'GradientAccumulation.from_plan', the plan '{tmp_path / 'old.json'}' records "
+                                    f"no network (it was written before plans recorded one), and its model 'lenet5', "
+                                    f"built now, has {lenet['parameters']} trainable parameters of {lenet['values']} "
+                                    f"values (hash {lenet['hash']}), but the network given has 4 trainable parameters "
+                                    f"of 323 values (hash {network_fingerprint(other)['hash']}): plan again for this "
+                                    f"network."):
+        GradientAccumulation.from_plan(old_plan, other, nn.MSELoss(), nn.SGD(other.trainable_params()))
     with pytest.raises(ValueError, match="plan again for 4 rank"):
         Plan.from_dict(old).check_fits(other, 4)
+    gone = Plan.from_dict({**old, "model": "nowhere_to_be_found:build"})
+    with raises_exactly(ValueError, "For 'Plan.check_fits', the plan for 'nowhere_to_be_found:build' records no "
+                                    "network (it was written before plans recorded one), and its model "
+                                    "'nowhere_to_be_found:build' cannot be built to compare it with the network given "
+                                    "(ModuleNotFoundError: No module named 'nowhere_to_be_found'): plan again for this "
+                                    "network."):
+        gone.check_fits(other, 2)
 
 
 def test_the_planner_records_the_factorys_network(tmp_path, monkeypatch):

@@ -187,7 +187,7 @@ def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_
         ds.config.set_seed(7)
         net, model = executor()
         model.train_process(1, dataset(batch=batch), schedule, ckpt_dir=str(ckpt), ckpt_name="run", verbose=False,
-                            save_every=1, **kwargs)
+                            save_every=1, keep_last=None, **kwargs)
         return params(net)
 
     whole = run(tmp_path / "whole", SCHEDULE)
@@ -225,3 +225,26 @@ def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_
     for a, b in zip(whole, resumed):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert find_latest(str(tmp_path / "cut"), "run").endswith("run-000000018.ckpt")
+
+
+def test_a_callable_resuming_a_table_is_checked_at_every_window_it_can_still_open(tmp_path):
+    # Saved under the table K=2 to 32 samples, then K=4, after its first window (8 samples): the windows it opened say
+    # nothing of 16 samples, where a callable that gives K=4 from 16 on parts from the table; refused there.
+    def run(schedule, **kwargs):
+        ds.config.set_seed(7)
+        net, model = executor()
+        model.train_process(1, dataset(0, 64), schedule, ckpt_dir=str(tmp_path), ckpt_name="run", verbose=False,
+                            save_every=1, keep_last=None, **kwargs)
+        return params(net)
+
+    whole = run({0: 2, 32: 4})
+    state = str(tmp_path / "run-000000001.ckpt")
+    with raises_exactly(CheckpointError, f"Checkpoint '{state}' was saved by a run whose global batch schedule "
+                                         f"(samples consumed: global batch) is 0:8,32:16, but this run's is callable: "
+                                         f"from 16 samples consumed the saved run's global batch is 8, this run's 16; "
+                                         f"resuming would not continue the same training."):
+        run(lambda s: 2 if s < 16 else 4, resume=state)
+    # The table's own K at every window ahead, as a callable: the same training.
+    resumed = run(lambda s: 2 if s < 32 else 4, resume=state)
+    for a, b in zip(whole, resumed):
+        np.testing.assert_array_equal(a, b)

@@ -1,5 +1,6 @@
 """Sequence models: token-weighted windows equal the large batch's mean over its real tokens, and half-precision
 networks accumulate in float32."""
+import functools
 import os
 import subprocess
 import sys
@@ -44,6 +45,14 @@ def big_batch(windows, x, y):
     return [p.asnumpy() for p in network.trainable_params()], losses
 
 
+@functools.lru_cache(maxsize=None)
+def large_batch(count, windows):
+    """`big_batch` on `token_batches(count)`, a step per window (start, stop); once per module for the tests and
+    structures compared with it (nothing mutates what it returns)."""
+    x, y = token_batches(count)
+    return big_batch([slice(*window) for window in windows], x, y)
+
+
 def close(actual, expected):
     for a, e in zip(actual, expected):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
@@ -55,7 +64,7 @@ def test_token_weighted_windows_equal_the_large_batch(structure):
     x, y = token_batches(20)
     counts = [(y[i:i + B] != PAD).sum() for i in range(0, 20, B)]
     assert max(counts) >= 3 * min(counts)  # the case a mean of micro-batch means gets wrong
-    expected, expected_losses = big_batch([slice(0, 8), slice(8, 16), slice(16, 20)], x, y)
+    expected, expected_losses = large_batch(20, ((0, 8), (8, 16), (16, 20)))
     network = net()
     executor = GradientAccumulation(network, TokenCrossEntropy(PAD), nn.Momentum(network.trainable_params(), 0.1, 0.9),
                                     reduction="weighted_mean", structure=structure)
@@ -70,7 +79,7 @@ def test_token_weighted_windows_equal_the_large_batch(structure):
 def test_a_mean_of_micro_batch_means_would_differ():
     # The control: weighting by samples, as for images, misses the large batch here.
     x, y = token_batches(8)
-    expected, _ = big_batch([slice(0, 8)], x, y)
+    expected, _ = large_batch(8, ((0, 8),))
     network = net()
     executor = GradientAccumulation(network, LossOnly(TokenCrossEntropy(PAD)),
                                     nn.Momentum(network.trainable_params(), 0.1, 0.9))
@@ -95,7 +104,7 @@ def test_a_dropped_micro_batch_leaves_its_tokens_out_of_the_divisor():
 
 def test_accumulator_weighted_by_token_counts():
     x, y = token_batches(8)
-    expected, _ = big_batch([slice(0, 8)], x, y)
+    expected, _ = large_batch(8, ((0, 8),))
     network = net()
     accumulator = Accumulator(nn.Momentum(network.trainable_params(), 0.1, 0.9), K)
     step = accumulator_step(network, TokenCrossEntropy(PAD), accumulator, weight="returned")

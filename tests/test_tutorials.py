@@ -140,7 +140,7 @@ def test_mindcv_plan_fits_a_zoo_model_to_a_budget_that_its_global_batch_does_not
     assert "exact_model: PASSED" in stdout
     budget = summary["budget_mib"]
     assert budget == pytest.approx(0.8 * summary["global_step_peak_mib"], abs=0.1)
-    assert summary["batch_size"] * summary["accumulate_steps"] == 32 and summary["accumulate_steps"] > 1
+    assert summary["batch_size"] * summary["accumulate_step"] == 32 and summary["accumulate_step"] > 1
     assert summary["peak_mib"] <= budget < summary["global_step_peak_mib"]
     assert len(summary["losses"]) == 2 and all(np.isfinite(summary["losses"]))
     assert re.search(r"memory: \d+ MiB instead of \d+ MiB, \d+ MiB \(\d+%\) saved", stdout)

@@ -38,7 +38,8 @@ def test_train_runs_the_executor_on_your_model_and_its_data_then_eval_reports_it
     # 1024 signals in micro-batches of 16, windows of 4: 16 optimizer steps an epoch.
     assert summary["optimizer_steps"] == 32 and summary["model"] == "signals:build"
     assert summary["checkpoint"] == str(tmp_path / "signals_build.ckpt") and len(summary["grad_norm"]) == 32
-    assert summary["accuracy"] is None and summary["batches"] == 1  # a regression: its loss alone, on its eval split
+    # A regression: its loss alone, on its eval split of 256, in the training's micro-batches of 16.
+    assert summary["accuracy"] is None and summary["batches"] == 16
     # What the command line trained is the executor on the factory's own network, loss, optimizer and data.
     ms.set_seed(0)
     network, loss_fn, optimizer, _, dataset = signals.build()
@@ -61,7 +62,7 @@ def test_a_classifier_of_yours_is_evaluated_with_its_accuracy(signals, tmp_path,
     code, summary, err = run(capsys, "train", "--model", "signals:classify", "--accumulate-schedule", "0:1,512:4",
                              "--batch-size", "16", "--epochs", "3", "--ckpt-dir", str(tmp_path), "--save-every", "16")
     assert code == 0, err
-    assert summary["accumulate_steps"][:32] == [1] * 32 and set(summary["accumulate_steps"][32:]) == {4}
+    assert summary["accumulate_step"][:32] == [1] * 32 and set(summary["accumulate_step"][32:]) == {4}
     assert 0.6 < summary["accuracy"] <= 1.0  # chance is 1/3
     expected, _ = load_checkpoint(summary["checkpoint"])
     # Killed before the last training state was written: resumed from the one before, to the same parameters.
@@ -129,7 +130,7 @@ def test_plan_then_train_with_the_plan_trains_your_model_and_refuses_it_once_cha
     assert code == 0, err
     _, meta = load_checkpoint(summary["checkpoint"])
     assert summary["model"] == "mine:build" and summary["optimizer_steps"] == 1024 // 64
-    assert (meta["batch_size"], meta["accumulate_steps"]) == (plan["batch_size"], plan["accumulate_step"])
+    assert (meta["batch_size"], meta["accumulate_step"]) == (plan["batch_size"], plan["accumulate_step"])
     # The user widens the network after planning: the plan's measurements no longer hold.
     module.write_text(module.read_text().replace("def build(channels=8", "def build(channels=16"))
     monkeypatch.delitem(__import__("sys").modules, "mine")

@@ -21,7 +21,7 @@ def main(ckpt: str, data: str) -> float:
     runtime.set_device(DEVICE)
     evaluation, metadata = evaluate_checkpoint(ckpt, data=data, batch_size=BATCH_SIZE)
     print(f"{ckpt}: {metadata.get('model')} after {metadata.get('step')} optimizer steps "
-          f"(accumulate_steps={metadata.get('accumulate_steps')})")
+          f"(K={metadata.get('accumulate_step', metadata.get('accumulate_steps'))})")  # 0.2 wrote accumulate_steps
     print(evaluation)
     return evaluation.accuracy
 

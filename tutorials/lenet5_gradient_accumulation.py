@@ -47,7 +47,7 @@ def main(epochs: int, data: str, num_samples: int, ckpt_dir: str) -> float:
 
     print("============== Starting Training ==============")
     checkpoints = Checkpoints(directory=ckpt_dir, name=CKPT_NAME,
-                              metadata={"model": "lenet5", "accumulate_steps": MINI_STEPS, "batch_size": BATCH_SIZE,
+                              metadata={"model": "lenet5", "accumulate_step": MINI_STEPS, "batch_size": BATCH_SIZE,
                                         "data_dir": recorded_data_dir(data, ckpt_dir)})
     result = model.train_process(epochs, ds_train, mini_steps=MINI_STEPS, checkpoints=checkpoints,
                                  log=LogOptions(every=50))

@@ -116,7 +116,7 @@ def main(global_batch: int, memory, windows: int) -> dict:
     print("   window losses: " + " ".join(f"{loss:.3f}" for loss in result.losses))
 
     used = next(t for t in chosen.trials if (t.batch_size, t.structure) == (chosen.batch_size, chosen.structure))
-    summary = {"batch_size": chosen.batch_size, "accumulate_steps": chosen.accumulate_step,
+    summary = {"batch_size": chosen.batch_size, "accumulate_step": chosen.accumulate_step,
                "structure": chosen.structure, "peak_mib": used.peak_mib, "ms_per_window": used.ms_per_window,
                "global_step_peak_mib": whole.peak_mib, "global_step_ms": whole.ms_per_window,
                "budget_mib": None if budget is None else round(budget / 2 ** 20, 1),

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._validation import (ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_float,
-                           check_positive_int, check_value_in, door)
+from .._validation import (ArgumentTypeError, ArgumentValueError, NoBatchError, check_isinstance,
+                           check_positive_float, check_positive_int, check_value_in, door)
 
 if TYPE_CHECKING:  # the dataset engine is imported only when a pipeline is built
     from mindspore.dataset import Dataset
@@ -393,11 +393,12 @@ def _build_pipeline(data_path: PathLike, image_size: int, reading: _Reading) -> 
                           num_parallel_workers=reading.num_parallel_workers)
     dataset = dataset.map(operations=transforms.TypeCast(ms.int32), input_columns="label",
                           num_parallel_workers=reading.num_parallel_workers)
+    samples = dataset.get_dataset_size()
     dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
     if dataset.get_dataset_size() == 0:
-        raise ArgumentValueError(f"the dataset yields no batch: fewer samples than batch_size {reading.batch_size} "
-                                 f"with drop_remainder=True (num_samples={reading.num_samples}, "
-                                 f"num_shards={reading.num_shards}).")
+        raise NoBatchError(f"the dataset yields no batch: fewer samples than batch_size {reading.batch_size} "
+                           f"with drop_remainder=True (num_samples={reading.num_samples}, "
+                           f"num_shards={reading.num_shards}).", samples)
     return dataset
 
 

@@ -11,11 +11,15 @@ from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
 
-from .._validation import ArgumentValueError, check_isinstance, check_positive_int, check_value_in, door
+from .._validation import (ArgumentValueError, check_isinstance, check_positive_int, check_value_in,
+                           describe_exception, door)
 from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
 from .models import MODELS, build_model
 from ..tools.factory import is_factory, load_model
+
+
+DEFAULT_BATCH_SIZE = 256  # the evaluation's batch when neither the caller nor the checkpoint says one
 
 
 @dataclass
@@ -55,9 +59,12 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
 
     Raises:
         TypeError: If `network` is not a Cell or `dataset` not a Dataset.
+        ValueError: If `dataset` yields no batch.
     """
     check_isinstance(network, "network", nn.Cell)
     check_isinstance(dataset, "dataset", Dataset)
+    if dataset.get_dataset_size() == 0:
+        raise ArgumentValueError("the argument 'dataset' must yield at least one batch, but it yields none.")
     loss_fn = loss_fn or nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     classifier = np.issubdtype(np.dtype(dataset.output_types()[-1]), np.integer)
     metrics = {"loss": Loss(), **({"accuracy": Accuracy()} if classifier else {})}
@@ -89,7 +96,7 @@ def _holds(params: Dict[str, Parameter], model: str) -> bool:
 
 @door("evaluate_checkpoint")
 def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[str] = None,
-                        batch_size: int = 256, num_samples: Optional[int] = None,
+                        batch_size: Optional[int] = None, num_samples: Optional[int] = None,
                         callbacks: Optional[List[Callback]] = None,
                         arg_name: str = "model") -> Tuple[EvalResult, Dict[str, MetaValue]]:
     """
@@ -105,7 +112,9 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
             recorded in the checkpoint. If both are known they must agree.
         data (str, optional): MNIST directory of a built-in model; default: the one the checkpoint was trained on,
             else `resolve_data_dir`.
-        batch_size (int): Evaluation batch size. Default: ``256``.
+        batch_size (int, optional): Evaluation batch size. Default: ``None``, the micro-batch the checkpoint was
+            trained with (its ``batch_size`` over its ``world_size``, as ``ms-accum train`` records them), else
+            ``256``.
         num_samples (int, optional): Evaluate on the first `num_samples` test images only (built-in models).
         callbacks (list[Callback], optional): Passed to `Model.eval`.
         arg_name (str): How messages name the argument `model` (``"--model"`` on the command line). Default:
@@ -118,13 +127,17 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         CheckpointError: If the file is missing, unreadable, of another model, or does not fit the network
             (missing, extra or reshaped parameters); nothing is half-loaded.
         DataError: If the test data is missing or corrupt.
-        ValueError: If a factory fails, or provides no evaluation data, or `data` or `num_samples` is given with one.
+        ValueError: If a factory fails, provides no evaluation data or data that yields no batch of `batch_size`
+            (`ms_accum._validation.NoBatchError`), its network and loss cannot evaluate that data, or `data` or
+            `num_samples` is given with one.
     """
-    check_positive_int(batch_size, "batch_size")
+    if batch_size is not None:
+        check_positive_int(batch_size, "batch_size")
     if num_samples is not None:
         check_positive_int(num_samples, "num_samples")
     contents = load_checkpoint(ckpt)
     metadata = contents[1]
+    batch_size = batch_size or _trained_micro_batch(metadata) or DEFAULT_BATCH_SIZE
     recorded = metadata.get("model")
     if model is None:
         if not isinstance(recorded, str) or not (recorded in MODELS or is_factory(recorded)):
@@ -133,15 +146,37 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
         model = recorded
     if is_factory(model):
         _refuse_mnist_options(model, data, num_samples)
-        user = load_model(model)
-        _load(user.network, ckpt, model, contents, arg_name)
-        return evaluate(user.network, user.data(batch_size, "eval", 0, 1), user.loss_fn, callbacks), metadata
+        return _evaluate_factory(model, ckpt, contents, batch_size, callbacks, arg_name), metadata
     check_value_in(model, arg_name, MODELS)
     network = build_model(model)
     _load(network, ckpt, model, contents, arg_name)
     dataset = dataset_for(model, checkpoint_data_dir(metadata, data, ckpt), batch_size, usage="test",
                           num_samples=num_samples)
     return evaluate(network, dataset, callbacks=callbacks), metadata
+
+
+def _evaluate_factory(spec: str, ckpt: str, contents, batch_size: int, callbacks: Optional[List[Callback]],
+                      arg_name: str) -> EvalResult:
+    """The factory's network, loaded strictly from the checkpoint, evaluated on its ``"eval"`` split; data that yields
+    no batch, or that the network and loss cannot take or that fails while read, is refused naming the call."""
+    user = load_model(spec)
+    _load(user.network, ckpt, spec, contents, arg_name)
+    dataset = user.data(batch_size, "eval", 0, 1)
+    try:
+        return evaluate(user.network, dataset, user.loss_fn, callbacks)
+    except Exception as err:  # noqa: BLE001  (a shape the network does not take, or the data failed)
+        cause = describe_exception(err).rstrip(".")
+        raise ArgumentValueError(f"evaluating the factory '{spec}' on its dataset({batch_size}, 'eval', 0, 1) failed: "
+                                 f"{cause}.") from err
+
+
+def _trained_micro_batch(metadata: Dict[str, MetaValue]) -> Optional[int]:
+    """The micro-batch of one device that a checkpoint's run trained with (``batch_size`` over ``world_size``, as
+    ``ms-accum train`` records them), or None if it does not say."""
+    batch, world = metadata.get("batch_size"), metadata.get("world_size", 1)
+    if isinstance(batch, int) and isinstance(world, int) and world > 0 and batch >= world:
+        return batch // world
+    return None
 
 
 def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> None:

@@ -23,6 +23,7 @@ from mindspore.communication import GlobalComm
 
 from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_float, door
 from ..core.buffer import AccumulationBuffer
+from ..core.dropout import DrawMarks, seed_dropout_on_cpu
 from ..core.guard import LossScaler
 from ..core.inference import in_inference
 from ..core.parallel import AllReduceSums, data_parallel_info
@@ -81,30 +82,36 @@ def check_loss_signature(loss_fn: nn.Cell) -> None:
                                 f"{type(loss_fn).__name__}{inspect.signature(loss_fn.construct)}.") from None
 
 
-def check_same_masks(network: nn.Cell) -> None:
-    """Refuses a network whose random ops (dropout) would draw other masks in pass 2 than in pass 1.
+_SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))  # how MindSpore's random primitives name their two seeds
 
-    In graph mode each call site of a random op in a compiled graph is a kernel of its own, seeded from the op's seeds:
-    the pass-1 and pass-2 branches of `_CachedPass` call theirs once per micro-batch in the same order, so with fixed
-    seeds (`mindspore.set_seed` before the network is built) the two draw the same masks (tests/test_cached.py).
-    Unseeded kernels, and PyNative (one kernel shared by both passes), draw other masks.
+
+def check_same_masks(network: nn.Cell) -> None:
+    """Refuses a network whose random ops would draw other values in pass 2 than in pass 1.
+
+    On CPU dropout is not one of them: `TrainCachedWindowCell` draws `nn.Dropout`'s masks through `SeededDropout`
+    (`ms_accum.core.dropout`) and sets their offsets back between the passes. A random primitive (`ops.StandardNormal`,
+    `ops.UniformReal`, `ops.Dropout` elsewhere) keeps its state in its kernel: in graph mode each call site in a
+    compiled graph is a kernel of its own, seeded from the op's seeds, and the pass-1 and pass-2 branches of
+    `_CachedPass` call theirs once per micro-batch in the same order, so seeded kernels draw the same values in both.
+    Unseeded kernels, and PyNative (one kernel shared by both passes), draw other values.
     """
-    random_ops = [(name or type(cell).__name__, prim) for name, cell in network.cells_and_names()
-                  for prim in getattr(cell, "_primitives", {}).values()
-                  if prim is not None and "Seed0" in prim.attrs and "Seed1" in prim.attrs]
+    random_ops = [(name or type(cell).__name__, type(prim).__name__, [prim.attrs[a] for a in pair])
+                  for name, cell in network.cells_and_names()
+                  for prim in getattr(cell, "_primitives", {}).values() if prim is not None
+                  for pair in _SEED_ATTRS if all(a in prim.attrs for a in pair)]
     if not random_ops:
         return
-    where = random_ops[0][0]
+    where, kind, _ = random_ops[0]
     if ms.get_context("mode") != ms.GRAPH_MODE:
-        raise ArgumentValueError(f"the argument 'network' must have no random ops (dropout) in PyNative mode with "
-                                 f"structure='cached', but its cell '{where}' has one: both passes would share its "
-                                 f"kernel and see other masks. Use graph mode (with mindspore.set_seed), or drop the "
-                                 f"dropout.")
-    unseeded = [name for name, prim in random_ops if not prim.attrs["Seed0"] and not prim.attrs["Seed1"]]
+        raise ArgumentValueError(f"the argument 'network' must have no random ops drawing in their kernels in "
+                                 f"PyNative mode with structure='cached', but its cell '{where}' has a {kind}: both "
+                                 f"passes would share its kernel and draw other values. Use graph mode (with seeded "
+                                 f"ops), or drop the op.")
+    unseeded = [(name, kind) for name, kind, seeds in random_ops if not any(seeds)]
     if unseeded:
         raise ArgumentValueError(f"the argument 'network' must have seeded random ops with structure='cached', but its "
-                                 f"cell '{unseeded[0]}' draws unseeded masks: pass 2 would see other masks than pass "
-                                 f"1. Call mindspore.set_seed(...) before building the network.")
+                                 f"cell '{unseeded[0][0]}' has an unseeded {unseeded[0][1]}: pass 2 would draw other "
+                                 f"values than pass 1. Give the op its seeds.")
 
 
 class _CachedLossGrad(nn.Cell):
@@ -156,7 +163,8 @@ class _CachedPass(_BufferCell):
 
     One graph, not two: on CPU a graph keeps the activation memory it planned, and a second graph of the network would
     keep its own (docs/mindspore.md, each graph's memory; measured for this Cell in docs/cached.md).
-    Each branch calls the network's random ops through its own kernels, which `check_same_masks` relies on.
+    Each branch calls the network's random primitives through its own kernels, which `check_same_masks` relies on;
+    its dropout draws from the `SeededDropout` offsets that `TrainCachedWindowCell` sets back before pass 2.
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
@@ -189,8 +197,9 @@ class TrainCachedWindowCell(nn.Cell):
     steps, or it is cleared, as the executor's other structures close theirs. A call is a few graph launches from the
     host, not one graph: one graph would keep every micro-batch's activations (docs/mindspore.md).
 
-    With dropout, build the network after `mindspore.set_seed` and train in graph mode: the two passes then draw the
-    same masks (`check_same_masks`).
+    On CPU its `nn.Dropout` ops are made `SeededDropout` ops (`ms_accum.core.dropout.seed_dropout`), whose offsets are
+    set back before pass 2: both passes drop the same values, in graph and PyNative mode. Other random primitives need
+    seeds and graph mode (`check_same_masks`).
 
     Args:
         network (nn.Cell): Maps one micro-batch's data to its outputs (a Tensor or a tuple of Tensors, each with the
@@ -214,8 +223,9 @@ class TrainCachedWindowCell(nn.Cell):
     Raises:
         TypeError: If an argument has the wrong type, or `loss_fn` does not take ``(outputs, labels)``.
         ValueError: If `buffer` does not fit the optimizer or its reduction is not ``"sum"``, `policy` is not
-            ``"skip_window"``, the network has unseeded random ops or random ops in PyNative mode; at the first call,
-            before anything compiles, if an output's batch axis is not the micro-batch's or the loss is not a scalar.
+            ``"skip_window"``, the network has random primitives drawing in their kernels that are unseeded, or any
+            in PyNative mode; at the first call, before anything compiles, if an output's batch axis is not the
+            micro-batch's or the loss is not a scalar.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -252,6 +262,7 @@ class TrainCachedWindowCell(nn.Cell):
                 raise ArgumentValueError(f"the argument 'buffer' must have reduction 'sum', no micro-batch left out "
                                          f"and no statistics (the window's gradient is that of its one loss), but got "
                                          f"reduction '{buffer.reduction.name}'.")
+            seed_dropout_on_cpu(network)  # both passes of a micro-batch then drop the same values, in either mode
             check_same_masks(network)
         self.buffer = buffer
         self.parallel = data_parallel_info()
@@ -266,6 +277,7 @@ class TrainCachedWindowCell(nn.Cell):
         self.tuple_output = False
         self._zeros = {}  # micro-batch size -> pass 1's placeholders
         self._pass1, self._pass2 = Tensor(False), Tensor(True)
+        self.draws = DrawMarks(network)  # pass 2 draws the masks pass 1 drew, and the next window goes on
 
     def set_train(self, mode: bool = True):
         super().set_train(mode)
@@ -322,6 +334,7 @@ class TrainCachedWindowCell(nn.Cell):
         The window's inputs are held until pass 2 has run them again (their memory, not their activations')."""
         micro_batches: List[Sequence[Tensor]] = []
         outputs = []
+        self.draws.mark()
         for inputs in window:
             self.check_micro_batch(inputs)
             micro_batches.append(inputs)
@@ -335,6 +348,7 @@ class TrainCachedWindowCell(nn.Cell):
         loss32 = ops.cast(loss, ms.float32)  # the placeholder's dtype: one graph for both passes
         # This rank's rows of the (gathered) window: ranks hold equal windows, in rank order.
         offset = 0 if self.parallel is None else self.parallel.rank * fields[0].shape[0]
+        self.draws.rewind()
         for inputs in micro_batches:  # pass 2
             size = inputs[0].shape[0]
             # A copy, not a view: MindSpore 2.10 reads a view passed into this graph (it has control flow) from its
@@ -343,6 +357,7 @@ class TrainCachedWindowCell(nn.Cell):
             # A tuple argument of Tensors is a graph constant unless mutable: each window would compile anew.
             self.passes(self._pass2, *inputs[:-1], sens[0] if single else ms.mutable(sens), loss32)
             offset += size
+        self.draws.restore()
         applied = bool(self.check().asnumpy())
         (self.step if applied else self.clear)()
         return loss, applied

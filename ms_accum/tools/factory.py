@@ -26,7 +26,7 @@ from mindspore import Tensor, nn
 from mindspore.dataset import Dataset
 
 from .._choices import DEMO_FACTORIES
-from .._validation import ArgumentValueError, door
+from .._validation import ArgumentValueError, NoBatchError, describe_exception, door
 
 SEPARATOR = ":"
 USAGES = ("train", "eval")
@@ -55,7 +55,7 @@ class UserModel:
             batch = self.sample(batch_size)
         except Exception as err:  # noqa: BLE001  (whatever the user's sample raises, it is theirs that failed)
             raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' failed: "
-                                     f"{type(err).__name__}: {err}.") from err
+                                     f"{describe_exception(err)}.") from err
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(
                 isinstance(value, (np.ndarray, Tensor)) for value in batch):
             raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' must return "
@@ -75,6 +75,8 @@ class UserModel:
 
         Raises:
             ValueError: If the factory provides no dataset, or it raises, or returns anything else.
+            NoBatchError: If the dataset yields no batch (a split smaller than `batch_size`, batched with
+                ``drop_remainder=True``), a ValueError.
         """
         where = f"the factory '{self.spec}'"
         if self.dataset is None:
@@ -84,7 +86,7 @@ class UserModel:
         try:
             data = self.dataset(batch_size, usage, shard_id, num_shards)
         except Exception as err:  # noqa: BLE001
-            raise ArgumentValueError(f"{call} of {where} failed: {type(err).__name__}: {err}.") from err
+            raise ArgumentValueError(f"{call} of {where} failed: {describe_exception(err)}.") from err
         if not isinstance(data, Dataset):
             raise ArgumentValueError(f"{call} of {where} must return a mindspore.dataset.Dataset, but "
                                      f"returned {_kind(data)}.")
@@ -92,7 +94,20 @@ class UserModel:
             raise ArgumentValueError(f"{call} of {where} must yield (data, label) in batches of "
                                      f"{batch_size}, but yields the columns {data.get_col_names()} in batches of "
                                      f"{data.get_batch_size()}.")
+        if data.get_dataset_size() == 0:
+            samples = self._samples(usage, shard_id, num_shards)
+            held = f"holds {samples} sample(s), fewer than" if samples is not None else "holds less than"
+            shard = "" if num_shards == 1 else f"(shard {shard_id} of {num_shards}) "
+            raise NoBatchError(f"{call} of {where} yields no batch: its '{usage}' split {shard}{held} one batch of "
+                               f"{batch_size}.", samples)
         return data
+
+    def _samples(self, usage: str, shard_id: int, num_shards: int) -> Optional[int]:
+        """The samples of a split's shard, counted as batches of one; None if the factory's dataset cannot say."""
+        try:
+            return int(self.dataset(1, usage, shard_id, num_shards).get_dataset_size())
+        except Exception:  # noqa: BLE001  (only a count for a message: without it the message still holds)
+            return None
 
 
 def is_factory(name: str) -> bool:
@@ -131,7 +146,7 @@ def load_model(spec: str) -> UserModel:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001  (whatever the user's module raises, it is their module that failed)
         raise ArgumentValueError(f"the module '{module_name}' of the factory '{spec}' cannot be imported: "
-                                 f"{type(err).__name__}: {err}.") from err
+                                 f"{describe_exception(err)}.") from err
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise ArgumentValueError(f"the module '{module_name}' has no function '{function_name}' (the "
@@ -139,7 +154,7 @@ def load_model(spec: str) -> UserModel:
     try:
         parts = factory()
     except Exception as err:  # noqa: BLE001
-        raise ArgumentValueError(f"the factory '{spec}' failed: {type(err).__name__}: {err}.") from err
+        raise ArgumentValueError(f"the factory '{spec}' failed: {describe_exception(err)}.") from err
     kinds = (("network", nn.Cell), ("loss_fn", nn.Cell), ("optimizer", nn.Optimizer))
     if not isinstance(parts, (tuple, list)) or len(parts) not in (4, 5):
         raise ArgumentValueError(f"the factory '{spec}' must return (network, loss_fn, optimizer, sample) "

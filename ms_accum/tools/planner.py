@@ -270,7 +270,7 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], gi
     first = run(sizes[0])
     if first.peak_mib is None:
         raise ArgumentValueError(f"a micro-batch of {sizes[0]} sample(s) could not be trained: "
-                                 f"{first.error}.")
+                                 f"{first.error.rstrip('.')}.")
     if first.peak_mib > limit:
         what = "the argument 'memory'" if given else "the device's free memory"
         raise ArgumentValueError(

@@ -16,6 +16,7 @@ import mindspore as ms
 from mindspore import Parameter, log as ms_log, nn
 
 from .._validation import ArgumentTypeError, ArgumentValueError, door
+from ..core.dropout import is_random_state
 
 # The layout of what ms_accum writes beside the parameters: 1, the first; 2, training states also record the position
 # in global samples with the per-rank batch size and the world size (resuming on another device count). A file of a
@@ -183,7 +184,9 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
         strict (bool): Refuse a checkpoint whose parameters are missing from or extra to the network's.
             Default: ``True``. Training state beside the network's parameters is ignored either way: per-parameter
             slots named ``<slot>.<parameter>`` (optimizer moments, accumulation buffers) and scalars (step counts,
-            learning rate, window counters).
+            learning rate, window counters, dropout's seeds and offsets). A network's own dropout state
+            (`ms_accum.core.dropout.SeededDropout`) that the file lacks, as files written before ms_accum seeded
+            dropout do, keeps its value.
         expected (dict, optional): Metadata values the checkpoint must carry, e.g. ``{"model": "lenet5"}``.
         contents (tuple, optional): ``(params, metadata)`` of `path` as `load_checkpoint` returned them, for a
             caller that read the file already (to check its metadata first): the file is then not read again.
@@ -203,7 +206,7 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
                                   f"was asked for.")
     own = {p.name: p for p in network.get_parameters()}
     params = {name: value for name, value in params.items() if not _is_training_state(name, value, own)}
-    missing = sorted(set(own) - set(params))
+    missing = sorted(name for name in set(own) - set(params) if not is_random_state(own[name]))
     extra = sorted(set(params) - set(own))
     if strict and (missing or extra):
         parts = []
@@ -218,6 +221,7 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
                                   f"{tuple(params[name].shape)} and dtype {params[name].dtype} in the file but "
                                   f"{tuple(own[name].shape)} and {own[name].dtype} in the network.")
     not_loaded, _ = ms.load_param_into_net(network, params, strict_load=True)
+    not_loaded = [name for name in not_loaded if name not in own or not is_random_state(own[name])]
     if strict and not_loaded:  # cannot happen after the checks above; kept so a MindSpore change cannot slip by
         raise CheckpointError(f"Checkpoint '{path}' left parameter(s) {_names(not_loaded)} unloaded.")
     return metadata

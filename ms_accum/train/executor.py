@@ -11,6 +11,7 @@ from .._choices import AUTO_STRUCTURE, STRUCTURES
 from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
 from ..core.buffer import AccumulationBuffer
 from ..core.columns import with_loss
+from ..core.dropout import seed_dropout_on_cpu
 from ..core.losses import window_reduction
 from ..core.parallel import data_parallel_info
 from ..core.statistics import NoiseScale
@@ -106,6 +107,7 @@ class GradientAccumulation:
             check_isinstance(loss_fn, "loss_fn", nn.Cell)
         check_isinstance(optimizer, "optimizer", nn.Optimizer)
         _check_optimizer_updates(network, optimizer)
+        seed_dropout_on_cpu(network)  # masks from a seed and a count it saves, not a kernel's engine (docs/resume.md)
         kind = structure_class(check_value_in(structure, "structure", STRUCTURES))
         reduction = window.reduction or "mean" if loss_fn is None else window_reduction(loss_fn, window.reduction)
         reduction = kind.refuse(network, loss_fn, reduction, self.guard, measure)

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from .._choices import DEVICES, REDUCTIONS, STRUCTURES
+from .._choices import DEMO_FACTORIES, DEVICES, REDUCTIONS, STRUCTURES
+from .._compat import renamed_keyword
 from .._validation import ArgumentValueError, door
 
 
@@ -35,11 +39,27 @@ def network_fingerprint(network: Any) -> dict:
             "hash": digest}
 
 
+def _built_fingerprint(model: str, unrecorded: str) -> dict:
+    """The fingerprint of the network that `model`'s factory builds now, imported as `ms_accum.tools.factory` imports
+    it (the current directory first); a factory that cannot be built is refused, as nothing can then be compared."""
+    module_name, _, function_name = DEMO_FACTORIES.get(model, model).partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return network_fingerprint(getattr(importlib.import_module(module_name), function_name)()[0])
+    except Exception as err:  # noqa: BLE001  (whatever the factory raises, the plan cannot be checked)
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ArgumentValueError(f"{unrecorded}, and its model '{model}' cannot be built to compare it with the "
+                                 f"network given ({type(err).__name__}: {cause}): plan again for this "
+                                 f"network.") from err
+
+
 def _describe(fingerprint: dict) -> str:
     return (f"{fingerprint['parameters']} trainable parameters of {fingerprint['values']} values (hash "
             f"{fingerprint['hash']})")
 
 
+@renamed_keyword("accumulate_steps", "accumulate_step")  # 0.2's keyword
 @dataclass
 class Trial:
     """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_step`, one `structure`.
@@ -64,6 +84,7 @@ class Trial:
         return self.peak_mib is not None and self.peak_mib <= budget_mib
 
 
+@renamed_keyword("accumulate_steps", "accumulate_step")  # 0.2's keyword
 @dataclass
 class Plan:
     """
@@ -85,7 +106,7 @@ class Plan:
         device (str): Where the trials ran.
         trials (list[Trial]): Every measurement, in the order made.
         network (dict, optional): The network planned for (`network_fingerprint`), which `check_fits` compares;
-            None in a plan written before ms_accum recorded it (then the network is not checked).
+            None in a plan written before ms_accum recorded it (then `check_fits` builds the plan's model to compare).
         path (str): The file the plan was loaded from (`load`), else None; not a field, not saved.
     """
 
@@ -184,16 +205,18 @@ class Plan:
 
         Args:
             network (nn.Cell, optional): The network to train, as its factory built it; compared with the plan's
-                `network` fingerprint (`network_fingerprint`), unless the plan has none (written before ms_accum
-                recorded it). Default: ``None``, not checked.
+                `network` fingerprint (`network_fingerprint`), or, in a plan written before plans recorded one, with
+                the network that the plan's model (its factory, or a built-in model) builds now. Default: ``None``,
+                not checked.
             ranks (int, optional): The ranks of this run. Default: ``None``, not checked.
 
         Returns:
             Plan, this plan.
 
         Raises:
-            ValueError: If `ranks` or `network` differ from what the plan was made for (the message names the plan,
-                what differs, and that it must be planned again).
+            ValueError: If `ranks` or `network` differ from what the plan was made for, or the plan records no
+                network and its model cannot be built to compare (the message names the plan, what differs, and that
+                it must be planned again).
         """
         name = f"'{self.path}'" if self.path else f"for '{self.model}'"
         if ranks is not None and ranks != self.ranks:
@@ -201,12 +224,20 @@ class Plan:
                 f"the plan {name} was made for {self.ranks} rank(s) (a global batch of {self.global_batch} = K "
                 f"{self.accumulate_step} x B {self.batch_size} x {self.ranks} rank(s)), but this run has {ranks}: plan "
                 f"again for {ranks} rank(s).")
-        if network is not None and self.network is not None:
-            actual = network_fingerprint(network)
-            if actual != self.network:
+        if network is None:
+            return self
+        actual = network_fingerprint(network)
+        if self.network is not None and actual != self.network:
+            raise ArgumentValueError(
+                f"the plan {name} was made for another network, {_describe(self.network)}, but the network given "
+                f"has {_describe(actual)}: plan again for this network.")
+        if self.network is None:  # a plan of before fingerprints: its model, built now, is what it was made for
+            unrecorded = f"the plan {name} records no network (it was written before plans recorded one)"
+            planned = _built_fingerprint(self.model, unrecorded)
+            if actual != planned:
                 raise ArgumentValueError(
-                    f"the plan {name} was made for another network, {_describe(self.network)}, but the network given "
-                    f"has {_describe(actual)}: plan again for this network.")
+                    f"{unrecorded}, and its model '{self.model}', built now, has {_describe(planned)}, but the network "
+                    f"given has {_describe(actual)}: plan again for this network.")
         return self
 
     def save(self, path: str) -> str:

@@ -44,7 +44,12 @@ class StepRecord:
 
 
 class NonFiniteError(FloatingPointError):
-    """Raised with ``stop_on_nonfinite=True`` when a window is not finite; the parameters were left untouched."""
+    """Raised with ``stop_on_nonfinite=True`` when a window is not finite; the parameters were left untouched.
+    `window` says which window and why, without the call that stopped (the command line words it its own way)."""
+
+    def __init__(self, message: str, window: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.window = window
 
 
 @dataclass
@@ -132,7 +137,7 @@ class WindowLog:
                     f"{result.skipped_windows} window(s) skipped so far)")
             if self.stop_on_nonfinite:
                 raise NonFiniteError(f"For 'GradientAccumulation.train_process', {what}; stopping, as "
-                                     f"'stop_on_nonfinite' is True.")
+                                     f"'stop_on_nonfinite' is True.", window=what)
             if self.scaled:  # overflow is routine with a loss scaler: a log line, not a warning
                 if self.verbose:
                     print(f"{what}; loss scale now {record.loss_scale:g}", flush=True)

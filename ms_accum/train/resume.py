@@ -178,7 +178,9 @@ class StateCheckpoints:
                      f"--resume) continues from it" if newest else
                      f"'{self.ckpt_dir}' holds no complete training state of '{self.ckpt_name}' yet")
             # Unnamed: train_process, the only one to save states and what the user ran, names it at its door.
-            raise CheckpointWriteError(f"{err.detail} {where[0].upper()}{where[1:]}.") from err.__cause__
+            error = CheckpointWriteError(f"{err.detail} {where[0].upper()}{where[1:]}.")
+            error.unwritten, error.newest = err.detail, newest  # for a caller that says how to resume in its terms
+            raise error from err.__cause__
 
 
 def _pairs(text: str) -> List[Tuple[int, int]]:

@@ -6,13 +6,27 @@ epoch's last window may be partial. Nothing here trains: the executor consumes t
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Iterator, Tuple
 
 from mindspore.dataset import Dataset
 
 from .._validation import door
-from .resume import Position
 from .schedule import AccumulationSchedule, ScheduleLike
+
+
+@dataclass
+class Position:
+    """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states).
+
+    A step is a window closed, whether the optimizer applied it or the guard skipped it as not finite: what
+    `StepRecord.step`, `save_every` and the files' ``{step:09d}`` count. A dropped partial window is no step.
+    """
+
+    epoch: int = 1
+    batch: int = 0  # batches of `epoch` already read
+    step: int = 0  # windows closed
+    dropped_windows: int = 0
 
 
 @door("count_windows")

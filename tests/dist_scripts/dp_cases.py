@@ -51,8 +51,10 @@ NODE_CASES = {
 # of 2 and 6 make 8 a step), against the same data trained as fixed-K segments, one after another.
 RAMP_CASE = dict(structure="fused", schedule={0: 1, 16: 2, 48: 4}, segments=[(0, 2, 1), (2, 6, 2), (6, 10, 4)],
                  micro=10, sizes=(2, 6), optimizer="momentum")
-# The gradient noise scale under data parallel (`dp_worker.noise_scale_run`): K=2 micro-batches of 4 on each rank.
-NOISE_CASE = dict(samples=40000, noise_scale=12.0, k=2, batch=4)
+# The gradient noise scale under data parallel (`dp_worker.noise_scale_run`): K=2 micro-batches of 4 on each rank,
+# 1000 windows of 16 samples. The estimate's moving averages forget with β = 0.99 (about the last 100 windows) and
+# their bias correction is gone after about 500: more windows would not average the estimate over more of them.
+NOISE_CASE = dict(samples=16000, noise_scale=12.0, k=2, batch=4)
 NOISE_D = 256  # the noise-scale problem's dimension
 # The case whose all-reduce launches the workers count with MindSpore's profiler.
 PROFILED_CASE = "fused_unequal"

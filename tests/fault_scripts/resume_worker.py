@@ -1,10 +1,11 @@
 """One resumable training run, optionally killed with SIGKILL at a chosen point (used by test_resume.py).
 
-    python resume_worker.py CKPT_DIR STRUCTURE FAULT [MINI_STEPS SAMPLES KEEP_LAST RESUME]
+    python resume_worker.py CKPT_DIR STRUCTURE FAULT [MINI_STEPS SAMPLES KEEP_LAST RESUME DROPOUT]
     msrun --worker_num=2 --local_worker_num=2 --master_port=P --join=True resume_worker.py CKPT_DIR STRUCTURE FAULT ...
 
 FAULT is ``none``, ``micro:N`` (killed right after the N-th micro-batch of this process ran; with the window
-structure, after the window call that ran it), ``boundary:S``
+structure, after the window call that ran it; with the cached one, pass 1 and pass 2 of a micro-batch count one each),
+``boundary:S``
 (killed right after the training state of optimizer step S was saved) or ``save:S`` (killed while the state of
 step S is being written: the temporary file is left torn). The run always asks to resume, so a second run of
 the same command continues where the killed one stopped. It prints one JSON line, the result.
@@ -13,7 +14,8 @@ Every run reads its data through MindSpore's DistributedSampler (``num_shards``:
 micro-batches of BATCH on each rank, so runs on different numbers of ranks read the same global order. Under msrun each
 rank writes its final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
 KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file. MINI_STEPS is K or a
-schedule, ``samples:K,...`` (`ms_accum.train.schedule.parse_schedule`).
+schedule, ``samples:K,...`` (`ms_accum.train.schedule.parse_schedule`). DROPOUT (default 0) above 0 trains a small
+network with an `nn.Dropout` of that rate instead of the MLP (test_dropout.py).
 """
 import json
 import os
@@ -29,6 +31,7 @@ import ms_accum.train.checkpoint
 from ms_accum import GradientAccumulation
 from ms_accum.train.options import QUIET, Checkpoints
 from ms_accum.demo.models import MLP
+from ms_accum.graphs.cached import _CachedPass
 from ms_accum.graphs.cells import HostSteppedAccumulationCell, TrainForwardBackward
 from ms_accum.graphs.window import HostSteppedWindowCell
 from ms_accum.train.distributed import distributed_launch, init_data_parallel
@@ -47,7 +50,7 @@ def inject(fault: str) -> None:
     kind, _, value = fault.partition(":")
     if kind == "micro":
         calls = {"n": 0}
-        for cls in (HostSteppedAccumulationCell, TrainForwardBackward, HostSteppedWindowCell):  # the executor's
+        for cls in (HostSteppedAccumulationCell, TrainForwardBackward, HostSteppedWindowCell, _CachedPass):
             original = cls.__call__
 
             def counted(self, *inputs, _original=original, _cls=cls):
@@ -56,7 +59,8 @@ def inject(fault: str) -> None:
                     return out
                 loss = out[0] if isinstance(out, tuple) else out  # (loss, verdict) or (loss, statistics)
                 loss.asnumpy()  # the micro-batch (or window) has run
-                calls["n"] += loss.size  # a window call returns one loss per micro-batch
+                # A window call returns one loss per micro-batch; a cached pass, the micro-batch's outputs.
+                calls["n"] += 1 if _cls is _CachedPass else loss.size
                 if calls["n"] >= int(value):
                     die()
                 return out
@@ -84,7 +88,7 @@ def inject(fault: str) -> None:
 
 
 def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_STEPS), samples: str = str(SAMPLES),
-         keep_last: str = str(KEEP_LAST), resume: str = "latest") -> None:
+         keep_last: str = str(KEEP_LAST), resume: str = "latest", dropout: str = "0") -> None:
     info = None if distributed_launch() is None else init_data_parallel()  # first: msrun's scheduler stops here
     fault, _, fault_rank = fault.partition("@")
     if not fault_rank or info.rank == int(fault_rank):
@@ -96,7 +100,8 @@ def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_S
     data = {"image": rng.rand(int(samples), 1, 28, 28).astype(np.float32),
             "label": rng.randint(0, 10, int(samples)).astype(np.int32)}
     dataset = ds.NumpySlicesDataset(data, shuffle=True, num_shards=ranks, shard_id=rank).batch(BATCH)
-    net = MLP()
+    net = MLP() if not float(dropout) else nn.SequentialCell(
+        [nn.Flatten(), nn.Dense(28 * 28, 64), nn.ReLU(), nn.Dropout(p=float(dropout)), nn.Dense(64, 10)])
     # Adam: its moments and beta powers are state that must survive the kill too.
     optimizer = nn.Adam(net.trainable_params(), 1e-3)
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,

@@ -1,0 +1,280 @@
+"""What the command line says when something fails: one line, in its own terms.
+
+- A newcomer's model (`fixtures/tokens.py`: a token-bag classifier batched with ``drop_remainder=True`` over 512
+  training and 128 evaluation samples) is evaluated in its own micro-batches, or in --eval-batch-size; an evaluation
+  split that yields no batch, or data of another shape, is one line naming the factory, the split and the batch size,
+  and `train` still reports the checkpoint it saved.
+- Each command, with the data failing where it is read, ends with one line on stderr, never a traceback (run as a user
+  runs it, in a fresh process, so MindSpore's own log would show too).
+- Every error the command line prints names flags, files and commands, never the library's classes, methods or
+  keywords: the walk below checks each whole message, and each against that rule.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import ms_accum
+from ms_accum import cli
+from ms_accum.demo.data import make_synthetic_mnist
+from ms_accum.demo.models import MLP
+from ms_accum.train.checkpoint import load_checkpoint, save_checkpoint
+from ms_accum.train.plan import Plan, network_fingerprint
+from conftest import cli_error
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+DISK = "RuntimeError: Exception thrown from user defined Python function in dataset. OSError: the disk went away"
+
+
+def run_cli(*args, cwd):
+    """The command in a fresh process, as a user runs it, with the fixtures' factories importable and MindSpore's log
+    level left to the command line."""
+    env = {key: value for key, value in os.environ.items() if key != "GLOG_v"}
+    env["PYTHONPATH"] = os.pathsep.join([FIXTURES, env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "ms_accum.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture
+def tokens(monkeypatch):
+    monkeypatch.syspath_prepend(FIXTURES)  # where a user's module would be: importable
+
+
+def test_a_newcomers_model_is_evaluated_in_its_own_micro_batches_or_as_asked(tokens, tmp_path, capsys):
+    # 128 evaluation samples: the 256 that evaluation used to ask for were no batch at all.
+    assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-steps", "2",
+                     "--ckpt-dir", str(tmp_path), "--json", "--quiet"]) == 0
+    trained = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert trained["batches"] == 128 // 16 and 0 <= trained["accuracy"] <= 1
+    ckpt = trained["checkpoint"]
+    assert cli.main(["eval", "--ckpt", ckpt, "--json", "--quiet"]) == 0  # the micro-batch the checkpoint records
+    evaluated = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (evaluated["batches"], evaluated["accuracy"], evaluated["loss"]) == (
+        8, trained["accuracy"], pytest.approx(trained["loss"], rel=1e-6))
+    for flag in ("--eval-batch-size", "--batch-size"):  # eval's 0.2 spelling of it still works
+        assert cli.main(["eval", "--ckpt", ckpt, flag, "32", "--json", "--quiet"]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["batches"] == 4
+    assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-steps", "2",
+                     "--eval-batch-size", "64", "--ckpt-dir", str(tmp_path / "again"), "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["batches"] == 2
+
+
+def test_an_evaluation_that_cannot_run_is_one_line_and_train_still_reports_its_checkpoint(tmp_path):
+    common = ["--batch-size", "16", "--accumulate-steps", "2", "--ckpt-dir", str(tmp_path), "--json", "--quiet"]
+    out = run_cli("train", "--model", "tokens:build", "--eval-batch-size", "256", *common, cwd=tmp_path)
+    ckpt = str(tmp_path / "tokens_build.ckpt")
+    assert out.returncode == 1 and one_line(out.stderr) == (
+        f"ms-accum train: error: For 'ms-accum train', dataset(256, 'eval', 0, 1) of the factory 'tokens:build' yields "
+        f"no batch: its 'eval' split holds 128 sample(s), fewer than one batch of 256. Training finished and saved "
+        f"{ckpt}: evaluate it with 'ms-accum eval --ckpt {ckpt} --eval-batch-size 128'.")
+    summary = json.loads(out.stdout.strip().splitlines()[-1])  # what training did, for a script to read
+    assert summary["checkpoint"] == ckpt and summary["optimizer_steps"] == 16 and "accuracy" not in summary
+    assert load_checkpoint(ckpt)[1]["step"] == 16
+    out = run_cli("eval", "--ckpt", ckpt, "--eval-batch-size", "200", cwd=tmp_path)
+    assert out.returncode == 1 and one_line(out.stderr) == (
+        "ms-accum eval: error: For 'ms-accum eval', dataset(200, 'eval', 0, 1) of the factory 'tokens:build' yields "
+        "no batch: its 'eval' split holds 128 sample(s), fewer than one batch of 200. Pass a --eval-batch-size of at "
+        "most 128.")
+    # An evaluation split of another shape than the network takes: MindSpore's reason, in one line.
+    out = run_cli("train", "--model", "tokens:flat_eval", *common, cwd=tmp_path)
+    ckpt = str(tmp_path / "tokens_flat_eval.ckpt")
+    assert out.returncode == 1 and one_line(out.stderr) == (
+        f"ms-accum train: error: For 'ms-accum train', evaluating the factory 'tokens:flat_eval' on its dataset(16, "
+        f"'eval', 0, 1) failed: ValueError: Features shape length must be equal to Labels shape length plus 1. "
+        f"Training finished and saved {ckpt}: evaluate it with 'ms-accum eval --ckpt {ckpt}'.")
+    assert json.loads(out.stdout.strip().splitlines()[-1])["checkpoint"] == ckpt
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "verify", "plan"])
+def test_each_command_ends_in_one_line_when_its_data_fails_where_it_is_read(command, tmp_path):
+    """The factory's data raises where the command reads it: in the training pipeline, in the evaluation pipeline, in
+    `sample` (verify reads K*B samples; the planner's trial reads its windows in a fresh process)."""
+    ckpt = str(tmp_path / "tokens_failing_eval.ckpt")
+    commands = {
+        "train": (["train", "--model", "tokens:failing_train", "--batch-size", "16", "--ckpt-dir", str(tmp_path)],
+                  f"ms-accum train: error: {DISK} (while training on dataset(16, 'train', 0, 1) of the factory "
+                  f"'tokens:failing_train')"),
+        "eval": (["eval", "--ckpt", ckpt],
+                 f"ms-accum eval: error: For 'ms-accum eval', evaluating the factory 'tokens:failing_eval' on its "
+                 f"dataset(16, 'eval', 0, 1) failed: {DISK}."),
+        "verify": (["verify", "--model", "tokens:failing_sample", "--batch-size", "4"],
+                   "ms-accum verify: error: For 'ms-accum verify', sample(16) of the factory 'tokens:failing_sample' "
+                   "failed: OSError: the disk went away."),
+        "plan": (["plan", "--model", "tokens:failing_sample", "--global-batch", "16", "--memory", "1GiB"],
+                 "ms-accum plan: error: For 'ms-accum plan', a micro-batch of 1 sample(s) could not be trained: "
+                 "sample(65) of the factory 'tokens:failing_sample' failed: OSError: the disk went away."),
+    }
+    if command == "eval":  # a checkpoint of the factory whose evaluation data fails, trained without evaluating
+        made = run_cli("train", "--model", "tokens:failing_eval", "--batch-size", "16", "--ckpt-dir", str(tmp_path),
+                       "--no-eval", "--quiet", cwd=tmp_path)
+        assert made.returncode == 0, made.stderr[-2000:]
+    argv, message = commands[command]
+    out = run_cli(*argv, "--quiet", cwd=tmp_path)
+    assert out.returncode == 1 and one_line(out.stderr) == message
+
+
+# --- The walk: every error the command line can print, whole, in the command's terms. ---
+
+# Names a command-line message must not show: the library's public names, its methods, the keywords its messages use
+# for what the command line sets with a flag.
+LIBRARY = sorted({name for name in list(ms_accum.__all__) + list(ms_accum._DEPRECATED)
+                  if name[0].isupper() or "_" in name}
+                 | {"train_process", "from_plan", "check_fits", "Plan.save", "Plan.load", "Checkpoints"})
+
+
+def assert_in_command_terms(line: str, command: str) -> None:
+    assert line.startswith(f"ms-accum {command}: "), line
+    assert set(re.findall(r"For '([^']*)'", line)) <= {f"ms-accum {command}"}, line
+    named = [name for name in LIBRARY if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", line)]
+    assert not named, (named, line)
+    keywords = [name for name in cli.FLAGS if "_" in name and re.search(rf"(?<![\w-]){name}(?![\w-])", line)]
+    keywords += [name for name in cli.FLAGS if re.search(rf"(?<![\w-]){name}=", line)]
+    assert not keywords, (keywords, line)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """MNIST-format data of 256 training images, an MLP run's training states (windows of 2 x 8, one saved every 4
+    windows, the newest two kept) and its checkpoint, plans and a checkpoint of the MLP as MindSpore saves it."""
+    root = tmp_path_factory.mktemp("walk")
+    data = make_synthetic_mnist(str(root / "data"), num_train=256, num_test=64)
+    assert cli.main(["train", "--model", "mlp", "--batch-size", "8", "--accumulate-steps", "2", "--data", data,
+                     "--ckpt-dir", str(root / "ck"), "--save-every", "4", "--no-eval", "--quiet"]) == 0
+    Plan("mlp", 16, 2, 4, 2, "fused", "mean", 10.0, 20.0, 20.0, 1.0, 2.0, "CPU").save(str(root / "ranks.json"))
+    Plan("mlp", 16, 1, 8, 2, "fused", "mean", 10.0, 20.0, 20.0, 1.0, 2.0, "CPU", [],
+         {"parameters": 1, "values": 2, "hash": "0123456789abcdef"}).save(str(root / "network.json"))
+    save_checkpoint(MLP(), str(root / "mlp.ckpt"), {"model": "mlp"})
+    return {"root": str(root), "data": data, "ck": str(root / "ck"), "state": str(root / "ck" / "mlp-000000016.ckpt")}
+
+
+MLP_RUN = ["--model", "mlp", "--batch-size", "8", "--quiet", "--no-eval"]
+NOISE = ("a micro-batch's gradient here is its share of one window loss, not a gradient of a loss of its own, and its "
+         "norm says nothing about the gradient noise.")
+WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said)
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "3", "--ckpt-dir", "{ck}", "--resume"],
+     "Checkpoint '{state}' was saved with a global batch of 16 samples per update (--accumulate-steps 2 x --batch-size "
+     "8), but this run has 24 (--accumulate-steps 3 x --batch-size 8): resuming would not continue the same training; "
+     "--accumulate-steps 2 keeps it."),
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "2", "--ckpt-dir", "{ck}", "--resume",
+      "--partial-window", "drop"],
+     "Checkpoint '{state}' was saved with --partial-window apply, but this run has --partial-window drop: resuming "
+     "would not continue the same training."),
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "2", "--ckpt-dir", "{ck}", "--resume", "--seed",
+      "3"],
+     "Checkpoint '{state}' was saved with --seed 0, but this run has --seed 3: resuming would not continue the same "
+     "training."),
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "2", "--ckpt-dir", "{ck}", "--resume",
+      "{ck}/mlp.ckpt"],
+     "Checkpoint '{ck}/mlp.ckpt' holds no training state to resume from (it was not saved with '--save-every')."),
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-schedule", "0:2,64:4", "--ckpt-dir", "{ck}", "--resume"],
+     "Checkpoint '{state}' was saved by a run whose global batch schedule (samples consumed: global batch) is 0:16, "
+     "but this run's is 0:16,64:32: from 64 samples consumed the saved run's global batch is 16, this run's 32; "
+     "resuming would not continue the same training."),
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "1", "--noise-scale", "--ckpt-dir", "{root}/n"],
+     "For 'ms-accum train', the argument '--accumulate-steps' must be at least 2 in some window with --noise-scale on "
+     "one rank: the noise scale compares the micro-batch's gradient with the window's, and with one micro-batch per "
+     "window they are one batch size, but got 1."),
+    (["train", "--data", "{data}", "--plan", "{root}/missing.json", "--ckpt-dir", "{root}/p"],
+     "For 'ms-accum train', the file '{root}/missing.json' is not a plan written by 'ms-accum plan --output': [Errno "
+     "2] No such file or directory: '{root}/missing.json'"),
+    (["train", "--data", "{data}", "--plan", "{root}/ranks.json", "--ckpt-dir", "{root}/p"],
+     "For 'ms-accum train', the plan '{root}/ranks.json' was made for 2 rank(s) (a global batch of 16 = K 2 x B 4 x 2 "
+     "rank(s)), but this run has 1: plan again for 1 rank(s)."),
+    (["train", "--data", "{data}", "--plan", "{root}/network.json", "--ckpt-dir", "{root}/p"],
+     "For 'ms-accum train', the plan '{root}/network.json' was made for another network, 1 trainable parameters of 2 "
+     "values (hash 0123456789abcdef), but the network given has 6 trainable parameters of 669706 values (hash {mlp}): "
+     "plan again for this network."),
+    (["train", *MLP_RUN, "--data", "{data}", "--structure", "cached", "--skip-outliers", "3", "--ckpt-dir", "{root}/s"],
+     "For 'ms-accum train', the argument '--skip-outliers' must not be given with --structure cached, but got 3.0: a "
+     "micro-batch left out would still be in the loss that made the others' gradients, so the update would equal no "
+     "large-batch step."),
+    (["train", *MLP_RUN, "--data", "{data}", "--structure", "cached", "--noise-scale", "--ckpt-dir", "{root}/s"],
+     f"For 'ms-accum train', the arguments '--statistics' and '--noise-scale' must not be given with --structure "
+     f"cached, but got no --statistics, --noise-scale: {NOISE}"),
+    (["train", "--model", "tokens:per_sample_loss", "--batch-size", "16", "--ckpt-dir", "{root}/t", "--quiet"],
+     "For 'ms-accum train', the loss_fn of the factory 'tokens:per_sample_loss' must reduce the batch to a scalar, but "
+     "got SoftmaxCrossEntropyWithLogits with reduction 'none': build it with reduction='mean' (or 'sum')."),
+    (["train", "--model", "tokens:build", "--batch-size", "1024", "--ckpt-dir", "{root}/t", "--quiet"],
+     "For 'ms-accum train', dataset(1024, 'train', 0, 1) of the factory 'tokens:build' yields no batch: its 'train' "
+     "split holds 512 sample(s), fewer than one batch of 1024. Pass a --batch-size of at most 512."),
+    (["train", "--model", "tokens:diverging", "--batch-size", "16", "--accumulate-steps", "2", "--stop-on-nonfinite",
+      "--ckpt-dir", "{root}/t", "--quiet"],
+     "epoch 1 step 2: the window's gradient or loss is not finite, so it was skipped (parameters unchanged; 1 "
+     "window(s) skipped so far); stopped, as --stop-on-nonfinite asks."),
+    (["train", "--distributed", "--data", "{data}", "--ckpt-dir", "{root}/d", "--quiet"],
+     "distributed mode requested without a launcher: start it with msrun, e.g. 'msrun --worker_num=2 "
+     "--local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are "
+     "not set)."),
+    (["eval", "--ckpt", "{root}/mlp.ckpt", "--model", "lenet5", "--data", "{data}", "--quiet"],
+     "Checkpoint '{root}/mlp.ckpt' was saved with --model mlp, but --model lenet5 was asked for."),
+    (["verify", "--model", "mlp", "--batch-size", "32", "--accumulate-steps", "16", "--data", "{data}", "--quiet"],
+     "For 'ms-accum verify', --accumulate-steps 16 x --batch-size 32 needs 512 training images, but {data} holds "
+     "256."),
+    (["verify", "--model", "tokens:per_sample_loss", "--batch-size", "4", "--quiet"],
+     "For 'ms-accum verify', the loss_fn of the factory 'tokens:per_sample_loss' must reduce the batch to a scalar, "
+     "but got SoftmaxCrossEntropyWithLogits with reduction 'none': build it with reduction='mean' (or 'sum')."),
+    (["plan", "--model", "tokens:build", "--global-batch", "15", "--ranks", "2", "--quiet"],
+     "For 'ms-accum plan', the argument '--global-batch' must be divisible by '--ranks' (2), but got 15."),
+    (["plan", "--model", "tokens:build", "--global-batch", "16", "--output", "{root}", "--quiet"],
+     "For 'ms-accum plan', the argument '--output' must be a file path that can be written, but got '{root}', a "
+     "directory."),
+]
+
+
+@pytest.mark.parametrize("argv, message", WALK, ids=[f"{i}-{argv[0]}" for i, (argv, _) in enumerate(WALK)])
+def test_every_error_the_command_line_prints_names_flags_files_and_commands(argv, message, files, tokens, capsys):
+    names = {**files, "mlp": network_fingerprint(MLP())["hash"]}
+    argv = [arg.format(**names) for arg in argv]
+    assert cli.main(argv) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == f"ms-accum {argv[0]}: error: {message.format(**names)}"
+    assert_in_command_terms(line, argv[0])
+
+
+def test_a_warning_and_a_full_disk_are_told_in_the_command_s_terms(files, tmp_path, capsys, monkeypatch):
+    run = ["train", *MLP_RUN, "--data", files["data"], "--ckpt-dir", str(tmp_path)]
+    assert cli.main(run + ["--accumulate-steps", "64"]) == 0  # 32 batches an epoch: one partial window
+    line = cli_error(capsys.readouterr().err)
+    assert line == ("ms-accum train: warning: '--accumulate-steps' (64) is larger than an epoch's 32 batches: every "
+                    "window is partial and is applied at the end of the epoch.")
+    assert_in_command_terms(line, "train")
+    replace = os.replace
+
+    def no_room_for_step_4(source, target):  # the disk fills up as the training state of step 4 is written
+        if str(target).endswith("mlp-000000004.ckpt"):
+            raise OSError(28, "No space left on device")
+        return replace(source, target)
+    monkeypatch.setattr(os, "replace", no_room_for_step_4)
+    full = tmp_path / "full"
+    run[run.index("--ckpt-dir") + 1] = str(full)
+    assert cli.main(run + ["--accumulate-steps", "2", "--save-every", "2"]) == 1
+    line = cli_error(capsys.readouterr().err)
+    assert line == (f"ms-accum train: error: For 'ms-accum train', 'mlp-000000004.ckpt' could not be written in "
+                    f"'{full}': No space left on device. No earlier file was changed. The newest complete training "
+                    f"state is 'mlp-000000002.ckpt': the same command with --resume continues from it.")
+    assert_in_command_terms(line, "train")
+    assert os.listdir(full) == ["mlp-000000002.ckpt"]  # and no temporary file left
+
+
+def test_an_error_the_tool_did_not_foresee_is_one_line_saying_what_the_command_was_doing(files, capsys, monkeypatch):
+    """Not the tool's own error: its type, its first line, and what the command was doing."""
+    from ms_accum.demo import data
+
+    def unreadable(*args, **kwargs):
+        raise MemoryError("cannot allocate the decoded images\n\nC++ stack of the allocator")
+    monkeypatch.setattr(data, "dataset_for", unreadable)
+    assert cli.main(["train", *MLP_RUN, "--data", files["data"], "--ckpt-dir", files["root"] + "/m"]) == 1
+    assert capsys.readouterr().err == ("ms-accum train: error: MemoryError: cannot allocate the decoded images (while "
+                                       "reading the data of mlp)\n")
+    assert cli.main(["verify", "--model", "mlp", "--data", files["data"]]) == 1
+    assert capsys.readouterr().err == (f"ms-accum verify: error: MemoryError: cannot allocate the decoded images "
+                                       f"(while reading the MNIST training images in {files['data']})\n")

@@ -1,0 +1,440 @@
+"""Tutorial: fine-tuning a BERT-style classifier with gradient accumulation (docs/fine-tuning.md).
+
+The recipe people accumulate for: a BERT-shaped encoder written out (token, position and token-type embeddings,
+post-norm layers of Dense q/k/v attention with the padding mask, GELU feed-forward, LayerNorm, dropout 0.1) with three
+inputs, `input_ids`, `attention_mask` and `token_type_ids`, and a classifier on [CLS]; AdamW with no weight decay on
+biases and LayerNorm, a linear warm-up then linear decay over the optimizer steps, clipping at 1.0, K micro-batches of
+B per update, the training state saved every N steps and resumable, a validation score every N steps and the best
+network kept. The task comes from Tiny Shakespeare: given two lines of a speech, does line B follow line A (BERT's
+next-sentence prediction, segments A and B told apart by the token types)?
+
+    python tutorials/finetune_bert.py                           # train, validate, save, reload the best network
+    python tutorials/finetune_bert.py --resume                  # continue a killed run from its newest state
+    python tutorials/finetune_bert.py --measure                 # peak memory: K x B against one step of K*B
+    msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True tutorials/finetune_bert.py
+
+`--help` lists the sizes. No download: the encoder starts from random weights, or from a checkpoint of your own with
+`--init` (matching names are loaded, the classifier head may start fresh).
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+
+from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+
+import numpy as np  # noqa: E402
+import mindspore as ms  # noqa: E402
+import mindspore.dataset as ds  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
+from mindspore.common.initializer import TruncatedNormal  # noqa: E402
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule  # noqa: E402
+
+from ms_accum import CheckpointError, GradientAccumulation, init_data_parallel  # noqa: E402
+from ms_accum.cli import positive_float, positive_int  # noqa: E402
+from ms_accum.train.checkpoint import load_into  # noqa: E402
+from ms_accum.train.distributed import distributed_launch  # noqa: E402
+from ms_accum.train.options import Checkpoints, LogOptions, WindowOptions  # noqa: E402
+from ms_accum.train.validation import Validation  # noqa: E402
+
+# Configuration. Each value is a flag too (--help); the defaults train in a few minutes on 2 CPU cores.
+MICRO_BATCH = 16       # B: pairs per forward/backward on each rank, what fits in memory at once
+ACCUMULATE_STEPS = 4   # K: micro-batches per optimizer step; the update sees K x B = 64 pairs, BERT fine-tuning's size
+EPOCHS = 1             # passes over the training pairs
+TRAIN_PAIRS = 12800    # pairs trained on (of about 16,000): 200 updates of 64
+EVAL_PAIRS = 512       # held-out pairs scored at every validation, from plays the training never sees
+SEQ_LEN = 128          # [CLS] A [SEP] B [SEP]; Shakespeare's lines are at most 63 characters, cut at MAX_LINE
+WIDTH = 128            # BERT-base is 768: the memory figures scale with it (--measure at your sizes)
+HEADS = 4              # attention heads; must divide WIDTH (BERT-base: 12 of 64)
+LAYERS = 2             # encoder layers (BERT-base: 12)
+FFN = 4 * WIDTH        # the feed-forward block's width, BERT's 4x
+DROPOUT = 0.1          # BERT's, on the embeddings, the attention weights, each block's output and the pooled [CLS]
+LEARNING_RATE = 1e-3   # the peak rate; from random weights. A pretrained BERT fine-tunes at 2e-5 to 5e-5
+WEIGHT_DECAY = 0.01    # AdamW's decoupled decay, on weights only: biases and LayerNorm's gamma/beta are not shrunk
+WARMUP = 0.1           # the first tenth of the optimizer steps ramps the rate up, the rest decays it linearly to 0
+CLIP_NORM = 1.0        # each window's gradient (the mean over K x B pairs) clipped to this global norm
+EVAL_EVERY = 50        # optimizer steps between validation scores (and after the last step)
+SAVE_EVERY = 50        # optimizer steps between saved training states, to resume from
+KEEP_LAST = 2          # training states kept: each holds parameters, AdamW's two moments and the buffer, ~4x the model
+SEED = 0               # the same weights, pairs and order on every run and every rank
+DEVICE = "CPU"         # or "GPU", "Ascend"
+MAX_LINE = (SEQ_LEN - 3) // 2  # characters kept of each line: two lines and three special tokens fill SEQ_LEN
+PAD, CLS, SEP, UNK = 0, 1, 2, 3  # special token ids; the characters follow
+MD5_NOTE = ("Tiny Shakespeare's input.txt is karpathy/char-rnn's data/tinyshakespeare/input.txt "
+            "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt): pass it "
+            "with --data or set MS_ACCUM_SHAKESPEARE.")
+
+
+# ----------------------------------------------------------------------------------------------------------- the data
+def read_speeches(path):
+    """The corpus's speeches as lists of lines, the speaker's name left out; ValueError, one line, if unreadable."""
+    path = path or os.environ.get("MS_ACCUM_SHAKESPEARE") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare", "input.txt")
+    if not os.path.isfile(path):
+        raise ValueError(f"'{path}' does not exist. {MD5_NOTE}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"'{path}' is not UTF-8 text ({err.reason} at byte {err.start}).") from None
+    speeches = []
+    for passage in text.split("\n\n"):
+        lines = [line for line in passage.strip().split("\n") if line.strip()]
+        if len(lines) >= 2 and lines[0].endswith(":"):  # "ROMEO:" then what he says
+            lines = lines[1:]
+        speeches.append(lines)
+    return speeches
+
+
+def sentence_pairs(speeches, rng):
+    """(line A, line B, label) for every two consecutive lines of a speech: label 1 keeps A's true next line, label 0
+    (half of them, at random) replaces it with a random line of the same part of the corpus, as BERT's next-sentence
+    prediction does."""
+    lines = [line for speech in speeches for line in speech]
+    pairs = []
+    for speech in speeches:
+        for a, b in zip(speech, speech[1:]):
+            if rng.random() < 0.5:
+                pairs.append((a, b, 1))
+            else:
+                other = lines[rng.integers(len(lines))]
+                pairs.append((a, other, int(other == b)))
+    return pairs
+
+
+def encode(pairs, index):
+    """The four columns of the pairs: `input_ids`, `attention_mask` (1 on real tokens), `token_type_ids` (0 for
+    [CLS] A [SEP], 1 for B [SEP]) and `label`, each padded to SEQ_LEN so that the graphs compile once."""
+    n = len(pairs)
+    input_ids = np.full((n, SEQ_LEN), PAD, np.int32)
+    token_type_ids = np.zeros((n, SEQ_LEN), np.int32)
+    for row, (a, b, _) in enumerate(pairs):
+        a, b = [index.get(c, UNK) for c in a[:MAX_LINE]], [index.get(c, UNK) for c in b[:MAX_LINE]]
+        tokens = [CLS, *a, SEP, *b, SEP]
+        input_ids[row, :len(tokens)] = tokens
+        token_type_ids[row, len(a) + 2:len(tokens)] = 1
+    attention_mask = (input_ids != PAD).astype(np.int32)
+    label = np.array([p[2] for p in pairs], np.int32)
+    return input_ids, attention_mask, token_type_ids, label
+
+
+def dataset(columns, batch, shuffle, rank=0, ranks=1):
+    """A MindSpore dataset of batches of the four columns; in data parallel, this rank's shard of it."""
+    names = ["input_ids", "attention_mask", "token_type_ids", "label"]
+    return ds.NumpySlicesDataset(dict(zip(names, columns)), shuffle=shuffle, num_shards=ranks,
+                                 shard_id=rank).batch(batch)
+
+
+# ---------------------------------------------------------------------------------------------------------- the model
+class Embeddings(nn.Cell):
+    """Token + position + token-type embeddings, LayerNorm, dropout (BERT's)."""
+
+    def __init__(self, vocab, width, seq_len, dropout):
+        super().__init__()
+        self.word = nn.Embedding(vocab, width, embedding_table=TruncatedNormal(0.02))
+        self.position = nn.Embedding(seq_len, width, embedding_table=TruncatedNormal(0.02))
+        self.token_type = nn.Embedding(2, width, embedding_table=TruncatedNormal(0.02))
+        self.norm = nn.LayerNorm((width,), epsilon=1e-12)
+        self.dropout = nn.Dropout(p=dropout)
+
+    def construct(self, input_ids, token_type_ids):
+        positions = ops.arange(input_ids.shape[1]).astype(ms.int32)
+        x = self.word(input_ids) + self.position(positions) + self.token_type(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class EncoderLayer(nn.Cell):
+    """One post-norm BERT layer written out: multi-head self-attention (Dense q/k/v, matmul, softmax, the padding
+    mask), then a GELU feed-forward block, each with dropout, a residual sum and LayerNorm. Written out because
+    MindSpore's own nn.TransformerEncoderLayer holds many times the memory on CPU (docs/memory.md)."""
+
+    def __init__(self, width, heads, ffn, dropout):
+        super().__init__()
+        self.heads, self.head_width = heads, width // heads
+        self.scale = 1.0 / math.sqrt(self.head_width)
+        self.query, self.key, self.value = nn.Dense(width, width), nn.Dense(width, width), nn.Dense(width, width)
+        self.output = nn.Dense(width, width)
+        self.attention_dropout, self.output_dropout = nn.Dropout(p=dropout), nn.Dropout(p=dropout)
+        self.attention_norm = nn.LayerNorm((width,), epsilon=1e-12)
+        self.ffn_in, self.ffn_out = nn.Dense(width, ffn), nn.Dense(ffn, width)
+        self.gelu = nn.GELU(approximate=False)
+        self.ffn_dropout = nn.Dropout(p=dropout)
+        self.ffn_norm = nn.LayerNorm((width,), epsilon=1e-12)
+
+    def split_heads(self, x, batch, length):
+        return ops.transpose(ops.reshape(x, (batch, length, self.heads, self.head_width)), (0, 2, 1, 3))
+
+    def construct(self, x, mask):
+        batch, length, width = x.shape
+        q = self.split_heads(self.query(x), batch, length)
+        k = self.split_heads(self.key(x), batch, length)
+        v = self.split_heads(self.value(x), batch, length)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * self.scale + mask  # mask: -10000 on padding keys
+        weights = self.attention_dropout(ops.softmax(scores, -1))
+        context = ops.reshape(ops.transpose(ops.matmul(weights, v), (0, 2, 1, 3)), (batch, length, width))
+        x = self.attention_norm(x + self.output_dropout(self.output(context)))
+        return self.ffn_norm(x + self.ffn_dropout(self.ffn_out(self.gelu(self.ffn_in(x)))))
+
+
+class BertClassifier(nn.Cell):
+    """The encoder and a classifier on the pooled [CLS] token: (input_ids, attention_mask, token_type_ids) ->
+    logits (N, classes)."""
+
+    def __init__(self, vocab, width, heads, layers, ffn, seq_len, dropout, classes=2):
+        super().__init__()
+        self.embeddings = Embeddings(vocab, width, seq_len, dropout)
+        self.layers = nn.CellList([EncoderLayer(width, heads, ffn, dropout) for _ in range(layers)])
+        self.pooler = nn.Dense(width, width, activation="tanh")
+        self.dropout = nn.Dropout(p=dropout)
+        self.classifier = nn.Dense(width, classes)
+
+    def construct(self, input_ids, attention_mask, token_type_ids):
+        # (N, L) of 1/0 -> (N, 1, 1, L) added to every head's scores: padding gets no attention.
+        mask = (1.0 - attention_mask.astype(ms.float32)).reshape(attention_mask.shape[0], 1, 1, -1) * -10000.0
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.classifier(self.dropout(self.pooler(x[:, 0])))
+
+
+# ------------------------------------------------------------------------------------------- optimizer and schedule
+class WarmUpLinearDecay(LearningRateSchedule):
+    """`peak` x (step + 1) / warmup for the first `warmup` optimizer steps, then linearly down to 0 at `total`.
+
+    MindSpore's optimizers call it with their own `global_step`, which advances once per update. Under ms_accum an
+    update is a window of K micro-batches, so this schedule runs on windows: with a fixed K, each holds K x B x ranks
+    samples, and a step count is a sample count. (Only when K changes during training, a batch ramp-up, do steps and
+    samples part: then drive the schedule by samples with `ms_accum.SamplesLR`, docs/schedules.md.)"""
+
+    def __init__(self, peak, warmup, total):
+        super().__init__()
+        self.peak, self.warmup, self.total = peak, float(warmup), float(total)
+        self.decay_steps = float(max(total - warmup, 1))
+
+    def construct(self, global_step):
+        step = global_step.astype(ms.float32)
+        warm = (step + 1.0) / self.warmup
+        decay = (self.total - step) / self.decay_steps
+        return self.peak * ops.maximum(ops.minimum(warm, decay), 0.0)
+
+
+def adamw(network, schedule, weight_decay):
+    """AdamW with two parameter groups: weights decay, biases and LayerNorm's gamma and beta do not (BERT's rule:
+    decay would pull a LayerNorm's scale towards 0 and gains nothing on biases)."""
+    params = network.trainable_params()
+    no_decay = [p for p in params if p.name.endswith((".bias", ".gamma", ".beta"))]
+    decay = [p for p in params if not p.name.endswith((".bias", ".gamma", ".beta"))]
+    return nn.AdamWeightDecay([{"params": decay, "weight_decay": weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0},
+                               {"order_params": params}],
+                              learning_rate=schedule, beta1=0.9, beta2=0.999, eps=1e-6)
+
+
+def accuracy(network, columns, batch=64):
+    """The fraction of pairs classified right, dropout off."""
+    network.set_train(False)
+    correct = 0
+    for start in range(0, len(columns[3]), batch):
+        inputs = [Tensor(c[start:start + batch]) for c in columns[:3]]
+        correct += int((network(*inputs).asnumpy().argmax(-1) == columns[3][start:start + batch]).sum())
+    network.set_train(True)
+    return correct / len(columns[3])
+
+
+# ---------------------------------------------------------------------------------------------------------- the run
+def prepare(args, rank=0, ranks=1):
+    """The vocabulary and the encoded train and eval pairs: train from the first 90% of the speeches, eval from the
+    last 10% (later plays, never trained on)."""
+    speeches = args.speeches
+    rng = np.random.default_rng(SEED)
+    cut = len(speeches) * 9 // 10
+    train_pairs = sentence_pairs(speeches[:cut], rng)
+    eval_pairs = sentence_pairs(speeches[cut:], rng)
+    order = rng.permutation(len(train_pairs))[:args.train_pairs]
+    train_pairs = [train_pairs[i] for i in order]
+    eval_pairs = [eval_pairs[i] for i in rng.permutation(len(eval_pairs))[:args.eval_pairs]]
+    chars = sorted({c for a, b, _ in train_pairs for c in a + b})
+    index = {c: i + 4 for i, c in enumerate(chars)}  # after [PAD] [CLS] [SEP] [UNK]
+    return len(index) + 4, encode(train_pairs, index), encode(eval_pairs, index)
+
+
+def build(args, vocab, total_steps):
+    """The network, its loss, and AdamW on the warm-up-then-decay schedule over `total_steps` optimizer steps."""
+    ms.set_seed(SEED)
+    network = BertClassifier(vocab, args.width, args.heads, args.layers, 4 * args.width, SEQ_LEN, args.dropout)
+    if args.init:  # e.g. a pretrained encoder of the same shape: what matches loads, the rest stays initialised
+        not_loaded, _ = ms.load_param_into_net(network, ms.load_checkpoint(args.init), strict_load=False)
+        print(f"--init {args.init}: {len(network.trainable_params()) - len(not_loaded)} parameter(s) loaded, "
+              f"{len(not_loaded)} fresh")
+    warmup = max(1, round(WARMUP * total_steps))
+    optimizer = adamw(network, WarmUpLinearDecay(args.lr, warmup, total_steps), WEIGHT_DECAY)
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    return network, loss_fn, optimizer
+
+
+def main(args):
+    info = init_data_parallel() if distributed_launch() else None  # under msrun: first, before any work
+    rank, ranks = (info.rank, info.group_size) if info else (0, 1)
+    runtime.set_device(DEVICE)
+    ds.config.set_seed(SEED)  # every rank shuffles the same order and reads its own shard of it
+    vocab, train_columns, eval_columns = prepare(args)
+    train_data = dataset(train_columns, args.micro_batch, True, rank, ranks)
+    eval_data = dataset(eval_columns, 64, False, rank, ranks)
+    k = args.accumulate_steps
+    total_steps = args.epochs * math.ceil(train_data.get_dataset_size() / k)  # the schedule's clock: updates
+    network, loss_fn, optimizer = build(args, vocab, total_steps)
+    if rank == 0:
+        print(f"{len(train_columns[3])} training pairs ({train_columns[3].mean():.0%} true next lines), "
+              f"{len(eval_columns[3])} held out; {vocab} tokens; {total_steps} updates of K={k} x B="
+              f"{args.micro_batch}{f' x {ranks} ranks' if ranks > 1 else ''} = {k * args.micro_batch * ranks} pairs")
+
+    executor = GradientAccumulation(network, loss_fn, optimizer, window=WindowOptions(clip_norm=CLIP_NORM))
+    checkpoints = Checkpoints(args.ckpt_dir, "finetune_bert", save_every=args.save_every, keep_last=KEEP_LAST,
+                              resume=args.resume or None, metadata={"width": args.width, "layers": args.layers})
+
+    def on_step(record):
+        if rank == 0 and record.step % args.eval_every == 0:  # the rate the update used: global_step is past it
+            lr = float(optimizer.learning_rate(Tensor(record.step - 1, ms.int32)).asnumpy())
+            print(f"step {record.step:4d}: loss {record.loss:.4f}, lr {lr:.2e}", flush=True)
+
+    result = executor.train_process(args.epochs, train_data, k, checkpoints=checkpoints,
+                                    log=LogOptions(verbose=False, on_step=on_step), eval_dataset=eval_data,
+                                    eval_every=Validation(every=args.eval_every, keep_best="accuracy"))
+    if rank != 0:
+        return
+    if result.resumed_from:
+        print(f"resumed from {result.resumed_from}")
+    scored = [r for r in result.steps if r.validation]
+    for record in scored:
+        print(f"validation at step {record.step}: loss {record.validation['loss']:.4f}, "
+              f"accuracy {record.validation['accuracy']:.4f}")
+    best = os.path.join(args.ckpt_dir, "finetune_bert-best.ckpt")
+    restored = BertClassifier(vocab, args.width, args.heads, args.layers, 4 * args.width, SEQ_LEN, args.dropout)
+    step = load_into(restored, best)["step"]  # strict: every parameter must fit
+    print(f"final network: {result.checkpoint}\nbest network: {best} (step {step}), held-out accuracy "
+          f"{accuracy(restored, eval_columns):.4f}")
+
+
+# ---------------------------------------------------------------------------------------------------- peak memory
+MEASURED = {"micro_step": "one step of B (nn.TrainOneStepCell)",
+            "accumulated": "ms_accum, K x B (GradientAccumulation)",
+            "global_step": "one step of K x B (nn.TrainOneStepCell)"}
+
+
+class ClippedStep(nn.TrainOneStepCell):
+    """One plain training step with the same clipping as the windows, for the comparison."""
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        grads = self.grad(self.network, self.weights)(*inputs, self.sens)
+        return ops.depend(loss, self.optimizer(ops.clip_by_global_norm(grads, CLIP_NORM)))
+
+
+def measure_one(args, mode):
+    """This process's peak resident memory (ru_maxrss) over two updates in `mode`, before and after training."""
+    runtime.set_device(DEVICE)
+    ds.config.set_seed(SEED)
+    k, b = args.accumulate_steps, args.micro_batch
+    vocab, train_columns, _ = prepare(args)
+    network, loss_fn, optimizer = build(args, vocab, total_steps=2)
+    batch = k * b if mode == "global_step" else b
+    data = dataset([c[:2 * k * b] for c in train_columns], batch, True)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if mode == "accumulated":
+        executor = GradientAccumulation(network, loss_fn, optimizer, window=WindowOptions(clip_norm=CLIP_NORM))
+        executor.train_process(1, data, k, checkpoints=None, log=LogOptions(verbose=False))
+    else:
+        from ms_accum.core.columns import WithLossColumns
+        step = ClippedStep(WithLossColumns(network, loss_fn), optimizer).set_train()
+        for columns in data.create_tuple_iterator(num_epochs=1):
+            step(*columns)
+            if mode == "micro_step":
+                break  # a second B step peaks no higher; two K x B updates are compared
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"before_mib": before / 1024, "peak_mib": peak / 1024}))
+
+
+def measure(args, argv):
+    """Each configuration in a fresh process (a process's peak only grows), then the table."""
+    k, b = args.accumulate_steps, args.micro_batch
+    print(f"peak resident memory (ru_maxrss) of a fresh process, two updates; width {args.width}, {args.layers} "
+          f"layers, sequence {SEQ_LEN}, K={k}, B={b}")
+    figures = {}
+    for mode, what in MEASURED.items():
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--measure-one", mode],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"{mode} failed:\n{out.stderr[-3000:]}")
+        figures[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        grown = figures[mode]["peak_mib"] - figures[mode]["before_mib"]
+        print(f"  {what:42s} peak {figures[mode]['peak_mib']:7.0f} MiB, {grown:+7.0f} MiB while training")
+    saved = figures["global_step"]["peak_mib"] - figures["accumulated"]["peak_mib"]
+    print(f"K x B saves {saved:.0f} MiB of the {k * b}-pair step's peak "
+          f"({saved / figures['global_step']['peak_mib']:.0%}); above one step of B it costs "
+          f"{figures['accumulated']['peak_mib'] - figures['micro_step']['peak_mib']:+.0f} MiB")
+
+
+# ------------------------------------------------------------------------------------------------------ the flags
+def probability(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), but got '{text}'")
+    return value
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", help="Tiny Shakespeare's input.txt (default: $MS_ACCUM_SHAKESPEARE, else "
+                                       "../shared/data/tinyshakespeare/input.txt beside the checkout)")
+    parser.add_argument("--micro-batch", type=positive_int, default=MICRO_BATCH, metavar="B",
+                        help=f"pairs per micro-batch on each rank (default {MICRO_BATCH})")
+    parser.add_argument("--accumulate-steps", type=positive_int, default=ACCUMULATE_STEPS, metavar="K",
+                        help=f"micro-batches per update (default {ACCUMULATE_STEPS})")
+    parser.add_argument("--epochs", type=positive_int, default=EPOCHS)
+    parser.add_argument("--train-pairs", type=positive_int, default=TRAIN_PAIRS, metavar="N")
+    parser.add_argument("--eval-pairs", type=positive_int, default=EVAL_PAIRS, metavar="N")
+    parser.add_argument("--width", type=positive_int, default=WIDTH)
+    parser.add_argument("--heads", type=positive_int, default=HEADS)
+    parser.add_argument("--layers", type=positive_int, default=LAYERS)
+    parser.add_argument("--dropout", type=probability, default=DROPOUT)
+    parser.add_argument("--lr", type=positive_float, default=LEARNING_RATE, help="the peak learning rate")
+    parser.add_argument("--eval-every", type=positive_int, default=EVAL_EVERY, metavar="N")
+    parser.add_argument("--save-every", type=positive_int, default=SAVE_EVERY, metavar="N")
+    parser.add_argument("--ckpt-dir", default="ckpt")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest training state in --ckpt-dir")
+    parser.add_argument("--init", metavar="CKPT", help="start from these weights (matching parameter names)")
+    parser.add_argument("--measure", action="store_true",
+                        help="measure the peak memory of K x B against one step of K*B, each in a fresh process")
+    parser.add_argument("--measure-one", choices=tuple(MEASURED), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.width % args.heads:
+        parser.error(f"argument --heads: must divide --width ({args.width}), but got {args.heads}")
+    if args.init and not os.path.isfile(args.init):
+        parser.error(f"argument --init: '{args.init}' does not exist")
+    try:
+        args.speeches = read_speeches(args.data)
+    except ValueError as err:
+        parser.error(f"argument --data: {err}")  # one line, exit status 2
+    pairs = sum(max(len(s) - 1, 0) for s in args.speeches)
+    if pairs < 20:
+        parser.error(f"argument --data: it holds {pairs} pairs of consecutive lines, the tutorial needs at least 20")
+    return parser, args
+
+
+if __name__ == "__main__":
+    parser, args = parse(sys.argv[1:])
+    if args.measure_one:
+        measure_one(args, args.measure_one)
+    elif args.measure:
+        measure(args, [a for a in sys.argv[1:] if a != "--measure"])
+    else:
+        try:
+            main(args)
+        except CheckpointError as err:  # --resume or --init from a file that cannot continue this run
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
