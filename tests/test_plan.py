@@ -391,8 +391,9 @@ def test_cli_plans_lenet5_and_trains_with_the_plan(tmp_path, capsys):
     # 1024 (~210 MiB).
     assert cli.main(["plan", "--global-batch", "1024", "--memory", "1MiB", "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("ms-accum plan: error: For 'plan', the argument 'memory' (1 MiB) is below the step of one "
-                          "micro-batch of 1 sample(s)")
+    # The command line's words: its command and its flag (tests/test_cli_errors.py walks them all).
+    assert err.startswith("ms-accum plan: error: For 'ms-accum plan', the argument '--memory' (1 MiB) is below the step "
+                          "of one micro-batch of 1 sample(s)")
     smallest = int(err.split("the smallest budget that works is ")[1].split()[0])
     path = str(tmp_path / "plan.json")
     assert cli.main(["plan", "--global-batch", "1024", "--memory", f"{smallest * 1.5:.0f}MiB", "--json", "--output",
