@@ -26,12 +26,16 @@ run: $(STAMP)
 		--epochs 1 --ckpt-dir ckpt --download --synthetic-fallback
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ms-accum eval --model lenet5 --ckpt ckpt/lenet5.ckpt
 
+# Two pytest processes (pytest-xdist), each taking whole test files, so a module's fixtures are computed once: most
+# tests compile graphs on one thread, and one process leaves the second core idle. `make test JOBS=0` runs in one.
+JOBS ?= 2
+
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 # Also the tests marked slow: every structure, fault and msrun case, the docs' code blocks, the full tutorials.
 test-all: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "slow or not slow"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "slow or not slow"
 
 # The lasting benchmark suite (benchmarks/README.md): run it on a quiet machine.
 bench: $(STAMP)

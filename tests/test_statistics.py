@@ -312,7 +312,7 @@ def test_the_outlier_statistics_resume_with_the_training_state(tmp_path):
     for name in ("seen", "mean", "var"):
         assert np.array_equal(getattr(resumed.buffer.statistics, name).asnumpy(),
                               getattr(whole.buffer.statistics, name).asnumpy()), name
-    for a, b in zip(resumed._network.trainable_params(), whole._network.trainable_params()):
+    for a, b in zip(resumed.network.trainable_params(), whole.network.trainable_params()):
         assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
 
 

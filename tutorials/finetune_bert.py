@@ -5,8 +5,9 @@ post-norm layers of Dense q/k/v attention with the padding mask, GELU feed-forwa
 inputs, `input_ids`, `attention_mask` and `token_type_ids`, and a classifier on [CLS]; AdamW with no weight decay on
 biases and LayerNorm, a linear warm-up then linear decay over the optimizer steps, clipping at 1.0, K micro-batches of
 B per update, the training state saved every N steps and resumable, a validation score every N steps and the best
-network kept. The task comes from Tiny Shakespeare: given two lines of a speech, does line B follow line A (BERT's
-next-sentence prediction, segments A and B told apart by the token types)?
+network kept. The task comes from Tiny Shakespeare's turns of speech: given two consecutive lines, does line B go on
+with line A's speech, or does a new speaker reply (a sentence-pair task, as BERT's next-sentence prediction; segments
+A and B told apart by the token types)?
 
     python tutorials/finetune_bert.py                           # train, validate, save, reload the best network
     python tutorials/finetune_bert.py --resume                  # continue a killed run from its newest state
@@ -14,7 +15,7 @@ next-sentence prediction, segments A and B told apart by the token types)?
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True tutorials/finetune_bert.py
 
 `--help` lists the sizes. No download: the encoder starts from random weights, or from a checkpoint of your own with
-`--init` (matching names are loaded, the classifier head may start fresh).
+`--init` (what fits the network by name and shape is loaded; a new classifier head starts fresh).
 """
 import argparse
 import json
@@ -35,6 +36,8 @@ from mindspore.nn.learning_rate_schedule import LearningRateSchedule  # noqa: E4
 
 from ms_accum import CheckpointError, GradientAccumulation, init_data_parallel  # noqa: E402
 from ms_accum.cli import positive_float, positive_int  # noqa: E402
+from ms_accum.core.columns import WithLossColumns  # noqa: E402
+from ms_accum.core.dropout import seed_dropout_on_cpu  # noqa: E402
 from ms_accum.train.checkpoint import load_into  # noqa: E402
 from ms_accum.train.distributed import distributed_launch  # noqa: E402
 from ms_accum.train.options import Checkpoints, LogOptions, WindowOptions  # noqa: E402
@@ -44,13 +47,13 @@ from ms_accum.train.validation import Validation  # noqa: E402
 MICRO_BATCH = 16       # B: pairs per forward/backward on each rank, what fits in memory at once
 ACCUMULATE_STEPS = 4   # K: micro-batches per optimizer step; the update sees K x B = 64 pairs, BERT fine-tuning's size
 EPOCHS = 1             # passes over the training pairs
-TRAIN_PAIRS = 12800    # pairs trained on (of about 16,000): 200 updates of 64
-EVAL_PAIRS = 512       # held-out pairs scored at every validation, from plays the training never sees
+TRAIN_PAIRS = 12800    # pairs trained on (of 12,996 in Tiny Shakespeare): 200 updates of 64
+EVAL_PAIRS = 512       # held-out pairs scored at every validation (of 1,444), from plays the training never sees
 SEQ_LEN = 128          # [CLS] A [SEP] B [SEP]; Shakespeare's lines are at most 63 characters, cut at MAX_LINE
 WIDTH = 128            # BERT-base is 768: the memory figures scale with it (--measure at your sizes)
 HEADS = 4              # attention heads; must divide WIDTH (BERT-base: 12 of 64)
 LAYERS = 2             # encoder layers (BERT-base: 12)
-FFN = 4 * WIDTH        # the feed-forward block's width, BERT's 4x
+FFN_RATIO = 4          # the feed-forward block is this many times WIDTH wide, as in BERT
 DROPOUT = 0.1          # BERT's, on the embeddings, the attention weights, each block's output and the pooled [CLS]
 LEARNING_RATE = 1e-3   # the peak rate; from random weights. A pretrained BERT fine-tunes at 2e-5 to 5e-5
 WEIGHT_DECAY = 0.01    # AdamW's decoupled decay, on weights only: biases and LayerNorm's gamma/beta are not shrunk
@@ -63,18 +66,19 @@ SEED = 0               # the same weights, pairs and order on every run and ever
 DEVICE = "CPU"         # or "GPU", "Ascend"
 MAX_LINE = (SEQ_LEN - 3) // 2  # characters kept of each line: two lines and three special tokens fill SEQ_LEN
 PAD, CLS, SEP, UNK = 0, 1, 2, 3  # special token ids; the characters follow
-MD5_NOTE = ("Tiny Shakespeare's input.txt is karpathy/char-rnn's data/tinyshakespeare/input.txt "
+WHERE = ("Tiny Shakespeare's input.txt is karpathy/char-rnn's data/tinyshakespeare/input.txt "
             "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt): pass it "
             "with --data or set MS_ACCUM_SHAKESPEARE.")
 
 
 # ----------------------------------------------------------------------------------------------------------- the data
 def read_speeches(path):
-    """The corpus's speeches as lists of lines, the speaker's name left out; ValueError, one line, if unreadable."""
+    """The file read and its speeches (blank-line separated passages) as lists of lines, the speaker's name left out;
+    ValueError, one line, if the file is missing or not text."""
     path = path or os.environ.get("MS_ACCUM_SHAKESPEARE") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "tinyshakespeare", "input.txt")
     if not os.path.isfile(path):
-        raise ValueError(f"'{path}' does not exist. {MD5_NOTE}")
+        raise ValueError(f"'{path}' does not exist. {WHERE}")
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -85,24 +89,20 @@ def read_speeches(path):
         lines = [line for line in passage.strip().split("\n") if line.strip()]
         if len(lines) >= 2 and lines[0].endswith(":"):  # "ROMEO:" then what he says
             lines = lines[1:]
-        speeches.append(lines)
-    return speeches
+        if lines:
+            speeches.append(lines)
+    return path, speeches
 
 
 def sentence_pairs(speeches, rng):
-    """(line A, line B, label) for every two consecutive lines of a speech: label 1 keeps A's true next line, label 0
-    (half of them, at random) replaces it with a random line of the same part of the corpus, as BERT's next-sentence
-    prediction does."""
-    lines = [line for speech in speeches for line in speech]
-    pairs = []
-    for speech in speeches:
-        for a, b in zip(speech, speech[1:]):
-            if rng.random() < 0.5:
-                pairs.append((a, b, 1))
-            else:
-                other = lines[rng.integers(len(lines))]
-                pairs.append((a, other, int(other == b)))
-    return pairs
+    """(line A, line B, label) for consecutive lines: label 1 when B opens the next speech (a new speaker replies to
+    A), 0 when B goes on with A's speech. The continuations, about 3x as many, are subsampled to as many as the
+    replies, and the pairs shuffled."""
+    replies = [(a[-1], b[0], 1) for a, b in zip(speeches, speeches[1:])]
+    goes_on = [(a, b, 0) for speech in speeches for a, b in zip(speech, speech[1:])]
+    goes_on = [goes_on[i] for i in rng.permutation(len(goes_on))[:len(replies)]]
+    pairs = replies + goes_on
+    return [pairs[i] for i in rng.permutation(len(pairs))]
 
 
 def encode(pairs, index):
@@ -233,7 +233,7 @@ def adamw(network, schedule, weight_decay):
                               learning_rate=schedule, beta1=0.9, beta2=0.999, eps=1e-6)
 
 
-def accuracy(network, columns, batch=64):
+def accuracy(network, columns, batch):
     """The fraction of pairs classified right, dropout off."""
     network.set_train(False)
     correct = 0
@@ -245,17 +245,17 @@ def accuracy(network, columns, batch=64):
 
 
 # ---------------------------------------------------------------------------------------------------------- the run
-def prepare(args, rank=0, ranks=1):
-    """The vocabulary and the encoded train and eval pairs: train from the first 90% of the speeches, eval from the
-    last 10% (later plays, never trained on)."""
-    speeches = args.speeches
+def split(speeches):
+    """Training pairs from the first 90% of the speeches, held-out pairs from the last 10% (later plays, never trained
+    on), each shuffled."""
     rng = np.random.default_rng(SEED)
     cut = len(speeches) * 9 // 10
-    train_pairs = sentence_pairs(speeches[:cut], rng)
-    eval_pairs = sentence_pairs(speeches[cut:], rng)
-    order = rng.permutation(len(train_pairs))[:args.train_pairs]
-    train_pairs = [train_pairs[i] for i in order]
-    eval_pairs = [eval_pairs[i] for i in rng.permutation(len(eval_pairs))[:args.eval_pairs]]
+    return sentence_pairs(speeches[:cut], rng), sentence_pairs(speeches[cut:], rng)
+
+
+def prepare(args):
+    """The vocabulary size and the encoded training and held-out pairs."""
+    train_pairs, eval_pairs = args.pairs[0][:args.train_pairs], args.pairs[1][:args.eval_pairs]
     chars = sorted({c for a, b, _ in train_pairs for c in a + b})
     index = {c: i + 4 for i, c in enumerate(chars)}  # after [PAD] [CLS] [SEP] [UNK]
     return len(index) + 4, encode(train_pairs, index), encode(eval_pairs, index)
@@ -264,11 +264,16 @@ def prepare(args, rank=0, ranks=1):
 def build(args, vocab, total_steps):
     """The network, its loss, and AdamW on the warm-up-then-decay schedule over `total_steps` optimizer steps."""
     ms.set_seed(SEED)
-    network = BertClassifier(vocab, args.width, args.heads, args.layers, 4 * args.width, SEQ_LEN, args.dropout)
-    if args.init:  # e.g. a pretrained encoder of the same shape: what matches loads, the rest stays initialised
-        not_loaded, _ = ms.load_param_into_net(network, ms.load_checkpoint(args.init), strict_load=False)
-        print(f"--init {args.init}: {len(network.trainable_params()) - len(not_loaded)} parameter(s) loaded, "
-              f"{len(not_loaded)} fresh")
+    network = BertClassifier(vocab, args.width, args.heads, args.layers, FFN_RATIO * args.width, SEQ_LEN,
+                             args.dropout)
+    if args.init:  # e.g. a pretrained encoder: what fits by name and shape loads, the rest (a new head) starts fresh
+        own = {p.name: p for p in network.trainable_params()}
+        fits = {name: value for name, value in args.init_params.items()
+                if name in own and tuple(value.shape) == tuple(own[name].shape)}
+        if not fits:
+            fail(f"argument --init: no parameter of '{args.init}' fits the network by name and shape")
+        ms.load_param_into_net(network, fits, strict_load=False)
+        print(f"--init {args.init}: {len(fits)} parameter(s) loaded, {len(own) - len(fits)} fresh")
     warmup = max(1, round(WARMUP * total_steps))
     optimizer = adamw(network, WarmUpLinearDecay(args.lr, warmup, total_steps), WEIGHT_DECAY)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -282,12 +287,12 @@ def main(args):
     ds.config.set_seed(SEED)  # every rank shuffles the same order and reads its own shard of it
     vocab, train_columns, eval_columns = prepare(args)
     train_data = dataset(train_columns, args.micro_batch, True, rank, ranks)
-    eval_data = dataset(eval_columns, 64, False, rank, ranks)
+    eval_data = dataset(eval_columns, args.micro_batch, False, rank, ranks)  # larger batches: a larger eval graph
     k = args.accumulate_steps
     total_steps = args.epochs * math.ceil(train_data.get_dataset_size() / k)  # the schedule's clock: updates
     network, loss_fn, optimizer = build(args, vocab, total_steps)
     if rank == 0:
-        print(f"{len(train_columns[3])} training pairs ({train_columns[3].mean():.0%} true next lines), "
+        print(f"{len(train_columns[3])} training pairs ({train_columns[3].mean():.0%} replies), "
               f"{len(eval_columns[3])} held out; {vocab} tokens; {total_steps} updates of K={k} x B="
               f"{args.micro_batch}{f' x {ranks} ranks' if ranks > 1 else ''} = {k * args.micro_batch * ranks} pairs")
 
@@ -295,10 +300,14 @@ def main(args):
     checkpoints = Checkpoints(args.ckpt_dir, "finetune_bert", save_every=args.save_every, keep_last=KEEP_LAST,
                               resume=args.resume or None, metadata={"width": args.width, "layers": args.layers})
 
+    def show(record):  # the window's loss, the rate its update used (global_step is past it), the validation
+        lr = float(optimizer.learning_rate(Tensor(record.step - 1, ms.int32)).asnumpy())
+        print(f"step {record.step:4d}: loss {record.loss:.4f}, lr {lr:.2e}; validation loss "
+              f"{record.validation['loss']:.4f}, accuracy {record.validation['accuracy']:.4f}", flush=True)
+
     def on_step(record):
-        if rank == 0 and record.step % args.eval_every == 0:  # the rate the update used: global_step is past it
-            lr = float(optimizer.learning_rate(Tensor(record.step - 1, ms.int32)).asnumpy())
-            print(f"step {record.step:4d}: loss {record.loss:.4f}, lr {lr:.2e}", flush=True)
+        if rank == 0 and record.validation:
+            show(record)
 
     result = executor.train_process(args.epochs, train_data, k, checkpoints=checkpoints,
                                     log=LogOptions(verbose=False, on_step=on_step), eval_dataset=eval_data,
@@ -306,22 +315,22 @@ def main(args):
     if rank != 0:
         return
     if result.resumed_from:
-        print(f"resumed from {result.resumed_from}")
-    scored = [r for r in result.steps if r.validation]
-    for record in scored:
-        print(f"validation at step {record.step}: loss {record.validation['loss']:.4f}, "
-              f"accuracy {record.validation['accuracy']:.4f}")
+        print(f"(resumed from {result.resumed_from})")
+    if result.steps and result.steps[-1].step % args.eval_every:  # the last step is scored after its on_step
+        show(result.steps[-1])
     best = os.path.join(args.ckpt_dir, "finetune_bert-best.ckpt")
-    restored = BertClassifier(vocab, args.width, args.heads, args.layers, 4 * args.width, SEQ_LEN, args.dropout)
+    restored = BertClassifier(vocab, args.width, args.heads, args.layers, FFN_RATIO * args.width, SEQ_LEN,
+                             args.dropout)
     step = load_into(restored, best)["step"]  # strict: every parameter must fit
     print(f"final network: {result.checkpoint}\nbest network: {best} (step {step}), held-out accuracy "
-          f"{accuracy(restored, eval_columns):.4f}")
+          f"{accuracy(restored, eval_columns, args.micro_batch):.4f}")
 
 
 # ---------------------------------------------------------------------------------------------------- peak memory
-MEASURED = {"micro_step": "one step of B (nn.TrainOneStepCell)",
-            "accumulated": "ms_accum, K x B (GradientAccumulation)",
-            "global_step": "one step of K x B (nn.TrainOneStepCell)"}
+MEASURED = {"micro_step": "one step of B, MindSpore's dropout",
+            "micro_step_seeded": "one step of B, dropout seeded as ms_accum does",
+            "accumulated": "ms_accum: K x B, GradientAccumulation",
+            "global_step": "one step of K x B, MindSpore's dropout"}
 
 
 class ClippedStep(nn.TrainOneStepCell):
@@ -329,12 +338,13 @@ class ClippedStep(nn.TrainOneStepCell):
 
     def construct(self, *inputs):
         loss = self.network(*inputs)
-        grads = self.grad(self.network, self.weights)(*inputs, self.sens)
+        grads = self.grad_no_sens(self.network, self.weights)(*inputs)
         return ops.depend(loss, self.optimizer(ops.clip_by_global_norm(grads, CLIP_NORM)))
 
 
 def measure_one(args, mode):
-    """This process's peak resident memory (ru_maxrss) over two updates in `mode`, before and after training."""
+    """This process's peak resident memory (ru_maxrss) before and after training on 2 x K x B pairs in `mode`: two
+    windows of K x B, 2K plain steps of B, or two plain steps of K x B."""
     runtime.set_device(DEVICE)
     ds.config.set_seed(SEED)
     k, b = args.accumulate_steps, args.micro_batch
@@ -347,44 +357,54 @@ def measure_one(args, mode):
         executor = GradientAccumulation(network, loss_fn, optimizer, window=WindowOptions(clip_norm=CLIP_NORM))
         executor.train_process(1, data, k, checkpoints=None, log=LogOptions(verbose=False))
     else:
-        from ms_accum.core.columns import WithLossColumns
+        if mode == "micro_step_seeded":  # the executor's own dropout on CPU, reproducible and resumable
+            seed_dropout_on_cpu(network)
         step = ClippedStep(WithLossColumns(network, loss_fn), optimizer).set_train()
         for columns in data.create_tuple_iterator(num_epochs=1):
             step(*columns)
-            if mode == "micro_step":
-                break  # a second B step peaks no higher; two K x B updates are compared
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"before_mib": before / 1024, "peak_mib": peak / 1024}))
 
 
 def measure(args, argv):
-    """Each configuration in a fresh process (a process's peak only grows), then the table."""
+    """Each configuration in a fresh process (a process's peak only grows), then the comparison."""
     k, b = args.accumulate_steps, args.micro_batch
-    print(f"peak resident memory (ru_maxrss) of a fresh process, two updates; width {args.width}, {args.layers} "
-          f"layers, sequence {SEQ_LEN}, K={k}, B={b}")
-    figures = {}
+    print(f"peak resident memory (ru_maxrss) of a fresh process over the same {2 * k * b} pairs (two updates); "
+          f"width {args.width}, {args.layers} layers, sequence {SEQ_LEN}, K={k}, B={b}")
+    peak = {}
     for mode, what in MEASURED.items():
         out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--measure-one", mode],
                              capture_output=True, text=True)
+        if out.returncode < 0:  # the kernel's out-of-memory killer, most likely: that configuration does not fit
+            print(f"  {what:48s} killed by signal {-out.returncode}: it does not fit")
+            continue
         if out.returncode != 0:
             sys.exit(f"{mode} failed:\n{out.stderr[-3000:]}")
-        figures[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-        grown = figures[mode]["peak_mib"] - figures[mode]["before_mib"]
-        print(f"  {what:42s} peak {figures[mode]['peak_mib']:7.0f} MiB, {grown:+7.0f} MiB while training")
-    saved = figures["global_step"]["peak_mib"] - figures["accumulated"]["peak_mib"]
-    print(f"K x B saves {saved:.0f} MiB of the {k * b}-pair step's peak "
-          f"({saved / figures['global_step']['peak_mib']:.0%}); above one step of B it costs "
-          f"{figures['accumulated']['peak_mib'] - figures['micro_step']['peak_mib']:+.0f} MiB")
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+        peak[mode] = figures["peak_mib"]
+        print(f"  {what:48s} peak {peak[mode]:7.0f} MiB, {peak[mode] - figures['before_mib']:+7.0f} MiB while training")
+    if "accumulated" in peak and "global_step" in peak:
+        saved = peak["global_step"] - peak["accumulated"]
+        print(f"K x B saves {saved:.0f} MiB ({saved / peak['global_step']:.0%}) of one {k * b}-pair step's peak; it "
+              f"costs {peak['accumulated'] - peak['micro_step']:+.0f} MiB over one step of B, "
+              f"{peak['accumulated'] - peak['micro_step_seeded']:+.0f} MiB over one with the same dropout")
+    return peak
 
 
 # ------------------------------------------------------------------------------------------------------ the flags
+def fail(message):
+    """Ends the run with one line, as argparse does for a bad flag (exit status 2)."""
+    sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: {message}\n")
+    sys.exit(2)
+
+
 def probability(text):
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), but got '{text}'") from None
     if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), but got '{text}'")
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), but got {text}")
     return value
 
 
@@ -396,19 +416,24 @@ def parse(argv):
                         help=f"pairs per micro-batch on each rank (default {MICRO_BATCH})")
     parser.add_argument("--accumulate-steps", type=positive_int, default=ACCUMULATE_STEPS, metavar="K",
                         help=f"micro-batches per update (default {ACCUMULATE_STEPS})")
-    parser.add_argument("--epochs", type=positive_int, default=EPOCHS)
-    parser.add_argument("--train-pairs", type=positive_int, default=TRAIN_PAIRS, metavar="N")
-    parser.add_argument("--eval-pairs", type=positive_int, default=EVAL_PAIRS, metavar="N")
-    parser.add_argument("--width", type=positive_int, default=WIDTH)
-    parser.add_argument("--heads", type=positive_int, default=HEADS)
-    parser.add_argument("--layers", type=positive_int, default=LAYERS)
-    parser.add_argument("--dropout", type=probability, default=DROPOUT)
-    parser.add_argument("--lr", type=positive_float, default=LEARNING_RATE, help="the peak learning rate")
-    parser.add_argument("--eval-every", type=positive_int, default=EVAL_EVERY, metavar="N")
-    parser.add_argument("--save-every", type=positive_int, default=SAVE_EVERY, metavar="N")
-    parser.add_argument("--ckpt-dir", default="ckpt")
+    parser.add_argument("--epochs", type=positive_int, default=EPOCHS, help=f"default {EPOCHS}")
+    parser.add_argument("--train-pairs", type=positive_int, default=TRAIN_PAIRS, metavar="N",
+                        help=f"train on the first N pairs (default {TRAIN_PAIRS})")
+    parser.add_argument("--eval-pairs", type=positive_int, default=EVAL_PAIRS, metavar="N",
+                        help=f"score the first N held-out pairs (default {EVAL_PAIRS})")
+    parser.add_argument("--width", type=positive_int, default=WIDTH, help=f"model width (default {WIDTH})")
+    parser.add_argument("--heads", type=positive_int, default=HEADS, help=f"attention heads (default {HEADS})")
+    parser.add_argument("--layers", type=positive_int, default=LAYERS, help=f"encoder layers (default {LAYERS})")
+    parser.add_argument("--dropout", type=probability, default=DROPOUT, help=f"default {DROPOUT}")
+    parser.add_argument("--lr", type=positive_float, default=LEARNING_RATE,
+                        help=f"the peak learning rate (default {LEARNING_RATE:g})")
+    parser.add_argument("--eval-every", type=positive_int, default=EVAL_EVERY, metavar="N",
+                        help=f"score the held-out pairs every N updates (default {EVAL_EVERY})")
+    parser.add_argument("--save-every", type=positive_int, default=SAVE_EVERY, metavar="N",
+                        help=f"save the training state every N updates (default {SAVE_EVERY})")
+    parser.add_argument("--ckpt-dir", default="ckpt", help="where checkpoints go (default ckpt)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest training state in --ckpt-dir")
-    parser.add_argument("--init", metavar="CKPT", help="start from these weights (matching parameter names)")
+    parser.add_argument("--init", metavar="CKPT", help="start from these weights (what fits by name and shape)")
     parser.add_argument("--measure", action="store_true",
                         help="measure the peak memory of K x B against one step of K*B, each in a fresh process")
     parser.add_argument("--measure-one", choices=tuple(MEASURED), help=argparse.SUPPRESS)
@@ -417,13 +442,20 @@ def parse(argv):
         parser.error(f"argument --heads: must divide --width ({args.width}), but got {args.heads}")
     if args.init and not os.path.isfile(args.init):
         parser.error(f"argument --init: '{args.init}' does not exist")
+    if args.init:
+        try:
+            args.init_params = ms.load_checkpoint(args.init)
+        except ValueError:  # missing, truncated or not a checkpoint: MindSpore says "Failed to read the checkpoint"
+            parser.error(f"argument --init: '{args.init}' is not a readable MindSpore checkpoint")
     try:
-        args.speeches = read_speeches(args.data)
+        path, speeches = read_speeches(args.data)
     except ValueError as err:
         parser.error(f"argument --data: {err}")  # one line, exit status 2
-    pairs = sum(max(len(s) - 1, 0) for s in args.speeches)
-    if pairs < 20:
-        parser.error(f"argument --data: it holds {pairs} pairs of consecutive lines, the tutorial needs at least 20")
+    args.pairs = split(speeches)
+    if len(args.pairs[0]) < args.micro_batch or not args.pairs[1]:
+        parser.error(f"argument --data: '{path}' gives {len(args.pairs[0])} training and {len(args.pairs[1])} "
+                     f"held-out pairs of consecutive lines, the tutorial needs at least {args.micro_batch} (one "
+                     f"micro-batch) and 1")
     return parser, args
 
 
@@ -436,5 +468,5 @@ if __name__ == "__main__":
     else:
         try:
             main(args)
-        except CheckpointError as err:  # --resume or --init from a file that cannot continue this run
-            parser.exit(2, f"{parser.prog}: error: {err}\n")
+        except CheckpointError as err:  # --resume from a state that cannot continue this run (other sizes)
+            fail(str(err))
