@@ -22,6 +22,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
     "real_size": "memory: a deep MLP and a BERT-shaped encoder, B=1, K=4, above the plain step, x the parameters",
     "parallel": "speed: LeNet5 on two msrun workers, one all-reduce a window against one a step",
     "cached": "gradient caching: a contrastive conv net's memory (K = 4, 8, 16) and time per window vs one K·B step",
+    "plan_budget": "memory: a plan for a 132 MiB encoder with AdamW at 1400 MiB, against training with it",
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
@@ -37,6 +38,8 @@ QUICK_PARAMETERS = ("one_b", "three_graphs+statistics")
 # (factory, layers, seq), None for the factory's default; the encoder's sizes are options (12 x 768 at seq 512, BERT-
 # base, peaks at 4-5 GB with AdamW), --quick a tiny pair with SGD and the default structure only
 QUICK_REAL = (("deep_mlp", 2, None), ("encoder", 1, 32)), ("sgd",), ("one_b", "three_graphs")
+# (model, --memory, --global-batch): issue 45's encoder, --quick the test's small one
+PLAN_BUDGET = (("parameter_heavy:encoder_4x768", "1400MiB", 16), ("parameter_heavy:encoder", "1GiB", 8))
 
 
 def parse_args(argv=None):
@@ -128,6 +131,13 @@ def main(argv=None) -> int:
         print(cached.render_memory(rows) + "\n", flush=True)
         results["memory"]["cached"] = rows
         show(cached.speed(4, ROUNDS["heavy"][mode], HEAVY_WINDOWS[mode], WARMUP[mode]))
+
+    if section("plan_budget"):
+        from . import plan_budget
+        model, memory_size, global_batch = PLAN_BUDGET[mode]
+        row = plan_budget.measure(memory_size, global_batch, args.repeats, common.log, model)
+        print(plan_budget.render(row) + "\n", flush=True)
+        results["memory"]["plan_budget"] = row
 
     print(f"total {time.time() - started:.0f} s; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

@@ -29,7 +29,7 @@ import re
 import sys
 import warnings
 from dataclasses import asdict, dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ._choices import DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
@@ -159,6 +159,11 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--eval-batch-size", type=positive_int, metavar="B",
                        help="the evaluation's batch size (default: the training micro-batch, --batch-size over the "
                             "workers)")
+    train.add_argument("--eval-every", type=positive_int, metavar="N",
+                       help="score the held-out data (MNIST's test set, a factory's 'eval' split) every N optimizer "
+                            "steps and after the last: in the output, --json and the loss plot")
+    train.add_argument("--keep-best", choices=("loss", "accuracy"),
+                       help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt")
 
 
 def _add_eval_parser(sub) -> None:
@@ -297,14 +302,18 @@ def _progress(total: int, desc: str, quiet: bool):
 
 
 def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List[int]] = None,
-                   noise: Optional[List[Optional[float]]] = None) -> str:
+                   noise: Optional[List[Optional[float]]] = None,
+                   validation: Optional[List[Tuple[int, float]]] = None) -> str:
     """Writes the per-step loss curve as a PNG; with `ks`, each step's K, a dashed line marks where K changed; with
-    `noise`, each step's noise scale estimate is drawn on a second axis."""
+    `noise`, each step's noise scale estimate is drawn on a second axis; `validation`'s (step, loss) are dots."""
     import matplotlib
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(losses) + 1), losses, linewidth=1)
+    ax.plot(range(1, len(losses) + 1), losses, linewidth=1, label="window loss")
+    if validation:
+        ax.plot(*zip(*validation), "o-", color="tab:green", markersize=3, linewidth=1, label="validation loss")
+        ax.legend(fontsize=8)
     for step in range(1, len(ks or [])):
         if ks[step] != ks[step - 1]:
             ax.axvline(step + 1, color="gray", linestyle="--", linewidth=0.8)
@@ -360,6 +369,7 @@ class _Job:
     synthetic: bool
     settings: dict  # recorded in the checkpoint: the optimizer and where the data is
     reads: str = ""  # what this rank reads, as an error names it
+    held_out: object = None  # batch size -> this rank's shard of the held-out data, for --eval-every
 
 
 def _demo_job(args: argparse.Namespace, parallel, world: int) -> _Job:
@@ -391,7 +401,8 @@ def _demo_job(args: argparse.Namespace, parallel, world: int) -> _Job:
                 optimizer=make_optimizer(settings, network.trainable_params()), dataset=dataset, ckpt_name=args.model,
                 source=os.path.abspath(data_dir), synthetic=synthetic,
                 reads=f"the MNIST training images in {os.path.abspath(data_dir)}",
-                settings={**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic})
+                settings={**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic},
+                held_out=lambda size: dataset_for(args.model, data_dir, size, usage="test", **shards))
 
 
 def _factory_job(args: argparse.Namespace, parallel, world: int) -> _Job:
@@ -407,13 +418,16 @@ def _factory_job(args: argparse.Namespace, parallel, world: int) -> _Job:
     return _Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
                 ckpt_name=re.sub(r"\W", "_", args.model), source=f"the data of {args.model}", synthetic=False,
                 settings={"optimizer": type(user.optimizer).__name__},
-                reads=f"dataset{call} of the factory '{args.model}'")
+                reads=f"dataset{call} of the factory '{args.model}'",
+                held_out=lambda size: user.data(size, "eval", call[2], world))
 
 
 def run_train(args: argparse.Namespace) -> Optional[dict]:
     """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
     from .tools.factory import is_factory
     planned = _apply_plan(args)
+    if args.keep_best and args.eval_every is None:
+        raise CliError(f"--keep-best {args.keep_best} keeps the best of the scores --eval-every N asks for: give both.")
     factory = is_factory(args.model)
     _refuse_with_factory(args, factory, ("optimizer", "lr", "momentum", "data", "num_samples", "download",
                                          "synthetic_fallback"))
@@ -421,30 +435,28 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
     world = 1 if parallel is None else parallel.group_size
     main = parallel is None or parallel.is_main
     import mindspore as ms
+    from .tools.planner import PeakMemory
+    memory = PeakMemory()  # as the planner's trials count it, so a plan's prediction and a run compare
     ms.set_seed(args.seed)
     with _during(f"reading the data of {args.model}"):
         job = (_factory_job if factory else _demo_job)(args, parallel, world)
+    validation = _validation(args, job, world)
     executor = _executor(args, job, planned, world)
     checkpoints = _checkpoints(args, job, world, main)
     label = f"{args.model}, K={_k_text(args)} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if job.synthetic else "") + ("" if parallel is None else f", {world} workers")
     with _during(f"training on {job.reads}"):
-        result = _train(args, executor, job, checkpoints, label, args.quiet or not main)
+        result = _train(args, executor, job, checkpoints, validation, label, args.quiet or not main)
     if not main:
         return None
-    ks = [record.accumulate_step for record in result.steps]
-    noise = [record.noise_scale for record in result.steps] if args.noise_scale else None
-    plot = os.path.join(checkpoints.directory, f"{job.ckpt_name}_loss.png")
+    summary = _summary(args, job, result, executor.statistics, world)
+    summary.update(peak_memory_mib=memory.mib(),
+                   predicted_peak_mib=None if planned is None else planned.predicted_peak_mib)
+    summary["loss_plot"] = plot = os.path.join(checkpoints.directory, f"{job.ckpt_name}_loss.png")
     with _during(f"writing the loss curve {plot}"):
-        save_loss_plot(result.losses, plot, label, ks, noise)
-    summary = {"model": args.model, "checkpoint": result.checkpoint, "loss_plot": plot, "synthetic": job.synthetic,
-               "data": job.source, "optimizer_steps": len(result.steps), "world_size": world,
-               "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
-               "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
-               "accumulate_step": ks,
-               "grad_norm": [record.grad_norm for record in result.steps] if executor.statistics else None,
-               "noise_scale": noise, "outliers": result.outliers,
-               "samples_consumed": result.steps[-1].samples_consumed if result.steps else None}
+        save_loss_plot(result.losses, plot, label, summary["accumulate_step"], summary["noise_scale"],
+                       [(i, record.validation["loss"]) for i, record in enumerate(result.steps, 1)
+                        if record.validation is not None])
     if not args.json:
         _print_trained(label, summary, result, job.synthetic)
     if not args.no_eval:
@@ -453,6 +465,21 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         if not args.json:
             print(_accuracy_line(evaluation, job.synthetic))
     return summary
+
+
+def _summary(args: argparse.Namespace, job: _Job, result, statistics: bool, world: int) -> dict:
+    """What `train` reports of its run (--json prints it)."""
+    return {"model": args.model, "checkpoint": result.checkpoint, "synthetic": job.synthetic, "data": job.source,
+            "optimizer_steps": len(result.steps), "world_size": world,
+            "final_loss": result.losses[-1] if result.losses else None, "resumed_from": result.resumed_from,
+            "skipped_windows": result.skipped_windows, "skipped_micro_batches": result.skipped_micro_batches,
+            "accumulate_step": [record.accumulate_step for record in result.steps],
+            "grad_norm": [record.grad_norm for record in result.steps] if statistics else None,
+            "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
+            "outliers": result.outliers,
+            "samples_consumed": result.steps[-1].samples_consumed if result.steps else None,
+            "validation": [{"step": record.step, **record.validation} for record in result.steps
+                           if record.validation is not None], "best_checkpoint": result.best_checkpoint}
 
 
 def _evaluate_trained(args: argparse.Namespace, summary: dict, factory: bool, world: int):
@@ -529,8 +556,9 @@ def _checkpoints(args: argparse.Namespace, job: _Job, world: int, main: bool):
                        metadata=metadata, resume=args.resume)
 
 
-def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, label: str, quiet: bool):
-    """`train_process` over the command line's epochs and K, behind a progress bar unless `quiet`; its result."""
+def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, validation: dict, label: str, quiet: bool):
+    """`train_process` over the command line's epochs and K (and `validation`, `_validation`'s), behind a progress
+    bar unless `quiet`; its result."""
     from .train.options import LogOptions
     from .train.windows import count_windows
     mini_steps = args.accumulate_schedule or args.accumulate_steps
@@ -543,7 +571,23 @@ def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, label: st
             bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
                             refresh=False)
         return executor.train_process(args.epochs, job.dataset, mini_steps, partial_window=args.partial_window,
-                                      checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step))
+                                      checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step),
+                                      **validation)
+
+
+def _validation(args: argparse.Namespace, job: _Job, world: int) -> dict:
+    """`train_process`'s validation arguments for --eval-every: this rank's shard of the held-out data, in batches
+    of --eval-batch-size (else the micro-batch) over the workers."""
+    if args.eval_every is None:
+        return {}
+    from .train.validation import Validation
+    size = (args.eval_batch_size or args.batch_size) // world
+    try:
+        with door("ms-accum train"):
+            held_out = job.held_out(size)
+    except NoBatchError as err:
+        raise CliError(_smaller_batch(err, args, "--eval-batch-size", world)) from err
+    return {"eval_dataset": held_out, "eval_every": Validation(every=args.eval_every, keep_best=args.keep_best)}
 
 
 def _print_trained(label: str, summary: dict, result, synthetic: bool) -> None:
@@ -557,6 +601,14 @@ def _print_trained(label: str, summary: dict, result, synthetic: bool) -> None:
                     f"{', '.join(map(str, result.outliers))}")
     print(f"Trained {label} on {summary['data']}: {len(result.steps)} optimizer steps{resumed}{loss}{skipped}{tag}")
     print(f"Checkpoint: {result.checkpoint}\nLoss curve: {summary['loss_plot']}")
+    for scored in summary["validation"]:
+        print(f"Validation at step {scored['step']}: " + ", ".join(f"{name} {value:.4f}" for name, value in
+                                                                  scored.items() if name != "step"))
+    if summary["best_checkpoint"]:
+        print(f"Best network: {summary['best_checkpoint']}")
+    predicted = summary["predicted_peak_mib"]
+    print(f"Peak memory: {summary['peak_memory_mib']:.0f} MiB" + (
+        "" if predicted is None else f" (the plan predicted {predicted:.0f} MiB)"))
 
 
 def _refuse_with_factory(args: argparse.Namespace, factory: bool, names) -> None:

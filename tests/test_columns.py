@@ -133,3 +133,20 @@ def test_columns_that_cannot_feed_the_network_are_refused_before_compiling():
                                     "window's outputs with structure='cached', but got None: gradient caching runs the "
                                     "loss apart from the network."):
         GradientAccumulation(own, None, nn.SGD(own.trainable_params(), 0.1), structure="cached")
+
+
+def test_verify_equivalence_takes_batches_of_any_number_of_columns():
+    # verify_equivalence splits every column alike: three inputs and a label, two labels, or a network with its loss.
+    from ms_accum import verify_equivalence
+    data = list(columns(K * B).values())
+    net = ThreeInputs()
+    assert verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.5), data, K).passed
+    weights = np.linspace(0.5, 1.5, K * B).astype(np.float32)
+    assert verify_equivalence(net, TwoLabels(), nn.SGD(net.trainable_params(), 0.5), data + [weights], K).passed
+    own = OwnLoss()
+    report = verify_equivalence(own, None, nn.SGD(own.trainable_params(), 0.5), data, K)
+    assert report.passed and report.max_abs_diff < 1e-6, str(report)
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'inputs' must yield the columns of the "
+                                    "network's 4 input(s) (it computes its own loss), but it yields 3: [(16, 6), "
+                                    "(16, 6), (16,)]."):
+        verify_equivalence(own, None, nn.SGD(own.trainable_params(), 0.5), [data[0], data[1], data[3]], K)

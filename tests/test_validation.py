@@ -41,10 +41,11 @@ def train_set():
 
 def test_scores_every_n_steps_and_after_the_last(tmp_path):
     net, loss, model = executor()
-    result = model.train_process(1, train_set(), K, checkpoints=None, log=QUIET, eval_dataset=held_out(),
-                                 eval_every=3)
+    seen = []  # what on_step sees: the last step's score too, though 8 is not a multiple of 3
+    result = model.train_process(1, train_set(), K, checkpoints=None, eval_dataset=held_out(), eval_every=3,
+                                 log=LogOptions(verbose=False, on_step=lambda r: seen.append(r.validation is not None)))
     scored = [r.step for r in result.steps if r.validation is not None]
-    assert scored == [3, 6, 8]
+    assert scored == [3, 6, 8] and [i for i, s in enumerate(seen, 1) if s] == scored
     scores = result.steps[-1].validation
     assert set(scores) == {"loss", "accuracy"}
     # The scores are the network's in inference mode (dropout off) over every held-out sample.
@@ -74,7 +75,8 @@ def test_metrics_the_best_checkpoint_and_early_stopping_that_resumes(tmp_path):
     assert set(scores) == {"loss", "accuracy", "mindspore_accuracy"}
     assert abs(scores["accuracy"] - scores["mindspore_accuracy"]) < 1e-6  # MindSpore's metric agrees
     best = min((r.validation["loss"], r.step) for r in result.steps if r.validation)
-    _, meta = load_checkpoint(str(tmp_path / "run-best.ckpt"))
+    assert result.best_checkpoint == str(tmp_path / "run-best.ckpt")
+    _, meta = load_checkpoint(result.best_checkpoint)
     assert meta["step"] == best[1] and abs(meta["loss"] - best[0]) < 1e-6
     assert os.path.exists(tmp_path / "run-000000004.ckpt")  # the stopped run's state, to resume from
     # Resumed, it goes on from step 4 to the end of the epoch.
@@ -82,6 +84,7 @@ def test_metrics_the_best_checkpoint_and_early_stopping_that_resumes(tmp_path):
     resumed = again.train_process(1, train_set(), K, checkpoints=Checkpoints(str(tmp_path), "run", resume=True),
                                   log=QUIET, eval_dataset=held_out(), eval_every=validation)
     assert resumed.resumed_from.endswith("run-000000004.ckpt") and [r.step for r in resumed.steps] == [5, 6, 7, 8]
+    assert resumed.best_checkpoint == str(tmp_path / "run-best.ckpt")  # the best so far, the resumed run's or before
 
 
 def test_validation_arguments_are_checked_before_training():

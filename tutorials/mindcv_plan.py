@@ -9,9 +9,11 @@ mindcv's resnet18 (10 classes) on generated 64x64 images, each class a smooth pa
     python tutorials/mindcv_plan.py [--model resnet18] [--image-size 64] [--global-batch 64] [--memory SIZE]
                                     [--windows 8]
 
-Without --memory the budget is 4/5 of what one step of the global batch peaks at (measured first), so accumulation is
-needed. The steps:
-1. one step of the global batch, measured in a fresh process: the memory accumulation must save;
+Without --memory the budget lies halfway between what one step of a single image and one step of the global batch peak
+at (measured first; a budget counts everything training holds, the model included), so accumulation is needed. The
+steps:
+1. one step of the global batch and one of a single image, each measured in a fresh process: the memory accumulation
+   must save, and the least any plan takes;
 2. the zoo's model verified as it is: BatchNorm normalizes each micro-batch by its own statistics, so the verifier
    fails and names the layers; with `replace_batchnorm` (GroupNorm, per sample) it passes: that model is trained;
 3. the plan within the budget: every trial, the fitted line, B, K and the structure;
@@ -41,7 +43,7 @@ GLOBAL_BATCH = 64
 WINDOWS = 8
 VERIFY_K, VERIFY_B = 4, 4
 LEARNING_RATE, MOMENTUM = 0.01, 0.9
-BUDGET_SHARE = 0.8  # of one global-batch step's peak, when no --memory is given
+BUDGET_SHARE = 0.5  # of the way from one image's step to the global batch's, when no --memory is given
 SEED = 0
 DEVICE = "CPU"  # or "GPU", "Ascend"
 
@@ -87,13 +89,15 @@ def main(global_batch: int, memory, windows: int) -> dict:
     runtime.set_device(DEVICE)
     print(f"1. One step of the global batch: {MODEL}, {global_batch} images of 3x{IMAGE_SIZE}x{IMAGE_SIZE}, "
           f"in a fresh process")
-    whole = measure(exact_model, global_batch, 1)
-    if whole.peak_mib is None:
-        print(f"   it failed ({whole.error}): accumulation is the only way to train this global batch.")
+    whole, one = measure(exact_model, global_batch, 1), measure(exact_model, 1, 1)
+    if whole.peak_mib is None or one.peak_mib is None:
+        print(f"   it failed ({whole.error or one.error}): accumulation is the only way to train this global batch.")
         budget = memory  # None: the planner's own default, the device's free memory
     else:
-        print(f"   peak {whole.peak_mib:.0f} MiB, {whole.ms_per_window:.0f} ms per step")
-        budget = memory if memory is not None else int(BUDGET_SHARE * whole.peak_mib * 2 ** 20)
+        print(f"   peak {whole.peak_mib:.0f} MiB, {whole.ms_per_window:.0f} ms per step; one image's step "
+              f"{one.peak_mib:.0f} MiB")
+        share = one.peak_mib + BUDGET_SHARE * (whole.peak_mib - one.peak_mib)
+        budget = memory if memory is not None else int(share * 2 ** 20)
     within = "the device's free memory" if budget is None else f"{budget / 2 ** 20:.0f} MiB"
     print(f"   budget: {within}\n\n2. Does accumulating K={VERIFY_K} micro-batches of {VERIFY_B} "
           f"give the update of one batch of {VERIFY_K * VERIFY_B}?")
@@ -119,6 +123,7 @@ def main(global_batch: int, memory, windows: int) -> dict:
     summary = {"batch_size": chosen.batch_size, "accumulate_step": chosen.accumulate_step,
                "structure": chosen.structure, "peak_mib": used.peak_mib, "ms_per_window": used.ms_per_window,
                "global_step_peak_mib": whole.peak_mib, "global_step_ms": whole.ms_per_window,
+               "one_sample_peak_mib": one.peak_mib,
                "budget_mib": None if budget is None else round(budget / 2 ** 20, 1),
                "losses": result.losses}
     print("\n5. What accumulation saved and what it cost (fresh-process trials)")
@@ -138,7 +143,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=MODEL, help="a mindcv model name (default resnet18)")
     parser.add_argument("--image-size", type=positive_int, default=IMAGE_SIZE, metavar="S")
     parser.add_argument("--global-batch", type=positive_int, default=GLOBAL_BATCH, metavar="N")
-    parser.add_argument("--memory", help="the budget, e.g. 400MiB (default: 4/5 of one global-batch step's peak)")
+    parser.add_argument("--memory", help="the budget, e.g. 400MiB (default: halfway from one image's step to one global-batch step)")
     parser.add_argument("--windows", type=positive_int, default=WINDOWS, metavar="W",
                         help="windows trained with the plan")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")

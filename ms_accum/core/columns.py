@@ -4,6 +4,7 @@ case of two columns; a batch of ``(input_ids, attention_mask, token_type_ids, la
 from __future__ import annotations
 
 import inspect
+from typing import Optional
 
 from mindspore import nn
 
@@ -51,23 +52,30 @@ def with_loss(network: nn.Cell, loss_fn: nn.Cell) -> nn.Cell:
     return WithLossColumns(network, loss_fn, label_columns(loss_fn))
 
 
-def check_columns(net_with_loss: nn.Cell, columns: list) -> None:
-    """Refuses, before anything compiles, a dataset whose `columns` cannot feed `net_with_loss` (`with_loss`): too
-    few for the loss's labels, or a number of inputs the network's `construct` cannot take."""
-    from .._validation import ArgumentValueError
+def columns_wanted(net_with_loss: nn.Cell, count: int) -> Optional[str]:
+    """None when a batch of `count` columns can feed `net_with_loss` (`with_loss`), else what it must hold instead:
+    the number of inputs its network's `construct` takes, then the loss's labels."""
     labels = net_with_loss.labels if isinstance(net_with_loss, WithLossColumns) else 0
     network = net_with_loss.backbone_network if labels else net_with_loss
-    inputs = len(columns) - labels
+    inputs = count - labels
     parameters = list(inspect.signature(network.construct).parameters.values())
     if any(p.kind == p.VAR_POSITIONAL for p in parameters):
-        least, most = 1, len(columns)
+        least, most = 1, count
     else:
         positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         least, most = len([p for p in positional if p.default is p.empty]), len(positional)
     if least <= inputs <= most and inputs >= 1:
-        return
+        return None
     takes = f"{least}" if least == most else f"{least} to {most}"
-    given = (f"the network's {takes} input(s), then the loss's {labels} label(s)" if labels else
-             f"the network's {takes} input(s) (it computes its own loss)")
-    raise ArgumentValueError(f"the argument 'train_dataset' must yield the columns of {given}, but it yields "
-                             f"{len(columns)}: {columns}.")
+    return (f"the network's {takes} input(s), then the loss's {labels} label(s)" if labels else
+            f"the network's {takes} input(s) (it computes its own loss)")
+
+
+def check_columns(net_with_loss: nn.Cell, columns: list, arg_name: str = "train_dataset") -> None:
+    """Refuses, before anything compiles, a batch whose `columns` (their names or shapes) cannot feed `net_with_loss`
+    (`with_loss`): too few for the loss's labels, or a number of inputs the network's `construct` cannot take."""
+    from .._validation import ArgumentValueError
+    wanted = columns_wanted(net_with_loss, len(columns))
+    if wanted is not None:
+        raise ArgumentValueError(f"the argument '{arg_name}' must yield the columns of {wanted}, but it yields "
+                                 f"{len(columns)}: {columns}.")

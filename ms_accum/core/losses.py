@@ -115,14 +115,15 @@ def declared_reduction(loss_fn: nn.Cell) -> Optional[str]:
     return None
 
 
-def window_reduction(loss_fn: nn.Cell, reduction: Optional[str]) -> str:
+def window_reduction(loss_fn: Optional[nn.Cell], reduction: Optional[str]) -> str:
     """
     The window's reduction for `loss_fn`, honouring what the loss says it computes: a loss that sums over its batch
     is accumulated by summing (the window's gradient is then the gradient of the sum over the whole window, one step
     on the concatenated batch with that loss), a mean by the sample-weighted mean.
 
     Args:
-        loss_fn (nn.Cell): The loss.
+        loss_fn (nn.Cell, optional): The loss; None for a network that computes its own loss (``"mean"`` unless
+            `reduction` says otherwise).
         reduction (str, optional): The reduction asked for; None takes the loss's own.
 
     Returns:
@@ -133,6 +134,8 @@ def window_reduction(loss_fn: nn.Cell, reduction: Optional[str]) -> str:
             unknown, or `loss_fn` sums and `reduction` asks for a mean: the update would silently be a fraction of
             the large batch's.
     """
+    if loss_fn is None:
+        return "mean" if reduction is None else check_value_in(reduction, "reduction", REDUCTIONS)
     own = declared_reduction(loss_fn)
     if own == "none":  # one loss per sample: there is no window of it to accumulate
         raise ArgumentValueError(

@@ -16,7 +16,9 @@ from .._validation import (ArgumentValueError, check_isinstance, check_positive_
 from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
 from .models import MODELS, build_model
+from ..core.parallel import LocalSums
 from ..tools.factory import is_factory, load_model
+from ..train.validation import Evaluator, Validation
 
 
 DEFAULT_BATCH_SIZE = 256  # the evaluation's batch when neither the caller nor the checkpoint says one
@@ -102,9 +104,10 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
     """
     Rebuilds the model a checkpoint was trained with, loads it strictly, and evaluates it on its evaluation data.
 
-    A built-in model (``"lenet5"``, ``"mlp"``) is evaluated on MNIST's test split; a factory's
+    A built-in model (``"lenet5"``, ``"mlp"``) is evaluated on MNIST's test split through `Model.eval`; a factory's
     (``package.module:function``, `ms_accum.tools.factory`) on the ``"eval"`` split of its ``dataset``, with its
-    loss.
+    loss, as validation scores it during training (`ms_accum.train.validation`: batches of any number of columns,
+    the loss weighted by samples, the accuracy for one column of integer classes).
 
     Args:
         ckpt (str): A checkpoint written by ms_accum (or any checkpoint of one of `MODELS`, with `model`).
@@ -116,7 +119,7 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
             trained with (its ``batch_size`` over its ``world_size``, as ``ms-accum train`` records them), else
             ``256``.
         num_samples (int, optional): Evaluate on the first `num_samples` test images only (built-in models).
-        callbacks (list[Callback], optional): Passed to `Model.eval`.
+        callbacks (list[Callback], optional): Passed to `Model.eval` (built-in models).
         arg_name (str): How messages name the argument `model` (``"--model"`` on the command line). Default:
             ``"model"``.
 
@@ -128,8 +131,8 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
             (missing, extra or reshaped parameters); nothing is half-loaded.
         DataError: If the test data is missing or corrupt.
         ValueError: If a factory fails, provides no evaluation data or data that yields no batch of `batch_size`
-            (`ms_accum._validation.NoBatchError`), its network and loss cannot evaluate that data, or `data` or
-            `num_samples` is given with one.
+            (`ms_accum._validation.NoBatchError`), its network and loss cannot evaluate that data, or `data`,
+            `num_samples` or `callbacks` is given with one.
     """
     if batch_size is not None:
         check_positive_int(batch_size, "batch_size")
@@ -159,15 +162,19 @@ def _evaluate_factory(spec: str, ckpt: str, contents, batch_size: int, callbacks
                       arg_name: str) -> EvalResult:
     """The factory's network, loaded strictly from the checkpoint, evaluated on its ``"eval"`` split; data that yields
     no batch, or that the network and loss cannot take or that fails while read, is refused naming the call."""
+    if callbacks:
+        raise ArgumentValueError(f"the argument 'callbacks' applies to the built-in models, whose evaluation is "
+                                 f"MindSpore's Model.eval, but got {len(callbacks)} with the factory '{spec}'.")
     user = load_model(spec)
     _load(user.network, ckpt, spec, contents, arg_name)
     dataset = user.data(batch_size, "eval", 0, 1)
-    try:
-        return evaluate(user.network, dataset, user.loss_fn, callbacks)
+    try:  # batches of any number of columns, and a network that computes its own loss, as in training
+        scores = Evaluator(user.network, user.loss_fn, Validation(every=1)).score(dataset, LocalSums())
     except Exception as err:  # noqa: BLE001  (a shape the network does not take, or the data failed)
         cause = describe_exception(err).rstrip(".")
         raise ArgumentValueError(f"evaluating the factory '{spec}' on its dataset({batch_size}, 'eval', 0, 1) failed: "
                                  f"{cause}.") from err
+    return EvalResult(accuracy=scores.get("accuracy"), loss=scores["loss"], batches=dataset.get_dataset_size())
 
 
 def _trained_micro_batch(metadata: Dict[str, MetaValue]) -> Optional[int]:

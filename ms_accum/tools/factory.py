@@ -3,12 +3,14 @@
 The function takes no arguments and returns ``(network, loss_fn, optimizer, sample)`` or
 ``(network, loss_fn, optimizer, sample, dataset)``:
 
-- the network, its loss (a mean or a sum over the batch) and the optimizer over the network's parameters;
-- ``sample(batch_size)``, one batch of `batch_size` samples as the network and the loss take it, ``(data, label)``
-  (numpy arrays or Tensors, `batch_size` rows each): how `verify` and `plan` get batches of any size without knowing
-  your data (random ones of the right shapes are enough);
+- the network, its loss (a mean or a sum over the batch; None for a network that computes its own loss from all the
+  columns) and the optimizer over the network's parameters;
+- ``sample(batch_size)``, one batch of `batch_size` samples as the network and the loss take it: its columns, the
+  network's inputs then the loss's labels, ``(data, label)`` or ``(input_ids, attention_mask, token_type_ids, label)``
+  (numpy arrays or Tensors, `batch_size` rows each; `ms_accum.core.columns`): how `verify` and `plan` get batches of
+  any size without knowing your data (random ones of the right shapes are enough);
 - ``dataset(batch_size, usage, shard_id, num_shards)``, for `train` and `eval`: a `mindspore.dataset.Dataset` of
-  ``(data, label)`` batches of `batch_size`, of the ``"train"`` or ``"eval"`` split, the shard `shard_id` of
+  batches of those columns, of `batch_size`, of the ``"train"`` or ``"eval"`` split, the shard `shard_id` of
   `num_shards` (data parallel under msrun: give every shard the same number of batches).
 
 docs/your-model.md shows one end to end.
@@ -27,6 +29,7 @@ from mindspore.dataset import Dataset
 
 from .._choices import DEMO_FACTORIES
 from .._validation import ArgumentValueError, NoBatchError, describe_exception, door
+from ..core.columns import columns_wanted, with_loss
 
 SEPARATOR = ":"
 USAGES = ("train", "eval")
@@ -38,34 +41,41 @@ class UserModel:
 
     spec: str
     network: nn.Cell
-    loss_fn: nn.Cell
+    loss_fn: Optional[nn.Cell]
     optimizer: nn.Optimizer
     sample: Callable[[int], Sequence]
     dataset: Optional[Callable[..., Dataset]] = None
     returns_weight: bool = False  # whether the network with its loss returns (loss, weight): found by `load_model`
 
+    @property
+    def net_with_loss(self) -> nn.Cell:
+        """The Cell from a batch's columns to the loss (`ms_accum.core.columns.with_loss`)."""
+        return with_loss(self.network, self.loss_fn)
+
     def batch(self, batch_size: int) -> Tuple[np.ndarray, ...]:
         """
-        ``sample(batch_size)`` as numpy arrays, checked: ``(data, label)``, `batch_size` rows each.
+        ``sample(batch_size)`` as numpy arrays, checked: its columns, as many as the network and the loss take,
+        `batch_size` rows each.
 
         Raises:
             ValueError: If `sample` raises, or returns anything else.
         """
+        where = f"sample({batch_size}) of the factory '{self.spec}'"
         try:
             batch = self.sample(batch_size)
         except Exception as err:  # noqa: BLE001  (whatever the user's sample raises, it is theirs that failed)
-            raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' failed: "
-                                     f"{describe_exception(err)}.") from err
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(
-                isinstance(value, (np.ndarray, Tensor)) for value in batch):
-            raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' must return "
-                                     f"(data, label), two numpy arrays or Tensors, but returned {_kind(batch)}.")
+            raise ArgumentValueError(f"{where} failed: {describe_exception(err)}.") from err
+        if not isinstance(batch, (tuple, list)) or not all(isinstance(value, (np.ndarray, Tensor)) for value in batch):
+            raise ArgumentValueError(f"{where} must return its columns, numpy arrays or Tensors (e.g. (data, label)), "
+                                     f"but returned {_kind(batch)}.")
+        wanted = columns_wanted(self.net_with_loss, len(batch))
+        if wanted is not None:
+            raise ArgumentValueError(f"{where} must return the columns of {wanted}, but returned {len(batch)}.")
         arrays = tuple(value.asnumpy() if isinstance(value, Tensor) else value for value in batch)
-        rows = [value.shape[0] if value.ndim else None for value in arrays]
-        if rows != [batch_size, batch_size]:
+        if any(value.shape[:1] != (batch_size,) for value in arrays):
             shapes = ", ".join(str(value.shape) for value in arrays)
-            raise ArgumentValueError(f"sample({batch_size}) of the factory '{self.spec}' must return "
-                                     f"{batch_size} rows of data and of label, but returned arrays of shapes {shapes}.")
+            raise ArgumentValueError(f"{where} must return {batch_size} rows in each column, but returned arrays of "
+                                     f"shapes {shapes}.")
         return arrays
 
     def data(self, batch_size: int, usage: str, shard_id: int, num_shards: int) -> Dataset:
@@ -90,10 +100,11 @@ class UserModel:
         if not isinstance(data, Dataset):
             raise ArgumentValueError(f"{call} of {where} must return a mindspore.dataset.Dataset, but "
                                      f"returned {_kind(data)}.")
-        if len(data.get_col_names()) != 2 or data.get_batch_size() != batch_size:
-            raise ArgumentValueError(f"{call} of {where} must yield (data, label) in batches of "
-                                     f"{batch_size}, but yields the columns {data.get_col_names()} in batches of "
-                                     f"{data.get_batch_size()}.")
+        wanted = columns_wanted(self.net_with_loss, len(data.get_col_names()))
+        if wanted is not None or data.get_batch_size() != batch_size:
+            raise ArgumentValueError(f"{call} of {where} must yield batches of {batch_size} of "
+                                     f"{'the columns of ' + wanted if wanted else 'its columns'}, but yields the "
+                                     f"columns {data.get_col_names()} in batches of {data.get_batch_size()}.")
         if data.get_dataset_size() == 0:
             samples = self._samples(usage, shard_id, num_shards)
             held = f"holds {samples} sample(s), fewer than" if samples is not None else "holds less than"
@@ -122,7 +133,7 @@ def load_model(spec: str) -> UserModel:
     ``"mlp"``) stands for its factory in `ms_accum.demo.models`.
 
     The current directory is searched first, as ``python -m`` does, so a module beside the caller is found. Its
-    ``sample(2)`` is checked (two rows of data and label) and run once through the network and the loss, eagerly and
+    ``sample(2)`` is checked (two rows of each column) and run once through the network and the loss, eagerly and
     in inference mode, so that samples the network cannot take are refused here, in the factory's terms.
 
     Args:
@@ -134,7 +145,7 @@ def load_model(spec: str) -> UserModel:
     Raises:
         ValueError: If `spec` is not ``module:function``, the module cannot be imported, it has no such function, the
             function raises, it does not return ``(network, loss_fn, optimizer, sample[, dataset])`` of the right
-            kinds, or ``sample(2)`` does not return two rows of data and label that the network and loss take.
+            kinds, or ``sample(2)`` does not return two rows of the columns that the network and loss take.
     """
     module_name, _, function_name = DEMO_FACTORIES.get(spec, spec).partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
@@ -155,13 +166,14 @@ def load_model(spec: str) -> UserModel:
         parts = factory()
     except Exception as err:  # noqa: BLE001
         raise ArgumentValueError(f"the factory '{spec}' failed: {describe_exception(err)}.") from err
-    kinds = (("network", nn.Cell), ("loss_fn", nn.Cell), ("optimizer", nn.Optimizer))
+    kinds = (("network", nn.Cell), ("loss_fn", (nn.Cell, type(None))), ("optimizer", nn.Optimizer))
     if not isinstance(parts, (tuple, list)) or len(parts) not in (4, 5):
         raise ArgumentValueError(f"the factory '{spec}' must return (network, loss_fn, optimizer, sample) "
                                  f"or (network, loss_fn, optimizer, sample, dataset), but returned {_kind(parts)}.")
     for (what, kind), value in zip(kinds, parts):
         if not isinstance(value, kind):
-            raise ArgumentValueError(f"the factory '{spec}' must return an nn.{kind.__name__} as its {what}, "
+            expected = "an nn.Cell or None" if what == "loss_fn" else f"an nn.{kind.__name__}"
+            raise ArgumentValueError(f"the factory '{spec}' must return {expected} as its {what}, "
                                      f"but returned {_kind(value)}.")
     for position, what in ((3, "sample(batch_size) as its fourth item"),
                            (4, "dataset(batch_size, usage, shard_id, num_shards) as its fifth item")):
@@ -178,8 +190,7 @@ def _check_sample(user: UserModel) -> None:
     from ..core.losses import returns_weight  # one eager forward pass in inference mode: nothing compiles or moves
     batch = user.batch(2)
     try:
-        user.returns_weight = returns_weight(nn.WithLossCell(user.network, user.loss_fn),
-                                             [Tensor(value) for value in batch])
+        user.returns_weight = returns_weight(user.net_with_loss, [Tensor(value) for value in batch])
     except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         dtypes = ", ".join(f"{value.dtype} {value.shape}" for value in batch)

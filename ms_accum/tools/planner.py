@@ -5,10 +5,10 @@ ms_accum.tools.planner``), which builds the model from its factory, trains a few
 dataset of the factory's samples, and reports its peak memory and its time per window. A trial that runs out of memory
 is killed alone, and nothing it allocated stays in the caller's process.
 
-Memory is what training adds to the built model, as the memory benchmark measures it (benchmarks/README.md): on CPU the
-growth of the process's peak resident memory (VmHWM) from just before the executor is built; on GPU and Ascend the
-device's peak allocation (`mindspore.runtime.max_memory_allocated`, parameters included), which MindSpore does not
-report on CPU.
+Memory is everything training holds (docs/verify-and-plan.md#what-a-budget-counts): the network, the optimizer's state,
+the buffer, the activations and a training-state save. On CPU the growth of the process's peak resident memory (VmHWM)
+from right after MindSpore's import; on GPU and Ascend the device's peak allocation
+(`mindspore.runtime.max_memory_allocated`), which MindSpore does not report on CPU.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -425,6 +426,29 @@ def process_status(key: str) -> int:
     raise RuntimeError(f"{key} not in /proc/self/status")
 
 
+class PeakMemory:
+    """
+    The peak of everything a process holds from now on (docs/verify-and-plan.md#what-a-budget-counts), as a trial
+    counts it: on CPU the growth of the process's peak resident memory (VmHWM) over its resident memory now; on GPU and
+    Ascend the device's peak allocation from now (`mindspore.runtime.max_memory_allocated`). Start it right after
+    MindSpore's import and before the network is built.
+    """
+
+    def __init__(self) -> None:
+        import mindspore as ms
+        self.on_cpu = ms.get_context("device_target") == "CPU"
+        if self.on_cpu:
+            self.start = process_status("VmRSS")
+        else:
+            ms.runtime.reset_peak_memory_stats()
+
+    def mib(self) -> float:
+        """The peak so far, in MiB."""
+        import mindspore as ms
+        peak = process_status("VmHWM") - self.start if self.on_cpu else ms.runtime.max_memory_allocated()
+        return round(peak / MIB, 1)
+
+
 def _free_mib(device: str) -> float:
     if device == "CPU":
         with open("/proc/meminfo", encoding="utf-8") as handle:
@@ -441,29 +465,24 @@ def _child_check(spec: str, device: str) -> dict:
             "free_mib": _free_mib(device), "network": network_fingerprint(user.network)}
 
 
-def _child_trial(spec: str, device: str, batch_size: int, accumulate_step: int, structure: str,
-                 reduction: str) -> dict:
-    import mindspore as ms
+def _child_trial(spec: str, batch_size: int, accumulate_step: int, structure: str, reduction: str) -> dict:
     import mindspore.dataset as ds
     from ..train.executor import GradientAccumulation
-    from ..train.options import LogOptions, WindowOptions
+    from ..train.options import Checkpoints, LogOptions, WindowOptions
     from .factory import load_model
+    memory = PeakMemory()  # before the factory builds the network and the optimizer's state: they count
     user = load_model(spec)
-    data, label = user.batch(batch_size * (accumulate_step * WINDOWS + 1))
-    dataset = ds.NumpySlicesDataset({"data": data, "label": label}, shuffle=False).batch(batch_size,
-                                                                                          drop_remainder=True)
-    on_cpu = device == "CPU"
-    if on_cpu:
-        start = process_status("VmRSS")
-    else:
-        ms.runtime.reset_peak_memory_stats()
+    columns = user.batch(batch_size * (accumulate_step * WINDOWS + 1))
+    dataset = ds.NumpySlicesDataset(columns, [f"column_{i}" for i in range(len(columns))], shuffle=False)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
     closed = []
     executor = GradientAccumulation(user.network, user.loss_fn, user.optimizer, structure=structure,
                                     window=WindowOptions(reduction=reduction))
-    executor.train_process(1, dataset, accumulate_step, checkpoints=None,
-                           log=LogOptions(verbose=False, on_step=lambda _: closed.append(time.perf_counter())))
-    peak = (process_status("VmHWM") - start if on_cpu else ms.runtime.max_memory_allocated()) / MIB
-    return {"peak_mib": round(peak, 1),
+    with tempfile.TemporaryDirectory() as directory:  # one training-state save, as a run that can resume makes
+        executor.train_process(1, dataset, accumulate_step,
+                               checkpoints=Checkpoints(directory=directory, name="trial", save_every=WINDOWS),
+                               log=LogOptions(verbose=False, on_step=lambda _: closed.append(time.perf_counter())))
+    return {"peak_mib": memory.mib(),
             "ms_per_window": round(statistics.median(b - a for a, b in zip(closed, closed[1:WINDOWS])) * 1e3, 2)}
 
 
@@ -486,8 +505,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 out = _child_check(args.spec, args.device)
             else:
                 batch_size, accumulate_step, structure, reduction = args.rest
-                out = _child_trial(args.spec, args.device, int(batch_size), int(accumulate_step), structure,
-                                   reduction)
+                out = _child_trial(args.spec, int(batch_size), int(accumulate_step), structure, reduction)
     except (ValueError, TypeError, RuntimeError, MemoryError) as err:
         out = {"error": str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}
     print(json.dumps(out), flush=True)

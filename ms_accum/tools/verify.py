@@ -13,8 +13,11 @@ from ..core.buffer import RULES
 from ..core.inference import in_inference
 from .causes import Cause, batchnorm_cells, explain, stochastic_cells
 from ..graphs.cells import TrainAccumulationCell
-from ..graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature
+from ..graphs.cached import TrainCachedWindowCell
+from ..train.options import GuardOptions, StatisticsOptions
+from ..train.structures import structure_class
 from .._choices import STRUCTURES
+from ..core.columns import check_columns, with_loss
 from ..core.losses import LossOnly, check_loss_output, window_reduction
 
 
@@ -72,7 +75,7 @@ class _Gradient(nn.Cell):
 
 
 @door("verify_equivalence")
-def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence,
+def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, inputs: Sequence,
                        accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6,
                        reduction: Optional[str] = None, structure: str = "auto") -> EquivalenceReport:
     r"""
@@ -90,9 +93,12 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
 
     Args:
         network (nn.Cell): Your network.
-        loss_fn (nn.Cell): Your loss, a mean or a sum over the batch.
+        loss_fn (nn.Cell): Your loss, a mean or a sum over the batch, ``loss_fn(output, *labels)`` (it takes the
+            batch's last columns, as many as its construct requires); None for a network that computes its own loss
+            from all the columns.
         optimizer (nn.Optimizer): Your optimizer over `network`'s parameters.
-        inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch, e.g. ``(data, label)``.
+        inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch of any number of columns, e.g. ``(data, label)``
+            or ``(input_ids, attention_mask, token_type_ids, label)``: the network takes the first ones, in order.
         accumulate_step (int): K. Must not exceed the batch size.
         rtol (float): Relative tolerance. Default: ``1e-5``.
         atol (float): Absolute tolerance. Default: ``1e-6``.
@@ -129,25 +135,23 @@ def verify_equivalence(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimiz
     _check_types(network, loss_fn, optimizer, inputs)
     accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
     rtol, atol = check_positive_float(rtol, "rtol"), check_positive_float(atol, "atol")
-    reduction = _checked_reduction(loss_fn, reduction, structure)
+    reduction = _checked_reduction(network, loss_fn, reduction, structure)
     comparison = _Comparison(network, loss_fn, optimizer, _split(inputs, accumulate_step), reduction)
     return comparison.report(structure, rtol, atol)
 
 
-def _check_types(network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, inputs: Sequence) -> None:
+def _check_types(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, inputs: Sequence) -> None:
     check_isinstance(network, "network", nn.Cell)
-    check_isinstance(loss_fn, "loss_fn", nn.Cell)
+    if loss_fn is not None:  # None: the network computes its own loss from all the columns
+        check_isinstance(loss_fn, "loss_fn", nn.Cell)
     check_isinstance(optimizer, "optimizer", nn.Optimizer)
     check_isinstance(inputs, "inputs", (tuple, list))
 
 
-def _checked_reduction(loss_fn: nn.Cell, reduction: Optional[str], structure: str) -> str:
-    """The window's reduction for `loss_fn` under `structure`, as the executor takes it."""
-    reduction = window_reduction(loss_fn, reduction)
-    if check_value_in(structure, "structure", STRUCTURES) == "cached":
-        check_loss_signature(loss_fn)
-        reduction = check_cached_options(reduction, "skip_window", False, False, None)
-    return reduction
+def _checked_reduction(network: nn.Cell, loss_fn: Optional[nn.Cell], reduction: Optional[str], structure: str) -> str:
+    """The window's reduction for `loss_fn` under `structure`, as the executor takes it (the structure's refusals)."""
+    kind = structure_class(check_value_in(structure, "structure", STRUCTURES))
+    return kind.refuse(network, loss_fn, window_reduction(loss_fn, reduction), GuardOptions(), StatisticsOptions())
 
 
 @dataclass(frozen=True)
@@ -212,11 +216,12 @@ class _Start:
 class _Comparison:
     """The big batch's update and the window's, each from the same start, and why they differ."""
 
-    def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, batch: _Batch,
+    def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, batch: _Batch,
                  reduction: str) -> None:
         self.network, self.loss_fn, self.optimizer, self.batch = network, loss_fn, optimizer, batch
         self.reduction = reduction
-        self.with_loss = nn.WithLossCell(network, loss_fn)
+        self.with_loss = with_loss(network, loss_fn)
+        check_columns(self.with_loss, [a.shape for a in batch.arrays], "inputs")
         check_loss_output(self.with_loss, _tensors(batch.micro_batches[0]), reduction, arg_name="loss_fn")
         self.loss_only = LossOnly(self.with_loss) if reduction == "weighted_mean" else self.with_loss
         self.start = _Start(network, optimizer)

@@ -109,7 +109,7 @@ class GradientAccumulation:
         _check_optimizer_updates(network, optimizer)
         seed_dropout_on_cpu(network)  # masks from a seed and a count it saves, not a kernel's engine (docs/resume.md)
         kind = structure_class(check_value_in(structure, "structure", STRUCTURES))
-        reduction = window.reduction or "mean" if loss_fn is None else window_reduction(loss_fn, window.reduction)
+        reduction = window_reduction(loss_fn, window.reduction)
         reduction = kind.refuse(network, loss_fn, reduction, self.guard, measure)
         if measure.noise_scale and reduction == "sum":
             raise ArgumentValueError("the argument 'noise_scale' needs the window's mean (reduction 'mean' or "

@@ -64,6 +64,7 @@ class TrainResult:
     skipped_micro_batches: int = 0  # left out: not finite (policy "skip_microbatch") or outliers (skip_outliers)
     outliers: List[Tuple[int, int]] = field(default_factory=list)  # (epoch, batch index in it) of each outlier left out
     stopped: bool = False  # stopped early: `on_step` returned True (the training state was saved, if it has a place)
+    best_checkpoint: Optional[str] = None  # the best network's file, with `Validation(keep_best=...)` and checkpoints
 
     @property
     def losses(self) -> List[float]:

@@ -90,11 +90,15 @@ class Run:
             executor.noise_scale.load(self.states.resumed)
         if self.evaluator is not None:  # the best score so far, continued by resumed runs
             self.evaluator.best = float(self.states.resumed.get("best_score", math.nan))
+            if not math.isnan(self.evaluator.best) and os.path.isfile(self._best_path()):
+                self.result.best_checkpoint = self._best_path()
         self.states.extra = self._extra
         if executor.parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
-        self.largest = max((k for k, _, _ in _planned_windows(self.epoch, self.num_batches, self.schedule,
-                                                              self.per_batch, self.position)), default=1)
+        planned = list(_planned_windows(self.epoch, self.num_batches, self.schedule, self.per_batch, self.position))
+        self.largest = max((k for k, _, _ in planned), default=1)
+        # The run's last step, scored before `on_step` sees it: every window from here on but the dropped ones.
+        self.last_step = self.position.step + sum(size == k or self.partial_window == "apply" for k, size, _ in planned)
         if executor.noise_scale is not None and executor.parallel is None and self.largest == 1:
             given = self.schedule.fixed or "a schedule that is 1 in every window of this run"
             raise ArgumentValueError(f"the argument 'mini_steps' must be at least 2 in some window with "
@@ -125,7 +129,7 @@ class Run:
         due. Returns whether the run stops here (`on_step` returned True: early stopping)."""
         self.position.step += 1
         record, figures = self._record(losses, norms, samples, applied, k)
-        if self.evaluator is not None and self.evaluator.due(self.position.step, False):
+        if self.evaluator is not None and self.evaluator.due(self.position.step, self.position.step == self.last_step):
             self._score(record)
         stop = bool(self.log.window(record, figures, self.result))
         self.states.window_closed(self.position, stopping=stop)
@@ -139,8 +143,11 @@ class Run:
             scores = " ".join(f"{name} {value:.6f}" for name, value in record.validation.items())
             print(f"epoch: {record.epoch} step: {record.step} validation {scores}", flush=True)
         if self.evaluator.improved(record.validation) and self.checkpoints is not None and self.executor.writes:
-            path = os.path.join(os.fspath(self.checkpoints.directory), f"{self.checkpoints.name}-best.ckpt")
-            self.states.save(self.executor.network, path, {"step": record.step, **record.validation})
+            self.result.best_checkpoint = self._best_path()
+            self.states.save(self.executor.network, self._best_path(), {"step": record.step, **record.validation})
+
+    def _best_path(self) -> str:
+        return os.path.join(os.fspath(self.checkpoints.directory), f"{self.checkpoints.name}-best.ckpt")
 
     def _extra(self) -> dict:
         """More of the run's state, saved with every training-state file."""
@@ -150,8 +157,8 @@ class Run:
         return extra
 
     def finish(self, network: nn.Cell) -> TrainResult:
-        """The last window scored if it was not, the final checkpoint (the network alone) saved, if any; the run's
-        result."""
+        """The last window scored if it was not (a run stopped by `on_step`), the final checkpoint (the network alone)
+        saved, if any; the run's result."""
         last = self.result.steps[-1] if self.result.steps else None
         if self.evaluator is not None and last is not None and last.validation is None:
             self._score(last)
