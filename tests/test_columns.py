@@ -9,7 +9,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_accum import GradientAccumulation
 from ms_accum.core.columns import WithLossColumns, label_columns
-from ms_accum.train.options import QUIET
+from ms_accum.train.options import QUIET, WindowOptions
 from conftest import copy_weights, raises_exactly
 
 B, K, VOCAB, SEQ = 4, 4, 50, 6
@@ -150,3 +150,40 @@ def test_verify_equivalence_takes_batches_of_any_number_of_columns():
                                     "network's 4 input(s) (it computes its own loss), but it yields 3: [(16, 6), "
                                     "(16, 6), (16,)]."):
         verify_equivalence(own, None, nn.SGD(own.trainable_params(), 0.5), [data[0], data[1], data[3]], K)
+
+
+class Tagger(nn.Cell):
+    """A tagger of two inputs, token ids and their types: a class per position."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, 8)
+        self.types = nn.Embedding(2, 8)
+        self.head = nn.Dense(8, 5)
+
+    def construct(self, input_ids, token_type_ids):
+        return self.head(self.tokens(input_ids) + self.types(token_type_ids))
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow)])
+def test_a_token_weighted_loss_takes_its_label_column_after_several_inputs(structure):
+    # TokenCrossEntropy returns (loss, tokens): micro-batches of 1 to SEQ real tokens weigh by their tokens, and the
+    # window equals one step on the concatenated batch whose loss is the mean over all its real tokens.
+    from ms_accum import TokenCrossEntropy
+    from ms_accum.core.losses import LossOnly
+    rng = np.random.default_rng(3)
+    targets = rng.integers(0, 5, (K * B, SEQ)).astype(np.int32)
+    for i, real in enumerate(rng.integers(1, SEQ + 1, K * B)):
+        targets[i, real:] = -100  # padding
+    data = {"input_ids": rng.integers(0, VOCAB, (K * B, SEQ)).astype(np.int32),
+            "token_type_ids": rng.integers(0, 2, (K * B, SEQ)).astype(np.int32), "targets": targets}
+    ms.set_seed(0)
+    ours, reference = Tagger(), Tagger()
+    copy_weights(ours, reference)
+    executor = GradientAccumulation(ours, TokenCrossEntropy(), nn.SGD(ours.trainable_params(), 0.5),
+                                    structure=structure, window=WindowOptions(reduction="weighted_mean"))
+    executor.train_process(1, ds.NumpySlicesDataset(data, shuffle=False).batch(B), K, checkpoints=None, log=QUIET)
+    large_batch_steps(LossOnly(WithLossColumns(reference, TokenCrossEntropy())),
+                      nn.SGD(reference.trainable_params(), 0.5), data, 1)
+    for a, b in zip(ours.trainable_params(), reference.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6)

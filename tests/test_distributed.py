@@ -527,15 +527,17 @@ def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
 @pytest.mark.distributed
 def test_cli_trains_your_model_under_msrun_as_one_process_on_the_global_batch(tmp_path):
     # A factory's dataset(batch_size, usage, shard_id, num_shards), sharded by MindSpore's DistributedSampler without
-    # shuffling: the two workers' micro-batches of 8 together are the one process's micro-batch of 16.
+    # shuffling: the two workers' micro-batches of 8 together are the one process's micro-batch of 16. Its batches are
+    # (input_ids, attention_mask, token_type_ids, label) (fixtures/tokens.py), scored every 8 steps over both shards.
     fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
     env = {"PYTHONPATH": os.pathsep.join([fixtures, os.environ.get("PYTHONPATH", "")])}
-    train = ["train", "--model", "signals:build", "--accumulate-steps", "2", "--batch-size", "16", "--json", "--quiet"]
+    train = ["train", "--model", "tokens:three_inputs", "--accumulate-steps", "2", "--batch-size", "16",
+             "--eval-every", "8", "--json", "--quiet"]
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"), env=env)
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
     two = json.loads(log_lines(str(tmp_path / "logs"), 0)[-1])
-    assert two["world_size"] == 2 and two["optimizer_steps"] == 32 and two["accuracy"] is None
+    assert two["world_size"] == 2 and two["optimizer_steps"] == 16 and two["accuracy"] is not None
     single = subprocess.run([sys.executable, "-m", "ms_accum.cli", *train, "--ckpt-dir", str(tmp_path / "one")],
                             capture_output=True, text=True, timeout=MSRUN_TIMEOUT,
                             env={**os.environ, "GLOG_v": "3", **env})
@@ -543,4 +545,10 @@ def test_cli_trains_your_model_under_msrun_as_one_process_on_the_global_batch(tm
     one = json.loads(single.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(two["final_loss"], one["final_loss"], rtol=1e-5)
     np.testing.assert_allclose(two["loss"], one["loss"], rtol=1e-4)  # the evaluation, on rank 0
-    assert_checkpoints_close(tmp_path / "one" / "signals_build.ckpt", tmp_path / "two" / "signals_build.ckpt")
+    assert two["accuracy"] == one["accuracy"]
+    assert [v["step"] for v in two["validation"]] == [v["step"] for v in one["validation"]] == [8, 16]
+    for scored, alone in zip(two["validation"], one["validation"]):  # each rank its shard, totalled over both
+        np.testing.assert_allclose(scored["loss"], alone["loss"], rtol=1e-4)
+        assert scored["accuracy"] == alone["accuracy"]
+    assert_checkpoints_close(tmp_path / "one" / "tokens_three_inputs.ckpt",
+                             tmp_path / "two" / "tokens_three_inputs.ckpt")

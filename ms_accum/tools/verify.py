@@ -86,16 +86,13 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
     on the whole batch, then one window of `TrainAccumulationCell` on the micro-batches, and reports the parameter
     differences. The network and the optimizer are left exactly as they were.
 
-    Float32 sums in another order differ by rounding, and an adaptive optimizer can magnify it: where a gradient is
-    within rounding of zero (an input pixel that is always 0, say), Adam's first step (about ``lr * g / (|g| + eps)``)
-    may differ by a good part of `lr`. Verify with `nn.SGD` or `nn.Momentum`, which pass a gradient's difference through
-    unchanged, to check the accumulation itself.
+    Float32 sums in another order differ by rounding, which Adam's first step (about ``lr * g / (|g| + eps)``) can
+    magnify to a good part of `lr` where a gradient is within rounding of zero: verify with `nn.SGD` or `nn.Momentum`.
 
     Args:
         network (nn.Cell): Your network.
-        loss_fn (nn.Cell): Your loss, a mean or a sum over the batch, ``loss_fn(output, *labels)`` (it takes the
-            batch's last columns, as many as its construct requires); None for a network that computes its own loss
-            from all the columns.
+        loss_fn (nn.Cell): Your loss, a mean or a sum over the batch, ``loss_fn(output, *labels)`` on the batch's
+            last columns; None for a network that computes its own loss from all the columns.
         optimizer (nn.Optimizer): Your optimizer over `network`'s parameters.
         inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch of any number of columns, e.g. ``(data, label)``
             or ``(input_ids, attention_mask, token_type_ids, label)``: the network takes the first ones, in order.
