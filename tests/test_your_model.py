@@ -164,3 +164,18 @@ def test_a_factory_of_several_columns_verifies_trains_and_evaluates(factory, tmp
     assert summary["accuracy"] is None if factory == "own_loss" else summary["accuracy"] > 0.6, summary
     code, evaluation, err = run(capsys, "eval", "--ckpt", summary["checkpoint"])
     assert code == 0 and evaluation["loss"] == summary["loss"], err
+
+
+@pytest.mark.slow  # make test-all
+def test_a_factory_of_several_columns_and_its_own_loss_is_planned_and_trained_with_the_plan(tmp_path, capsys,
+                                                                                           monkeypatch):
+    # The planner's trials build their datasets from the factory's four columns, for a network with its own loss.
+    monkeypatch.syspath_prepend(FIXTURES)
+    code, plan, err = run(capsys, "plan", "--model", "tokens:own_loss", "--global-batch", "32", "--memory", "1GiB",
+                          "--output", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    assert plan["batch_size"] * plan["accumulate_step"] == 32 and plan["reduction"] == "mean"
+    assert all(trial["peak_mib"] is not None for trial in plan["trials"]), plan["trials"]
+    code, summary, err = run(capsys, "train", "--plan", str(tmp_path / "plan.json"), "--ckpt-dir", str(tmp_path))
+    assert code == 0, err
+    assert summary["optimizer_steps"] == 512 // 32 and summary["predicted_peak_mib"] == plan["predicted_peak_mib"]
