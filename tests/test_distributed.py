@@ -174,10 +174,11 @@ def reference_run(case):
     windows = [batches[i:i + k] for i in range(0, len(batches), k)]
     if nan_window(case) is not None:  # skipped on every rank: the reference does not step on it
         del windows[nan_window(case)]
-    # "sum" adds the window's micro-batch means: with equal micro-batches, k times the window's mean.
+    # "sum" adds the window's micro-batch means over every rank, the sum over the global batch's micro-batches (no
+    # parallel context, so no division by the ranks): with equal micro-batches, k x ranks times the window's mean.
     if case["reduction"] == "sum":
         assert all(len(w) == k for w in windows) and len(set(case["sizes"])) == 1
-    scale = k if case["reduction"] == "sum" else 1
+    scale = k * len(case["sizes"]) if case["reduction"] == "sum" else 1
     # A token case's large batch has the mean over all its real tokens as its loss.
     loss = LossOnly(loss_fn(case)) if case["reduction"] == "weighted_mean" else loss_fn(case)
     step = ReferenceStep(nn.WithLossCell(net, loss), make_optimizer(case["optimizer"], net.trainable_params()),
@@ -240,7 +241,9 @@ def test_noise_scale_under_data_parallel_matches_the_exact_value(dp_run):
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", list(CASES))
 def test_ranks_equal_single_process_on_global_batch(dp_run, name):
-    out, _ = dp_run
+    out, reports = dp_run
+    # Trained with MindSpore's parallel context never set (dp_worker makes set_auto_parallel_context raise).
+    assert [r["parallel_mode"] for r in reports] == ["stand_alone"] * WORKERS
     ranks = [dict(np.load(out / f"{name}_rank{rank}.npz")) for rank in range(WORKERS)]
     for key in ranks[0]:
         # Both ranks apply the same all-reduced window: bit-identical parameters.

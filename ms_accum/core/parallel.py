@@ -3,7 +3,8 @@
 MindSpore's `nn.DistributedGradReducer` all-reduces every step's gradients: K times per update when accumulating.
 Here the buffer is all-reduced once, when the window is full, with its sample count, so the global sum over the
 global count is the gradient of the concatenated global batch even when ranks saw different numbers of samples.
-The mode is read from MindSpore's context when a buffer is built; `ms_accum.train.distributed` joins msrun's cluster.
+Data parallel is read when a buffer is built (`data_parallel_info`: msrun's processes joined by
+`mindspore.communication.init()`, no parallel context needed); `ms_accum.train.distributed` joins msrun's cluster.
 """
 from __future__ import annotations
 
@@ -42,27 +43,42 @@ class DataParallelInfo:
 @door("data_parallel_info")
 def data_parallel_info() -> Optional[DataParallelInfo]:
     """
-    This process's rank and group size when MindSpore's parallel mode is data parallel, else None.
+    This process's rank and group size when it trains data parallel, else None.
+
+    Data parallel is ms_accum's own once `mindspore.communication.init()` has joined more than one process
+    (`ms_accum.init_data_parallel` under msrun): it needs none of MindSpore's parallel context, which MindSpore 2.11
+    sunsets. A context set to ``DATA_PARALLEL`` by the user is honoured as well.
 
     Returns:
-        DataParallelInfo, or None in stand-alone mode.
+        DataParallelInfo, or None for one process.
 
     Raises:
         ValueError: If the parallel mode is neither stand-alone nor data parallel (semi-auto and auto parallel
             shard the gradients themselves), or is data parallel before `mindspore.communication.init()`.
     """
     mode = ms.get_auto_parallel_context("parallel_mode")
-    if mode == ms.ParallelMode.STAND_ALONE:
-        return None
-    if mode != ms.ParallelMode.DATA_PARALLEL:
+    if mode not in (ms.ParallelMode.STAND_ALONE, ms.ParallelMode.DATA_PARALLEL):
         raise ArgumentValueError(f"the parallel mode must be '{ms.ParallelMode.STAND_ALONE}' or "
                                  f"'{ms.ParallelMode.DATA_PARALLEL}', but got '{mode}'.")
     # Without init(), get_rank() and get_group_size() answer 0 and 1 rather than fail (measured), so the
     # collectives would be compiled for a group that does not exist: check the flag init() sets.
     if not GlobalComm.INITED:
+        if mode == ms.ParallelMode.STAND_ALONE:
+            return None
         raise ArgumentValueError(f"the parallel mode is '{mode}', which needs "
                                  f"mindspore.communication.init() first, but it was not called.")
+    if mode == ms.ParallelMode.STAND_ALONE and get_group_size() == 1:
+        return None
     return DataParallelInfo(get_rank(), get_group_size())
+
+
+def sum_divisor() -> float:
+    """What a ``"sum"`` window is divided by after its all-reduce: 1, so it is the sum over the global batch, as one
+    step on it would be; the group size only when the user set MindSpore's ``DATA_PARALLEL`` context with
+    ``gradients_mean=True`` (what `nn.DistributedGradReducer` then does)."""
+    mean_over_ranks = (ms.get_auto_parallel_context("parallel_mode") == ms.ParallelMode.DATA_PARALLEL
+                       and bool(ms.get_auto_parallel_context("gradients_mean")))
+    return float(get_group_size()) if mean_over_ranks else 1.0
 
 
 @ms.jit_class
@@ -106,8 +122,7 @@ class AllReduceSums:
 
     Each rank's buffer holds its sample-weighted gradient sum, so the global sum divided by the global sample
     count is the gradient of the concatenated global batch, however the samples were spread over the ranks. A
-    ``"sum"`` window is divided by `sum_divisor`: the group size when the context's ``gradients_mean`` is True (what
-    `nn.DistributedGradReducer` does), else 1.
+    ``"sum"`` window is the sum over the global batch (see `sum_divisor`).
 
     Args:
         group (str): The communication group. Default: ``None``, the world group of the backend in use.
@@ -130,8 +145,7 @@ class AllReduceSums:
         # it here, not as a default argument, picks that value up.
         self.group = GlobalComm.WORLD_COMM_GROUP if group is None else group
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, self.group)
-        mean_over_ranks = bool(ms.get_auto_parallel_context("gradients_mean"))
-        self.sum_divisor = float(get_group_size(self.group)) if mean_over_ranks else 1.0
+        self.sum_divisor = sum_divisor()
 
     def __call__(self, grad_sum, num_samples):
         return _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum), self.all_reduce(num_samples)

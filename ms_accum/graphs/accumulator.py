@@ -27,8 +27,8 @@ class Accumulator:
     micro-batches (or, when `num_samples` is given, by the samples seen), so each update equals one step on
     the concatenated batch. The page's `loss / accumulate_step` corresponds to `reduction="sum"`.
 
-    In data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL`` when the Accumulator is built, see
-    `ms_accum.init_data_parallel`), micro-batches still accumulate without communication; the full
+    In data parallel (msrun's processes joined when the Accumulator is built, see `ms_accum.init_data_parallel`),
+    micro-batches still accumulate without communication; the full
     window's buffer and sample count are all-reduced once, before clipping and the optimizer step, so the mean is
     over the global samples even when ranks' micro-batches differ in size (pass `num_samples` then).
 

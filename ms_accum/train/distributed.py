@@ -49,26 +49,29 @@ def distributed_launch(environ: Optional[Mapping[str, str]] = None) -> Optional[
 
 
 @door("init_data_parallel")
-def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
+def init_data_parallel(gradients_mean: Optional[bool] = None) -> DataParallelInfo:
     """
-    Joins the launcher's cluster and switches MindSpore to data parallelism.
+    Joins the launcher's cluster for data parallelism: `mindspore.communication.init()`.
 
-    Calls `mindspore.communication.init()` and ``set_auto_parallel_context(parallel_mode=DATA_PARALLEL,
-    gradients_mean=...)``: buffers built afterwards all-reduce their windows. Call it first: msrun also runs the
-    script as the cluster's scheduler, whose `init()` never returns, so anything before it runs there too.
+    Buffers built afterwards all-reduce their windows (`ms_accum.core.parallel.data_parallel_info`); nothing of
+    MindSpore's parallel context is needed, which MindSpore 2.11 sunsets (docs/data-parallel.md). Call it first: msrun
+    also runs the script as the cluster's scheduler, whose `init()` never returns, so anything before it runs there too.
 
     Args:
-        gradients_mean (bool): Average over ranks rather than sum, for ``reduction="sum"`` windows (a
-            ``"mean"`` window is always the exact mean over the global samples). Default: ``True``.
+        gradients_mean (bool, optional): ``None`` (default): a ``"sum"`` window is the sum over the global batch, as
+            one step on it; a ``"mean"`` window is always the exact mean over the global samples. ``True`` or
+            ``False``: also sets MindSpore's context as ms_accum 0.3 did (``parallel_mode=DATA_PARALLEL``, this
+            `gradients_mean`; ``True`` divides a ``"sum"`` window by the ranks), for code that relies on it.
 
     Returns:
         DataParallelInfo, this process's rank and the group size.
 
     Raises:
-        TypeError: If `gradients_mean` is not a bool.
+        TypeError: If `gradients_mean` is not a bool or None.
         RuntimeError: If no launcher started this process ("distributed mode requested without a launcher").
     """
-    check_isinstance(gradients_mean, "gradients_mean", bool)
+    if gradients_mean is not None:
+        check_isinstance(gradients_mean, "gradients_mean", bool)
     if distributed_launch() is None:
         # Not an argument refused, so no `door` names it: the name is written here.
         raise RuntimeError("For 'init_data_parallel', distributed mode requested without a launcher: start the "
@@ -76,7 +79,8 @@ def init_data_parallel(gradients_mean: bool = True) -> DataParallelInfo:
                            "--join=True script.py' (the environment variables MS_ROLE and MS_WORKER_NUM are "
                            "not set).")
     init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=gradients_mean)
+    if gradients_mean is not None:
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=gradients_mean)
     return DataParallelInfo(get_rank(), get_group_size())
 
 

@@ -40,8 +40,8 @@ class GradientAccumulation:
     Its optimizer steps are counted in windows closed, applied or skipped as not finite (`StepRecord.step`,
     `save_every`, the training-state files).
 
-    Data parallel (MindSpore's ``ParallelMode.DATA_PARALLEL``, e.g. after `ms_accum.init_data_parallel`
-    under `msrun`) is detected when the executor is built: each window is all-reduced once, so an update equals one
+    Data parallel (msrun's processes joined by `ms_accum.init_data_parallel`, no parallel context needed) is
+    detected when the executor is built: each window is all-reduced once, so an update equals one
     step on the global batch. Give every rank its own shard with the same number of batches; rank 0 prints and saves.
 
     Args:

@@ -149,11 +149,20 @@ def allreduce_launches(profile_dir):
     return 0
 
 
+def refuse_parallel_context(**kwargs):
+    raise RuntimeError(f"set_auto_parallel_context({kwargs}) was called: data parallel must not need MindSpore's "
+                       f"parallel context")
+
+
 def main():
     out_dir = sys.argv[1]
     ms.set_context(mode=ms.GRAPH_MODE)
+    # ms_accum's data parallel stands on plain collectives: MindSpore's parallel context, which 2.11 sunsets, is never
+    # set (the call would raise here), and every case trains.
+    ms.set_auto_parallel_context = ms.context.set_auto_parallel_context = refuse_parallel_context
     info = init_data_parallel()
-    report = {"rank": info.rank, "group_size": info.group_size}
+    report = {"rank": info.rank, "group_size": info.group_size,
+              "parallel_mode": ms.get_auto_parallel_context("parallel_mode")}
     nodes = sys.argv[2:] == ["nodes"]
     for name, case in (NODE_CASES if nodes else CASES).items():
         shares = [rank_share(case, batch, info.rank, i) for i, batch in enumerate(global_micro_batches(case))]
