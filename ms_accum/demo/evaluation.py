@@ -26,8 +26,8 @@ DEFAULT_BATCH_SIZE = 256  # the evaluation's batch when neither the caller nor t
 
 @dataclass
 class EvalResult:
-    """Test metrics: `accuracy` in [0, 1] (None for a network that is not a classifier), mean `loss` per batch, and
-    the number of `batches`."""
+    """Test metrics: `accuracy` in [0, 1] (None for a network that is not a classifier), the mean `loss` (per batch for
+    the built-in models, as `Model.eval` gives it; per sample for a factory's), and the number of `batches`."""
 
     accuracy: Optional[float]
     loss: float
