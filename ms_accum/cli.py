@@ -164,6 +164,9 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
                             "steps and after the last: in the output, --json and the loss plot")
     train.add_argument("--keep-best", choices=("loss", "accuracy"),
                        help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt")
+    train.add_argument("--tensorboard", metavar="DIR",
+                       help="write each step's loss, learning rate, K, gradient norm, noise scale and validation "
+                            "for TensorBoard into DIR (needs pip install 'ms_accum[tensorboard]')")
 
 
 def _add_eval_parser(sub) -> None:
@@ -442,11 +445,12 @@ def run_train(args: argparse.Namespace) -> Optional[dict]:
         job = (_factory_job if factory else _demo_job)(args, parallel, world)
     validation = _validation(args, job, world)
     executor = _executor(args, job, planned, world)
+    board = _tensorboard(args, job, main)
     checkpoints = _checkpoints(args, job, world, main)
     label = f"{args.model}, K={_k_text(args)} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if job.synthetic else "") + ("" if parallel is None else f", {world} workers")
     with _during(f"training on {job.reads}"):
-        result = _train(args, executor, job, checkpoints, validation, label, args.quiet or not main)
+        result = _train(args, executor, job, checkpoints, validation, board, label, args.quiet or not main)
     if not main:
         return None
     summary = _summary(args, job, result, executor.statistics, world)
@@ -556,9 +560,10 @@ def _checkpoints(args: argparse.Namespace, job: _Job, world: int, main: bool):
                        metadata=metadata, resume=args.resume)
 
 
-def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, validation: dict, label: str, quiet: bool):
+def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, validation: dict, board, label: str,
+           quiet: bool):
     """`train_process` over the command line's epochs and K (and `validation`, `_validation`'s), behind a progress
-    bar unless `quiet`; its result."""
+    bar unless `quiet`, each step written for TensorBoard by `board` (`_tensorboard`'s); its result."""
     from .train.options import LogOptions
     from .train.windows import count_windows
     mini_steps = args.accumulate_schedule or args.accumulate_steps
@@ -570,9 +575,25 @@ def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, validatio
             noise = {} if record.noise_scale is None else {"noise_scale": f"{record.noise_scale:.0f}"}
             bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
                             refresh=False)
-        return executor.train_process(args.epochs, job.dataset, mini_steps, partial_window=args.partial_window,
-                                      checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step),
-                                      **validation)
+            if board is not None:
+                board(record)
+        try:
+            return executor.train_process(args.epochs, job.dataset, mini_steps, partial_window=args.partial_window,
+                                          checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step),
+                                          **validation)
+        finally:
+            if board is not None:
+                board.close()
+
+
+def _tensorboard(args: argparse.Namespace, job: _Job, main: bool):
+    """--tensorboard's writer on rank 0 (`ms_accum.train.tensorboard.TensorBoardLog`), else None; its directory is
+    refused before --ckpt-dir is made."""
+    if args.tensorboard is None or not main:
+        return None
+    from .train.tensorboard import TensorBoardLog
+    with door("ms-accum train"):
+        return TensorBoardLog(args.tensorboard, job.optimizer)
 
 
 def _validation(args: argparse.Namespace, job: _Job, world: int) -> dict:
@@ -791,7 +812,7 @@ FLAGS = {"mini_steps": "--accumulate-steps", "accumulate_step": "--accumulate-st
          "stop_on_nonfinite": "--stop-on-nonfinite", "clip_norm": "--clip-norm", "policy": "--policy",
          "structure": "--structure", "recompute": "--recompute", "ckpt_dir": "--ckpt-dir", "model": "--model",
          "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
-         "output": "--output", "rtol": "--rtol", "atol": "--atol"}
+         "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard"}
 # What a factory returned, as the library's messages name it (its own arguments' names).
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
 
