@@ -72,13 +72,13 @@ def data_parallel_info() -> Optional[DataParallelInfo]:
     return DataParallelInfo(get_rank(), get_group_size())
 
 
-def sum_divisor() -> float:
-    """What a ``"sum"`` window is divided by after its all-reduce: 1, so it is the sum over the global batch, as one
-    step on it would be; the group size only when the user set MindSpore's ``DATA_PARALLEL`` context with
+def sum_divisor(group: str) -> float:
+    """What a ``"sum"`` window all-reduced over `group` is divided by: 1, so it is the sum over the global batch, as
+    one step on it would be; the group's size only when the user set MindSpore's ``DATA_PARALLEL`` context with
     ``gradients_mean=True`` (what `nn.DistributedGradReducer` then does)."""
     mean_over_ranks = (ms.get_auto_parallel_context("parallel_mode") == ms.ParallelMode.DATA_PARALLEL
                        and bool(ms.get_auto_parallel_context("gradients_mean")))
-    return float(get_group_size()) if mean_over_ranks else 1.0
+    return float(get_group_size(group)) if mean_over_ranks else 1.0
 
 
 @ms.jit_class
@@ -145,7 +145,7 @@ class AllReduceSums:
         # it here, not as a default argument, picks that value up.
         self.group = GlobalComm.WORLD_COMM_GROUP if group is None else group
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, self.group)
-        self.sum_divisor = sum_divisor()
+        self.sum_divisor = sum_divisor(self.group)
 
     def __call__(self, grad_sum, num_samples):
         return _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum), self.all_reduce(num_samples)
