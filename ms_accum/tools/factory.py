@@ -17,6 +17,7 @@ docs/your-model.md shows one end to end.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -47,9 +48,9 @@ class UserModel:
     dataset: Optional[Callable[..., Dataset]] = None
     returns_weight: bool = False  # whether the network with its loss returns (loss, weight): found by `load_model`
 
-    @property
+    @functools.cached_property
     def net_with_loss(self) -> nn.Cell:
-        """The Cell from a batch's columns to the loss (`ms_accum.core.columns.with_loss`)."""
+        """The Cell from a batch's columns to the loss (`ms_accum.core.columns.with_loss`), built once."""
         return with_loss(self.network, self.loss_fn)
 
     def batch(self, batch_size: int) -> Tuple[np.ndarray, ...]:
