@@ -91,8 +91,8 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
 
     Args:
         network (nn.Cell): Your network.
-        loss_fn (nn.Cell): Your loss, a mean or a sum over the batch, ``loss_fn(output, *labels)`` on the batch's
-            last columns; None for a network that computes its own loss from all the columns.
+        loss_fn (nn.Cell, optional): Your loss, a mean or a sum over the batch, ``loss_fn(output, *labels)`` on the
+            batch's last columns; None for a network that computes its own loss from all the columns.
         optimizer (nn.Optimizer): Your optimizer over `network`'s parameters.
         inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch of any number of columns, e.g. ``(data, label)``
             or ``(input_ids, attention_mask, token_type_ids, label)``: the network takes the first ones, in order.

@@ -44,9 +44,9 @@ class TensorBoardLog:
         None, so the run goes on.
 
     Raises:
-        ValueError: If tensorboardX is not installed.
         TypeError: If `logdir` is not a path or `optimizer` not an nn.Optimizer.
-        ValueError: If `logdir` is not a writable directory (it is created if need be).
+        ValueError: If `logdir` is not a writable directory (it is created if need be), or tensorboardX is not
+            installed.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
