@@ -75,8 +75,7 @@ class TensorBoardLog:
                 self.writer.add_scalar(f"train/{name}", value, record.step)
         for name, value in (record.validation or {}).items():
             self.writer.add_scalar(f"validation/{name}", value, record.step)
-        self.writer.flush()
 
     def close(self) -> None:
-        """Closes the event file."""
+        """Writes what is pending and closes the event file (tensorboardX writes every 2 minutes until then)."""
         self.writer.close()
