@@ -258,8 +258,7 @@ class AccumulationBuffer:
         self.grad_sum = ParameterTuple([
             Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")
             for p in params])
-        differs = any(b.dtype != p.dtype for b, p in zip(self.grad_sum, params))
-        self.to_params = _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
+        self.to_params = self.dtypes_of(range(len(params)), params)
         # The micro-batches of the open window, never the optimizer's steps; its Parameter keeps the page's name
         # ("mini_step"), which checkpoints hold.
         self.micro_batch_count = Parameter(Tensor(0, ms.int32), name=f"{prefix}.mini_step", requires_grad=False)
@@ -277,6 +276,11 @@ class AccumulationBuffer:
             self.statistics = Statistics(prefix) if statistics else NoStatistics()
         self.leaves_out = policy == "skip_microbatch" or skip_outliers is not None
         self.adds = _AddUnlessLeftOut() if self.leaves_out else _AddEvery()
+
+    def dtypes_of(self, indices, params):
+        """What casts the buffer's tensors at `indices` to the dtypes of `params` (theirs), for the optimizer."""
+        differs = any(self.grad_sum[i].dtype != p.dtype for i, p in zip(indices, params))
+        return _ToParamDtype(ParameterTuple(params)) if differs else _SameDtype()
 
     def parameters(self) -> list:
         """All Parameters of the window's state: the gradient buffers, the two counters, the guard's, then the running
@@ -324,6 +328,13 @@ class AccumulationBuffer:
         """Steps `optimizer` on the gradient `check` left in the buffer and closes the window; returns the
         micro-batch count (0)."""
         return self._closed(self._step(optimizer, self.grad_sum))
+
+    def step_part(self, optimizer, grads, gather):
+        """`step` for a rank that owns part of the parameters (`ms_accum.train.sharding`): `optimizer`, built over
+        them, steps on `grads`, their part of the window as `check` left it; `gather` then shares every rank's updated
+        parameters through the buffer and zeroes it (`ms_accum.core.parallel.ParameterGather`)."""
+        stepped = optimizer(grads)
+        return self._closed(gather(self.grad_sum, ops.depend(self.num_samples * 0.0, stepped)))
 
     def _step(self, optimizer, grads):
         # An applied window is finite, so subtracting the buffer from itself zeroes it with no temporary.

@@ -20,6 +20,7 @@ from .._validation import ArgumentValueError, door
 
 _hyper_map = ops.HyperMap()
 _all_reduce_op = ops.MultitypeFuncGraph("ms_accum_all_reduce")
+_gather_op = ops.MultitypeFuncGraph("ms_accum_gather")
 
 
 @_all_reduce_op.register("Function", "Tensor")
@@ -159,6 +160,53 @@ class AllReduceSums:
         # `* 1.0` reads a Parameter's value: PyNative refuses to stack a Parameter (a Ref) with a Tensor.
         both = self.all_reduce(ops.stack([first * 1.0, second * 1.0]))
         return both[0], both[1]
+
+
+@_gather_op.register("Function", "Tensor", "Tensor", "Tensor", "Bool")
+def _gather_through(all_reduce, after, slot, param, mine):
+    # The owner writes its parameter into the slot, the others zeros (the applied window is finite: x - x is 0, in
+    # place); the all-reduce's sum is then the owner's value on every rank, exactly (x + 0 = x).
+    slot = ops.depend(slot, after)
+    filled = ops.assign(slot, ops.cast(param, ops.dtype(slot))) if mine else ops.assign_sub(slot, slot)
+    total = all_reduce(filled)
+    taken = total if mine else ops.assign(param, ops.cast(total, ops.dtype(param)))
+    return ops.assign_sub(slot, ops.depend(slot, taken))
+
+
+@ms.jit_class
+class ParameterGather:
+    r"""
+    Every rank's updated parameters onto every rank, through the window's buffer, which is left zeroed: when the
+    optimizer state is sharded (`ms_accum.train.sharding`), each rank has stepped only the parameters it owns.
+
+    Each rank writes the parameters it owns into their buffer slots and zeros into the others, the buffer is
+    all-reduced, and each rank takes the parameters it does not own from it. One all-reduce per parameter and no
+    memory beyond the buffer's, where an all-gather would need flat copies of the parameters (CPU has no broadcast of
+    a single owner's tensor either).
+
+    Args:
+        params (Sequence[Parameter]): The parameters, in the buffer's order.
+        mine (Sequence[bool]): Whether this rank owns each.
+        group (str): The communication group. Default: ``None``, the world group of the backend in use.
+
+    Inputs:
+        - **grad_sum** (tuple[Tensor]) - The buffer, holding the applied (finite) window.
+        - **after** (Tensor) - What the gather waits for: the optimizer's step.
+
+    Outputs:
+        tuple[Tensor], the zeroed buffer.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+    """
+
+    def __init__(self, params, mine, group: Optional[str] = None) -> None:
+        self.params = tuple(params)
+        self.mine = tuple(bool(m) for m in mine)
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP if group is None else group)
+
+    def __call__(self, grad_sum, after):
+        return _hyper_map(ops.partial(_gather_through, self.all_reduce, after), grad_sum, self.params, self.mine)
 
 
 def sums_reducer() -> Union[LocalSums, AllReduceSums]:

@@ -329,7 +329,15 @@ class TrainCachedWindowCell(nn.Cell):
 
     def train_window(self, window: Iterable[Sequence[Tensor]]) -> Tuple[Tensor, bool]:
         """Trains one window of micro-batches, each the tuple ``(*data, labels)``; returns `(its loss, whether the
-        optimizer stepped)`.
+        optimizer stepped)`."""
+        loss = self.accumulate_window(window)
+        applied = bool(self.check().asnumpy())
+        (self.step if applied else self.clear)()
+        return loss, applied
+
+    def accumulate_window(self, window: Iterable[Sequence[Tensor]]) -> Tensor:
+        """Both passes over one window of micro-batches, each the tuple ``(*data, labels)``, into the buffer, which
+        is left to be closed; returns the window's loss.
 
         The window's inputs are held until pass 2 has run them again (their memory, not their activations')."""
         micro_batches: List[Sequence[Tensor]] = []
@@ -358,9 +366,7 @@ class TrainCachedWindowCell(nn.Cell):
             self.passes(self._pass2, *inputs[:-1], sens[0] if single else ms.mutable(sens), loss32)
             offset += size
         self.draws.restore()
-        applied = bool(self.check().asnumpy())
-        (self.step if applied else self.clear)()
-        return loss, applied
+        return loss
 
     def _placeholders(self, size: int) -> Tuple[Tensor, Tensor]:
         """Pass 1's `sens` and `loss` arguments, which it does not read: zeros of the outputs' shapes, made once per

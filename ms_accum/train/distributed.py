@@ -123,4 +123,14 @@ def gather_ints(value: int) -> List[int]:
     # its own slot and the sum gathers them all; float32 holds ints below 2**24 exactly.
     slots = np.zeros(get_group_size(), np.float32)
     slots[get_rank()] = value
-    return [int(v) for v in _AllReduceSum()(ms.Tensor(slots)).asnumpy()]
+    return [int(v) for v in all_reduce_sum(ms.Tensor(slots)).asnumpy()]
+
+
+_SUMS: List[nn.Cell] = []  # one Cell, built when first needed: each shape compiles once
+
+
+def all_reduce_sum(value: ms.Tensor) -> ms.Tensor:
+    """float32 `value` summed over the world's ranks (all ranks must call it)."""
+    if not _SUMS:
+        _SUMS.append(_AllReduceSum())
+    return _SUMS[0](value)

@@ -13,9 +13,8 @@ from ..core.buffer import AccumulationBuffer
 from ..core.columns import with_loss
 from ..core.dropout import seed_dropout_on_cpu
 from ..core.losses import window_reduction
-from ..core.parallel import data_parallel_info
+from ..core.parallel import DataParallelInfo, data_parallel_info
 from ..core.statistics import NoiseScale
-from ..graphs.cells import TrainingState
 from ..runtime import check_cpu_kernels
 from .lr import SamplesLR
 from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions,
@@ -25,6 +24,7 @@ from .recompute import recompute_cells
 from .records import TrainResult
 from .run import Run
 from .schedule import AccumulationSchedule, ScheduleLike
+from .sharding import ShardedCloser, check_shardable
 from .validation import Validation
 from .structures import Closer, Parts, Structure, structure_class
 
@@ -64,6 +64,11 @@ class GradientAccumulation:
             stop. Default: ``GuardOptions()``, skip the window, go on.
         statistics (StatisticsOptions, optional): Gradient norms, noise scale and outliers measured in the graph
             (docs/statistics.md). Default: ``StatisticsOptions()``, none.
+        shard_optimizer (bool): In data parallel, each rank keeps the optimizer state of its own part of the
+            parameters (whole parameters, balanced by size) and steps that part; the updated parameters are then
+            gathered, so every rank holds the same network and each update is the unsharded one
+            (`ms_accum.train.sharding`, docs/data-parallel.md). Training-state files are the same as unsharded ones.
+            In one process it changes nothing, and says so. Default: ``False``.
         deprecated: The keywords of 0.3 (`clip_norm`, `reduction`, `policy`, `loss_scaler`, `statistics=True`, ...,
             `ms_accum.train.options.DEPRECATED_KEYWORDS`), with a `DeprecationWarning`; ``recompute=[...]`` is
             `ms_accum.train.recompute.recompute_cells`.
@@ -74,7 +79,8 @@ class GradientAccumulation:
         ValueError: If `clip_norm` is not positive, or `reduction`, `structure` or `policy` is unknown, or
             `optimizer` updates a Parameter that is not `network`'s, or `loss_fn` does not reduce to a scalar
             (``reduction="none"``), or `loss_fn` sums and `reduction` asks for a mean, or MindSpore's parallel mode is
-            neither stand-alone nor data parallel.
+            neither stand-alone nor data parallel, or `shard_optimizer` is set in data parallel with an optimizer
+            ms_accum cannot rebuild over a rank's part (`ms_accum.train.sharding.SHARDABLE`).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -92,7 +98,8 @@ class GradientAccumulation:
     @door("GradientAccumulation")
     def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, *,
                  structure: str = "auto", window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
-                 statistics: Optional[StatisticsOptions] = None, **deprecated) -> None:
+                 statistics: Optional[StatisticsOptions] = None, shard_optimizer: bool = False,
+                 **deprecated) -> None:
         check_cpu_kernels()
         recompute = deprecated.pop("recompute", None)
         if statistics is not None and not isinstance(statistics, StatisticsOptions):  # 0.3's statistics=True
@@ -115,6 +122,7 @@ class GradientAccumulation:
             raise ArgumentValueError("the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
                                      "'weighted_mean'), but got reduction 'sum'.")
         self.parallel = data_parallel_info()  # None when stand-alone
+        sharded = _sharded(check_isinstance(shard_optimizer, "shard_optimizer", bool), self.parallel, optimizer)
         self.writes = self.parallel is None or self.parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
             warnings.warn("the keyword 'recompute' is deprecated; call "
@@ -129,8 +137,9 @@ class GradientAccumulation:
                                          skip_outliers=measure.skip_outliers, outlier_warmup=measure.outlier_warmup)
         parts = Parts(network, loss_fn, with_loss(network, loss_fn), optimizer, self.buffer, window.clip_norm,
                       "network" if loss_fn is None else "loss_fn")
-        self._structure: Structure = kind(parts, Closer(parts))
-        self.state = TrainingState(parts.net_with_loss, optimizer, self.buffer)  # what training-state files hold
+        closer = ShardedCloser(parts, self.parallel) if sharded else Closer(parts)
+        self._structure: Structure = kind(parts, closer)
+        self.state = closer.training_state(parts)  # what training-state files hold
         self.network, self.loss_fn = network, loss_fn
         self.plan: Optional[Plan] = None  # the Plan it was built from (`from_plan`), if any
         rate = getattr(optimizer, "learning_rate", None)
@@ -268,6 +277,20 @@ def _validation(eval_dataset: Optional[Dataset], eval_every) -> Optional[Tuple[D
     if isinstance(eval_every, Validation):
         return eval_dataset, eval_every
     return eval_dataset, Validation(every=2 ** 62 if eval_every is None else eval_every)
+
+
+def _sharded(shard_optimizer: bool, parallel: Optional[DataParallelInfo], optimizer: nn.Optimizer) -> bool:
+    """Whether the optimizer state is sharded: asked for, on more than one rank, and refused before anything is built
+    for an optimizer that cannot be."""
+    if not shard_optimizer:
+        return False
+    if parallel is None:
+        warnings.warn("shard_optimizer=True changes nothing in one process, which holds all the optimizer state: "
+                      "start the script with msrun and call ms_accum.init_data_parallel() first (docs/data-parallel.md).",
+                      UserWarning, stacklevel=4)
+        return False
+    check_shardable(optimizer, parallel.group_size)
+    return True
 
 
 def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer) -> None:

@@ -57,7 +57,7 @@ class StateCheckpoints:
         self.resumed: Dict[str, MetaValue] = {}  # the metadata of the file resumed from
         # The run's settings win over the caller's metadata: resuming checks them.
         self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
-        self.save_every = save_every if writes else None
+        self.save_every = save_every
         self.writes = writes
         self.keep_last = keep_last
 
@@ -156,9 +156,13 @@ class StateCheckpoints:
     def window_closed(self, position: Position, stopping: bool = False) -> None:
         """Saves the state when `position.step` is due, or the run is `stopping` early (and prunes old files)."""
         due = self.save_every is not None and position.step % self.save_every == 0
-        if not (due or stopping and self.writes and self.ckpt_dir is not None):
+        if not (due or stopping and self.ckpt_dir is not None):
             return
-        self.save(self.state, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
+        # A rank that holds part of the optimizer state gives it to the file, which rank 0 alone writes.
+        contents = self.state.contents() if hasattr(self.state, "contents") else self.state
+        if not self.writes:
+            return
+        self.save(contents, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
                   {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),
                    "batch_history": pairs_text(self.history),
                    "batch_windows": ",".join(f"{start}:{batch}:{count}" for start, batch, count in self.windows),

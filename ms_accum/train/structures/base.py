@@ -9,7 +9,7 @@ from mindspore import Tensor, nn
 
 from ...core.buffer import AccumulationBuffer
 from ...core.statistics import UNMEASURED
-from ...graphs.cells import TrainClear, _CheckWindow, _StepWindow
+from ...graphs.cells import TrainClear, TrainingState, _CheckWindow, _StepWindow
 from ..options import GuardOptions, StatisticsOptions
 from ..records import values
 
@@ -35,12 +35,23 @@ class Parts:
 class Closer:
     """Closes the window the buffer holds: the `check` graph makes it ready in place (reduced over the ranks, divided,
     unscaled, clipped) and returns the guard's verdict; the host reads it and launches the `step` graph or, for a window
-    that is not finite, `TrainClear`. No graph with a tensor `if` (docs/mindspore.md, a tensor `if` costs a wait)."""
+    that is not finite, `TrainClear`. No graph with a tensor `if` (docs/mindspore.md, a tensor `if` costs a wait).
+
+    How the optimizer steps is the closer's alone (`step_cell`), and so is what a training-state file holds
+    (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's part of the parameters."""
 
     def __init__(self, parts: Parts) -> None:
         self.check = _CheckWindow(parts.buffer, parts.clip_norm).set_train()
-        self.step = _StepWindow(parts.optimizer, parts.buffer).set_train()
+        self.step = self.step_cell(parts).set_train()
         self.clear = TrainClear(parts.buffer).set_train()
+
+    def step_cell(self, parts: Parts) -> nn.Cell:
+        """The graph that steps the optimizer on the window `check` accepted, and closes it."""
+        return _StepWindow(parts.optimizer, parts.buffer)
+
+    def training_state(self, parts: Parts) -> nn.Cell:
+        """Every Parameter the training owns, which training-state files save and load (`TrainingState`)."""
+        return TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer)
 
     def close(self) -> bool:
         """`check`, then `step` or `clear`; returns whether the optimizer stepped."""

@@ -12,8 +12,8 @@ from .base import Closer, MicroBatches, Parts, Structure
 
 
 class Cached(Structure):
-    """One `TrainCachedWindowCell.train_window` per window: pass 1 over the micro-batches, the window's loss and its
-    output gradient, pass 2 into the buffer, then the window's check and its step or clear, chosen on the host. Every
+    """One `TrainCachedWindowCell.accumulate_window` per window: pass 1 over the micro-batches, the window's loss and
+    its output gradient, pass 2 into the buffer; then the closer's check and its step or clear, chosen on the host. Every
     micro-batch reports the window's one loss, so the logged loss (the "sum" rule's sample-weighted mean of them) is
     that loss. Its one Cell takes windows of any size."""
 
@@ -37,8 +37,8 @@ class Cached(Structure):
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         micro_batches = list(window)
-        loss, applied = self.cell.train_window(micro_batches)
-        return [loss] * len(micro_batches), applied
+        loss = self.cell.accumulate_window(micro_batches)
+        return [loss] * len(micro_batches), self.closer.close()
 
 
 STRUCTURE = Cached
