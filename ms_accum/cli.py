@@ -142,6 +142,9 @@ def _add_window_arguments(train: argparse.ArgumentParser) -> None:
                        help="the (initial) loss scale (default 65536)")
     train.add_argument("--recompute", nargs="+", metavar="CELL", help="sub-cells to recompute in the backward "
                                                                       "pass, e.g. conv1 conv2 (saves memory)")
+    train.add_argument("--shard-optimizer", action="store_true",
+                       help="under msrun, each worker keeps and steps the optimizer state of its own part of the "
+                            "parameters (less memory per worker, the same updates; docs/data-parallel.md)")
     train.add_argument("--partial-window", choices=PARTIAL_WINDOWS, default="apply",
                        help="what to do with an epoch's last, incomplete window (default apply)")
 
@@ -544,7 +547,8 @@ def _executor(args: argparse.Namespace, job: _Job, planned, world: int):
                                                    stop_on_nonfinite=args.stop_on_nonfinite),
                                 statistics=StatisticsOptions(norms=args.statistics, noise_scale=args.noise_scale,
                                                              skip_outliers=args.skip_outliers,
-                                                             outlier_warmup=args.outlier_warmup))
+                                                             outlier_warmup=args.outlier_warmup),
+                                shard_optimizer=args.shard_optimizer)
 
 
 def _checkpoints(args: argparse.Namespace, job: _Job, world: int, main: bool):
@@ -812,7 +816,8 @@ FLAGS = {"mini_steps": "--accumulate-steps", "accumulate_step": "--accumulate-st
          "stop_on_nonfinite": "--stop-on-nonfinite", "clip_norm": "--clip-norm", "policy": "--policy",
          "structure": "--structure", "recompute": "--recompute", "ckpt_dir": "--ckpt-dir", "model": "--model",
          "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
-         "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard"}
+         "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard",
+         "shard_optimizer": "--shard-optimizer"}
 # What a factory returned, as the library's messages name it (its own arguments' names).
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
 

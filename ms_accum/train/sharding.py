@@ -92,7 +92,7 @@ class ShardedState(nn.Cell):
         owner = {id(state[i]): closer.owners[i] for state in _per_parameter(whole.optimizer)
                  for i in range(len(state))}
         # (name, the Parameter, its owner, or None for what every rank holds), in the files' order.
-        self.entries = [(name, param, owner.get(id(param))) for name, param in whole.parameters_and_names()]
+        self.entries = [(param.name, param, owner.get(id(param))) for param in whole.get_parameters()]
         self.rank = closer.rank
 
     def contents(self) -> List[dict]:
