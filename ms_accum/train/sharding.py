@@ -25,7 +25,7 @@ from .structures.base import Closer, Parts
 # The optimizers ms_accum rebuilds over a rank's part, each checked to step exactly as the whole one
 # (tests/test_sharding.py). Another class may keep state across parameters or arguments it cannot read back.
 SHARDABLE = (nn.Momentum, nn.SGD, nn.Adam, nn.AdamWeightDecay)
-_OWN_ARGS = ("params", "learning_rate", "weight_decay", "loss_scale")  # rebuilt from the optimizer's per-parameter state
+_OWN_ARGS = ("params", "learning_rate", "weight_decay")  # rebuilt from the optimizer's per-parameter state
 
 
 class ShardedCloser(Closer):
@@ -156,9 +156,6 @@ def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int]) -> nn.Optimiz
         (learning_rate, params), weight_decay = _groups(optimizer, owned), 0.0
     else:
         learning_rate, weight_decay = _rate(optimizer.learning_rate), _decay(optimizer, optimizer.weight_decay)
-    signature = inspect.signature(inspect.unwrap(kind.__init__)).parameters
-    if "loss_scale" in signature:
-        arguments["loss_scale"] = optimizer.loss_scale
     part = kind(params, learning_rate=learning_rate, weight_decay=weight_decay, **arguments)
     _share_state(part, optimizer, owned)
     return part

@@ -87,6 +87,7 @@ def cached_case(shard, rank, ranks):
 def resume_dataset(rank, ranks):
     """The resume runs' data: 2-rank batches of RESUME["micro"], the same global batches on any number of ranks
     (each rank reads its shard, MindSpore's `num_shards`)."""
+    ds.config.set_seed(7)  # saved with the states: every run and resume the same
     global_micro = RESUME["micro"] * 2
     rng = np.random.default_rng(5)
     x = rng.standard_normal((RESUME["batches"] * global_micro, IN)).astype(np.float32)
@@ -109,6 +110,7 @@ def resume_run(out_dir, name, rank, ranks, shard, resume=None):
 
 def main():
     out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_auto_parallel_context = ms.context.set_auto_parallel_context = refuse_parallel_context
     info = init_data_parallel() if distributed_launch() else None  # one process: resuming only
@@ -122,16 +124,16 @@ def main():
         for name, case in CASES.items():
             shares = [rank_share(case, batch, rank, i) for i, batch in enumerate(global_micro_batches(case))]
             for shard in (False, True):
-                profiler = None
-                if name == PROFILED and shard:
-                    profiler = ms.Profiler(output_path=profiler_dir(out_dir, rank))
+                profiler, where = None, f"{profiler_dir(out_dir, rank)}_{'sharded' if shard else 'unsharded'}"
+                if name == PROFILED:
+                    profiler = ms.Profiler(output_path=where)
                 net, result = train_case(case, shares, shard)
                 if profiler is not None:
                     profiler.stop()
                     profiler.analyse()
-                    report["profiled"] = {"windows": len(result.steps), "micro_steps": case["micro"],
-                                          "tensors": len(net.trainable_params()),
-                                          "allreduce_launches": allreduce_launches(profiler_dir(out_dir, rank))}
+                    report[f"profiled_{shard}"] = {"windows": len(result.steps), "micro_steps": case["micro"],
+                                                   "tensors": len(net.trainable_params()),
+                                                   "allreduce_launches": allreduce_launches(where)}
                 report[f"{name}_{shard}"] = {"skipped": [r.skipped for r in result.steps],
                                              "loss_scale": [r.loss_scale for r in result.steps]}
                 np.savez(os.path.join(out_dir, f"{name}_{'sharded' if shard else 'unsharded'}_rank{rank}.npz"),

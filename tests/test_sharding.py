@@ -1,0 +1,231 @@
+"""The optimizer state sharded across data-parallel ranks (`shard_optimizer=True`, `ms_accum.train.sharding`).
+
+Quick tests rebuild the user's optimizers over parts of the parameters in one process. The msrun tests (slow) train
+every case of `dist_scripts/shard_worker.py` sharded and unsharded on 2 ranks in one launch, resume its states on 4
+ranks and in one process, and count the collectives with MindSpore's profiler.
+"""
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import mindspore as ms
+import mindspore.dataset as ds
+from mindspore import Tensor, nn
+
+from ms_accum import GradientAccumulation
+from ms_accum.train.checkpoint import load_checkpoint
+from ms_accum.train.sharding import check_shardable, local_optimizer, partition
+from conftest import raises_exactly
+from test_distributed import SCRIPTS, finish_msrun, free_port, single_process, start_msrun, worker_logs
+
+sys.path.insert(0, SCRIPTS)
+from shard_worker import CASES  # noqa: E402
+
+
+def small_net():
+    ms.set_seed(1)
+    return nn.SequentialCell([nn.Dense(4, 8), nn.BatchNorm1d(8), nn.Dense(8, 3)])
+
+
+OPTIMIZERS = {
+    "momentum": lambda p: nn.Momentum(p, 0.1, 0.9, weight_decay=0.01, use_nesterov=True),
+    "sgd": lambda p: nn.SGD(p, 0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    "adam": lambda p: nn.Adam(p, 1e-2, weight_decay=0.01, use_amsgrad=True),
+    "adamw": lambda p: nn.AdamWeightDecay(p, 1e-2, weight_decay=0.1),
+    "adamw_groups": lambda p: nn.AdamWeightDecay([{"params": p[:2], "weight_decay": 0.1, "lr": 0.02},
+                                                  {"params": p[2:]}], 1e-2),
+    "momentum_schedule_loss_scale": lambda p: nn.Momentum(p, nn.CosineDecayLR(0.0, 0.1, 10), 0.9, weight_decay=0.01,
+                                                          loss_scale=8.0),
+    "adam_per_step_lr": lambda p: nn.Adam(p, [0.1, 0.05, 0.02, 0.01], weight_decay=0.01),
+    "sgd_groups_order": lambda p: nn.SGD([{"params": p[2:], "lr": 0.05}, {"params": p[:2], "weight_decay": 0.1},
+                                          {"order_params": p}], 0.1),
+}
+
+
+def stepped(name, owned=None, steps=3):
+    """The parameters at `owned` (all by default) after `steps` steps of random gradients, by the whole optimizer or
+    by its part built over them; and the part."""
+    net = small_net()
+    whole = OPTIMIZERS[name](net.trainable_params())
+    indices = range(len(whole.parameters)) if owned is None else owned
+    optimizer = whole if owned is None else local_optimizer(whole, owned)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        grads = [Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in whole.parameters]
+        optimizer(tuple(grads[i] for i in indices))
+    return {whole.parameters[i].name: whole.parameters[i].asnumpy() for i in indices}, optimizer, whole
+
+
+def test_partition_balances_whole_parameters_by_size_the_same_on_every_rank():
+    sizes = [4096, 64, 4096, 64, 1024, 10, 1024]
+    owners = partition(sizes, 2)
+    assert owners == partition(sizes, 2)  # every rank computes it alike
+    loads = [sum(s for s, o in zip(sizes, owners) if o == r) for r in range(2)]
+    assert owners == (0, 0, 1, 1, 0, 0, 1) and loads == [5194, 5184]  # largest first, each to the lighter rank
+    assert partition([5, 5, 5, 5], 4) == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_part_built_over_every_parameter_is_the_users_optimizer(name):
+    expected, _, _ = stepped(name)
+    got, part, whole = stepped(name, owned=list(range(6)))
+    names = sorted(p.name for p in part.get_parameters())
+    assert names == sorted(p.name for p in whole.get_parameters())  # the same state, under the same names
+    assert {id(p) for p in part.get_parameters()} == {id(p) for p in whole.get_parameters()}
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_part_steps_its_parameters_as_the_whole_and_holds_only_its_own_state(name):
+    owned = [0, 3]
+    expected, _, _ = stepped(name)
+    got, part, whole = stepped(name, owned=owned)
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+    theirs = {id(p) for p in whole.get_parameters()}
+    assert all(id(p) in theirs for p in part.get_parameters())  # the user's own Parameters
+    mine = {whole.parameters[i].name for i in owned}
+    per_parameter = [p.name for p in part.get_parameters() if "." in p.name and p.name.partition(".")[2] in
+                     {q.name for q in whole.parameters} and p.name not in mine]
+    assert per_parameter and all(name.partition(".")[2] in mine for name in per_parameter)
+
+
+def test_an_optimizer_that_cannot_be_sharded_is_refused_with_the_reason():
+    params = small_net().trainable_params()
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer=True: ms_accum "
+                                    "rebuilds nn.Momentum, nn.SGD, nn.Adam, nn.AdamWeightDecay over each rank's "
+                                    "parameters, but got Lamb, which may keep state across parameters or take "
+                                    "arguments it cannot read back."):
+        check_shardable(nn.Lamb(params, 0.01), 2)
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer=True: it was "
+                                    "built with use_lazy=True, whose state does not live in its Parameters."):
+        check_shardable(nn.Adam(params, use_lazy=True), 2)
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer=True over 8 "
+                                    "ranks: it updates 6 parameters, and a rank would own none (whole parameters are "
+                                    "shared out)."):
+        check_shardable(nn.SGD(params), 8)
+
+
+def _train(shard_optimizer):
+    net = small_net()
+    rng = np.random.default_rng(0)
+    data = ds.NumpySlicesDataset({"x": rng.standard_normal((16, 4)).astype(np.float32),
+                                  "y": rng.standard_normal((16, 3)).astype(np.float32)}, shuffle=False).batch(4)
+    executor = GradientAccumulation(net, nn.MSELoss(), nn.AdamWeightDecay(net.trainable_params(), 1e-2),
+                                    shard_optimizer=shard_optimizer)
+    executor.train_process(1, data, 2, checkpoints=None, verbose=False)
+    return [p.asnumpy() for p in net.trainable_params()]
+
+
+def test_one_process_says_sharding_changes_nothing_and_trains_as_without():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sharded = _train(True)
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == [
+        "shard_optimizer=True changes nothing in one process, which holds all the optimizer state: start the script "
+        "with msrun and call ms_accum.init_data_parallel() first (docs/data-parallel.md)."]
+    for got, expected in zip(sharded, _train(False)):
+        np.testing.assert_array_equal(got, expected)
+    net = small_net()
+    with raises_exactly(TypeError, "For 'GradientAccumulation', the argument 'shard_optimizer' must be bool, but got 1 "
+                                   "of type int."):
+        GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()), shard_optimizer=1)
+
+
+# --- under msrun (make test-all) --------------------------------------------------------------------------------------
+
+def _launch(out, workers, *args):
+    log_dir = str(out / "logs")
+    proc = start_msrun(log_dir, [os.path.join(SCRIPTS, "shard_worker.py"), str(out), *args], workers=workers,
+                       local_workers=workers, port=free_port())
+    code, output = finish_msrun(proc, log_dir)
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    return [json.load(open(out / f"report_rank{r}.json", encoding="utf-8")) for r in range(workers)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shard2")
+    return out, _launch(out, 2)
+
+
+def _params(path):
+    with np.load(path) as data:
+        return dict(data)
+
+
+def assert_same(got, expected, tolerance=0.0):
+    for key, value in expected.items():
+        scale = max(1.0, float(np.abs(value).max()))
+        assert np.abs(got[key] - value).max() <= tolerance * scale, key
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", [*CASES, "cached"])
+def test_sharded_ranks_equal_the_unsharded_run_and_each_other(two_ranks, name):
+    out, reports = two_ranks
+    for rank in (0, 1):
+        sharded = _params(out / f"{name}_sharded_rank{rank}.npz")
+        assert_same(sharded, _params(out / f"{name}_unsharded_rank{rank}.npz"), 1e-6)
+        assert_same(sharded, _params(out / f"{name}_sharded_rank0.npz"))  # ranks identical, bit for bit
+    if name in CASES:
+        assert reports[0][f"{name}_True"] == reports[0][f"{name}_False"] == reports[1][f"{name}_True"]
+    if "nan" in CASES.get(name, {}):
+        assert reports[0][f"{name}_True"]["skipped"] == [False, True, False]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sharded_window_adds_one_gather_per_parameter_and_nothing_per_micro_batch(two_ranks):
+    _, reports = two_ranks
+    for report in reports:
+        plain, sharded = report["profiled_False"], report["profiled_True"]
+        assert plain["windows"] == sharded["windows"] == 2 and sharded["micro_steps"] == 4
+        # The same buffer reduction per window as unsharded, then the gather: one all-reduce per parameter tensor.
+        extra = sharded["allreduce_launches"] - plain["allreduce_launches"]
+        assert extra == sharded["windows"] * sharded["tensors"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sharded_state_is_the_unsharded_file_and_resumes_either_way(two_ranks):
+    out, reports = two_ranks
+    sharded, _ = load_checkpoint(str(out / "sharded" / "run-000000002.ckpt"))
+    unsharded, _ = load_checkpoint(str(out / "unsharded" / "run-000000002.ckpt"))
+    assert sorted(sharded) == sorted(unsharded)
+    for key, value in unsharded.items():  # one format, every part's moments gathered from their owners
+        np.testing.assert_array_equal(sharded[key].asnumpy(), value.asnumpy(), err_msg=key)
+    reference = _params(out / "sharded_rank0.npz")
+    assert_same(_params(out / "unsharded_rank0.npz"), reference)
+    for run in ("sharded_from_sharded", "unsharded_from_sharded", "sharded_from_unsharded"):
+        assert reports[0][run]["steps"] == [3, 4]
+        for rank in (0, 1):
+            assert_same(_params(out / f"{run}_rank{rank}.npz"), reference)  # bit for bit
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sharded_state_resumes_on_4_ranks_then_in_one_process(two_ranks, tmp_path):
+    out, _ = two_ranks
+    reference = _params(out / "sharded_rank0.npz")
+    four = tmp_path / "four"
+    four.mkdir()
+    reports = _launch(four, 4, str(out / "sharded" / "run-000000002.ckpt"))
+    assert all(report["resumed_4_sharded"]["steps"] == [3, 4] for report in reports)
+    for rank in range(4):
+        got = _params(four / f"resumed_4_sharded_rank{rank}.npz")
+        assert_same(got, _params(four / f"resumed_4_unsharded_rank{rank}.npz"))  # the same arithmetic, bit for bit
+        assert_same(got, reference, 1e-6)  # sums over 4 ranks, not 2: float32 rounding
+    one = tmp_path / "one"
+    done = single_process(os.path.join(SCRIPTS, "shard_worker.py"), str(one),
+                          str(four / "resumed_4_sharded" / "run-000000003.ckpt"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "shard_optimizer=True changes nothing in one process" in done.stderr
+    got = _params(one / "resumed_1_sharded_rank0.npz")
+    assert_same(got, _params(one / "resumed_1_unsharded_rank0.npz"))
+    assert_same(got, reference, 1e-6)
