@@ -23,6 +23,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
     "parallel": "speed: LeNet5 on two msrun workers, one all-reduce a window against one a step",
     "cached": "gradient caching: a contrastive conv net's memory (K = 4, 8, 16) and time per window vs one K·B step",
     "plan_budget": "memory: a plan for a 132 MiB encoder with AdamW at 1400 MiB, against training with it",
+    "sharding": "memory and speed: the optimizer state sharded over 2 and 4 msrun ranks, a 192 MiB MLP and an encoder",
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
@@ -138,6 +139,12 @@ def main(argv=None) -> int:
         row = plan_budget.measure(memory_size, global_batch, args.repeats, common.log, model)
         print(plan_budget.render(row) + "\n", flush=True)
         results["memory"]["plan_budget"] = row
+    if section("sharding"):
+        from . import sharding
+        rows = sharding.measure(("mlp",) if args.quick else ("mlp", "encoder"), 3 if args.quick else 6,
+                                1 if args.quick else 3, common.log)
+        print(sharding.render(rows) + "\n", flush=True)
+        results["memory"]["sharding"] = rows
 
     print(f"total {time.time() - started:.0f} s; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
