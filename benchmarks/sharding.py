@@ -37,8 +37,8 @@ def build(net_name: str):
     import mindspore as ms
     from mindspore import nn
     ms.set_seed(0)
-    if net_name == "mlp":
-        net = nn.SequentialCell([nn.Dense(2048, 2048) for _ in range(12)])
+    if net_name in ("mlp", "mlp1"):
+        net = nn.SequentialCell([nn.Dense(2048, 2048) for _ in range(12 if net_name == "mlp" else 1)])
         return net, nn.MSELoss(), lambda n: (np.ones((n, 2048), np.float32), np.zeros((n, 2048), np.float32))
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
                                     "plan_scripts"))
@@ -140,7 +140,7 @@ def render(rows: list) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("net", choices=("mlp", "encoder"))
+    parser.add_argument("net", choices=("mlp", "mlp1", "encoder"))
     parser.add_argument("mode", choices=("sharded", "unsharded"))
     parser.add_argument("--windows", type=int, default=6)
     options = parser.parse_args()

@@ -11,7 +11,7 @@ from . import _ops
 from .._choices import OUTLIER_WARMUP, REDUCTIONS
 from .._validation import ArgumentTypeError, check_isinstance, check_value_in, door
 from .guard import LossScaler, WindowGuard
-from .parallel import sums_reducer
+from .parallel import CountSums, sums_reducer
 from .statistics import NoStatistics, OutlierFilter, Statistics, check_outliers
 
 HALF = (ms.float16, ms.bfloat16)
@@ -209,6 +209,10 @@ class AccumulationBuffer:
             `statistics`). Default: ``None``.
         outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
             Default: ``100``.
+        reduce_on_host (bool): In data parallel, the buffer is all-reduced tensor by tensor from the host before
+            the window's `check` (`ms_accum.core.parallel.InPlaceAllReduce`, as the executor does), so graphs sum
+            only the counts (`CountSums`): one reduced tensor is alive at a time instead of the whole buffer's copy.
+            Default: ``False``, `check` all-reduces the buffer in its graph.
 
     Attributes:
         grad_sum (ParameterTuple): The buffers, named ``<prefix>.<parameter name>``.
@@ -219,8 +223,10 @@ class AccumulationBuffer:
         guard (WindowGuard): The non-finite check and loss scale.
         reduction (Reduction): The rule `reduction` names (`SampleMean`, `Sum` or `WeightedMean`): what a
             micro-batch weighs and what the window is divided by.
-        reducer (Union[LocalSums, AllReduceSums]): The window's communication, chosen from MindSpore's parallel
-            mode when the buffer is built.
+        reducer (Union[LocalSums, AllReduceSums, CountSums]): The window's communication, chosen from MindSpore's
+            parallel mode when the buffer is built.
+        reduced_on_host (bool): Whether the buffer is all-reduced from the host before `check` (data parallel with
+            `reduce_on_host`).
         statistics (Union[NoStatistics, Statistics, OutlierFilter]): What each micro-batch's graph measures of its
             gradient (`ms_accum.core.statistics`), chosen from `statistics` and `skip_outliers`.
         leaves_out (bool): Whether a micro-batch may be left out of its window (``"skip_microbatch"`` or
@@ -247,14 +253,15 @@ class AccumulationBuffer:
     def __init__(self, params, prefix: str = "accumulate", policy: str = "skip_window",
                  loss_scaler: Optional[LossScaler] = None, reduction: str = "mean", dtype=None,
                  statistics: bool = False, skip_outliers: Optional[float] = None,
-                 outlier_warmup: int = OUTLIER_WARMUP) -> None:
+                 outlier_warmup: int = OUTLIER_WARMUP, reduce_on_host: bool = False) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple))
         if not params or not all(isinstance(p, Parameter) for p in params):
             raise ArgumentTypeError(f"the argument 'params' must be a non-empty sequence of Parameters, but got "
                                     f"{params!r}.")
         self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS)]()
         check_buffer_dtype(dtype, "dtype")
-        self.reducer = sums_reducer()
+        self.reducer = sums_reducer(check_isinstance(reduce_on_host, "reduce_on_host", bool))
+        self.reduced_on_host = isinstance(self.reducer, CountSums)
         self.grad_sum = ParameterTuple([
             Parameter(initializer("zeros", p.shape, _buffer_dtype(p.dtype, dtype)), name=f"{prefix}.{p.name}")
             for p in params])
@@ -329,12 +336,12 @@ class AccumulationBuffer:
         micro-batch count (0)."""
         return self._closed(self._step(optimizer, self.grad_sum))
 
-    def step_part(self, optimizer, grads, gather):
+    def step_part(self, optimizer, grads):
         """`step` for a rank that owns part of the parameters (`ms_accum.train.sharding`): `optimizer`, built over
-        them, steps on `grads`, their part of the window as `check` left it; `gather` then shares every rank's updated
-        parameters through the buffer and zeroes it (`ms_accum.core.parallel.ParameterGather`)."""
-        stepped = optimizer(grads)
-        return self._closed(gather(self.grad_sum, ops.depend(self.num_samples * 0.0, stepped)))
+        them, steps on `grads`, their part of the window as `check` left it, and the window is closed; the host then
+        gives every rank the others' updated parameters."""
+        optimizer(grads)
+        return self._closed(_ops.zero_finite(self.grad_sum))
 
     def _step(self, optimizer, grads):
         # An applied window is finite, so subtracting the buffer from itself zeroes it with no temporary.

@@ -134,7 +134,8 @@ class GradientAccumulation:
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=self.guard.policy,
                                          loss_scaler=self.guard.loss_scaler, reduction=reduction,
                                          dtype=window.buffer_dtype, statistics=self.statistics,
-                                         skip_outliers=measure.skip_outliers, outlier_warmup=measure.outlier_warmup)
+                                         skip_outliers=measure.skip_outliers, outlier_warmup=measure.outlier_warmup,
+                                         reduce_on_host=True)
         parts = Parts(network, loss_fn, with_loss(network, loss_fn), optimizer, self.buffer, window.clip_norm,
                       "network" if loss_fn is None else "loss_fn")
         closer = ShardedCloser(parts, self.parallel) if sharded else Closer(parts)

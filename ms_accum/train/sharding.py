@@ -16,7 +16,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from .._validation import ArgumentValueError
 from ..core.buffer import AccumulationBuffer
-from ..core.parallel import DataParallelInfo, ParameterGather
+from ..core.parallel import DataParallelInfo, OwnerBroadcast
 from ..graphs.cells import TrainingState, _BufferCell
 from .distributed import all_reduce_sum
 from .structures.base import Closer, Parts
@@ -31,9 +31,10 @@ _OWN_ARGS = ("params", "learning_rate", "weight_decay")  # rebuilt from the opti
 class ShardedCloser(Closer):
     """
     The closer of a data-parallel rank that keeps the optimizer state of its own part of the parameters only
-    (``GradientAccumulation(..., shard_optimizer=True)``): the window is checked as everywhere (one all-reduce of the
-    buffer), then this rank's optimizer, the user's class built over its part (`local_optimizer`), steps that part,
-    and the updated parameters are gathered through the buffer (`ms_accum.core.parallel.ParameterGather`).
+    (``GradientAccumulation(..., shard_optimizer=True)``): the window is reduced and checked as everywhere, then this
+    rank's optimizer, the user's class built over its part (`local_optimizer`), steps that part, and each parameter is
+    broadcast from its owner, one launch each in the same order on every rank
+    (`ms_accum.core.parallel.OwnerBroadcast`), so every rank holds the same network.
 
     Args:
         parts (Parts): What the executor trains.
@@ -46,30 +47,34 @@ class ShardedCloser(Closer):
         self.owned = tuple(i for i, owner in enumerate(self.owners) if owner == parallel.rank)
         self.rank = parallel.rank
         self.part = local_optimizer(parts.optimizer, self.owned)
+        broadcasts = [OwnerBroadcast(owner) for owner in range(parallel.group_size)]
+        self.gathers = [(param, broadcasts[owner]) for param, owner in zip(params, self.owners)]
         super().__init__(parts)
 
     def step_cell(self, parts: Parts) -> nn.Cell:
-        gather = ParameterGather(parts.optimizer.parameters, [owner == self.rank for owner in self.owners])
-        return _StepPart(self.part, parts.buffer, self.owned, gather)
+        return _StepPart(self.part, parts.buffer, self.owned)
 
     def training_state(self, parts: Parts) -> nn.Cell:
         return ShardedState(TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer), self)
 
+    def apply(self) -> None:
+        """This rank's part stepped, then every parameter taken from its owner."""
+        self.step()
+        for param, broadcast in self.gathers:
+            broadcast(param)
+
 
 class _StepPart(_BufferCell):
-    """The buffer's `step_part`: this rank's optimizer on its part of the window, then every rank's parameters
-    gathered and the window closed."""
+    """The buffer's `step_part`: this rank's optimizer on its part of the window, and the window closed."""
 
-    def __init__(self, part: nn.Optimizer, buffer: AccumulationBuffer, owned: Sequence[int],
-                 gather: ParameterGather) -> None:
+    def __init__(self, part: nn.Optimizer, buffer: AccumulationBuffer, owned: Sequence[int]) -> None:
         super().__init__(buffer)
         self.optimizer = part
         self.slots = ParameterTuple([buffer.grad_sum[i] for i in owned])
         self.to_params = buffer.dtypes_of(owned, part.parameters)
-        self.gather = gather
 
     def construct(self):
-        return self.buffer.step_part(self.optimizer, self.to_params(self.slots), self.gather)
+        return self.buffer.step_part(self.optimizer, self.to_params(self.slots))
 
 
 class ShardedState(nn.Cell):

@@ -8,6 +8,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from mindspore import Tensor, nn
 
 from ...core.buffer import AccumulationBuffer
+from ...core.parallel import InPlaceAllReduce
 from ...core.statistics import UNMEASURED
 from ...graphs.cells import TrainClear, TrainingState, _CheckWindow, _StepWindow
 from ..options import GuardOptions, StatisticsOptions
@@ -37,13 +38,22 @@ class Closer:
     unscaled, clipped) and returns the guard's verdict; the host reads it and launches the `step` graph or, for a window
     that is not finite, `TrainClear`. No graph with a tensor `if` (docs/mindspore.md, a tensor `if` costs a wait).
 
-    How the optimizer steps is the closer's alone (`step_cell`), and so is what a training-state file holds
-    (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's part of the parameters."""
+    In data parallel the buffer is first all-reduced tensor by tensor, each in its own launch, so one reduced copy is
+    alive at a time (`ms_accum.core.parallel.CountSums`); a structure's graph then leaves the check to the closer
+    (`checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`), and so is what a
+    training-state file holds (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's part."""
 
     def __init__(self, parts: Parts) -> None:
+        self.buffer = parts.buffer
+        self.reduce = InPlaceAllReduce() if parts.buffer.reduced_on_host else None
         self.check = _CheckWindow(parts.buffer, parts.clip_norm).set_train()
         self.step = self.step_cell(parts).set_train()
         self.clear = TrainClear(parts.buffer).set_train()
+
+    @property
+    def checks_in_graph(self) -> bool:
+        """Whether a structure's graph may check the window itself: not when the host reduces the buffer first."""
+        return self.reduce is None
 
     def step_cell(self, parts: Parts) -> nn.Cell:
         """The graph that steps the optimizer on the window `check` accepted, and closes it."""
@@ -54,14 +64,25 @@ class Closer:
         return TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer)
 
     def close(self) -> bool:
-        """`check`, then `step` or `clear`; returns whether the optimizer stepped."""
+        """The buffer reduced (in data parallel), `check`, then `step` or `clear`; returns whether the optimizer
+        stepped."""
+        if self.reduce is not None:
+            for tensor in self.buffer.grad_sum:
+                self.reduce(tensor)
         return self.follow(self.check())
 
     def follow(self, verdict: Tensor) -> bool:
-        """`step` if the window's `verdict` (the buffer's check) lets it be applied, else `clear`."""
+        """`apply` if the window's `verdict` (the buffer's check) lets it be applied, else `clear`."""
         applied = bool(verdict.asnumpy())  # the one value the window needs at once: which graph runs next
-        (self.step if applied else self.clear)()
+        if applied:
+            self.apply()
+        else:
+            self.clear()
         return applied
+
+    def apply(self) -> None:
+        """Steps the optimizer on the checked window and closes it."""
+        self.step()
 
 
 class Structure:

@@ -26,12 +26,13 @@ class Fused(Structure):
             parts = self.parts
             cell = self.cell_class(parts.net_with_loss, parts.optimizer, largest, parts.clip_norm, buffer=parts.buffer)
             cell.loss_arg = parts.loss_arg
+            cell.checks = self.closer.checks_in_graph
             self.cells[largest] = cell.set_train()
         self.cell = self.cells[largest]
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         outputs, verdicts = zip(*[self.cell(*inputs) for inputs in window])
-        if size < self.cell.accumulate_step:
+        if size < self.cell.accumulate_step or not self.cell.checks:
             return list(outputs), self.closer.close()
         return list(outputs), self.closer.follow(verdicts[-1])  # the K-th call checked the window
 
