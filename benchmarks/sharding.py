@@ -47,12 +47,12 @@ def build(net_name: str):
     return net, loss, sample
 
 
-def worker(net_name: str, sharded: bool, windows: int) -> None:
+def worker(net_name: str, sharded: bool, windows: int, save: bool = False) -> None:
     import mindspore.dataset as ds
     from mindspore import nn
     from ms_accum import GradientAccumulation, set_device
     from ms_accum.train.distributed import distributed_launch, init_data_parallel
-    from ms_accum.train.options import LogOptions
+    from ms_accum.train.options import Checkpoints, LogOptions
     info = init_data_parallel() if distributed_launch() else None
     set_device("CPU")
     net, loss, data = build(net_name)
@@ -65,7 +65,9 @@ def worker(net_name: str, sharded: bool, windows: int) -> None:
         times.append(time.perf_counter())
 
     dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(MICRO)
-    executor.train_process(1, dataset, K, checkpoints=None, log=LogOptions(verbose=False, on_step=on_step))
+    with tempfile.TemporaryDirectory() as directory:  # with `save`, the training state saved after every window
+        checkpoints = Checkpoints(directory, save_every=1, keep_last=1) if save else None
+        executor.train_process(1, dataset, K, checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step))
     steps = np.diff(times)[1:]  # the first windows compile
     params = sum(p.size * 4 for p in net.trainable_params()) / 2 ** 20
     print("SHARDING " + json.dumps({"rank": 0 if info is None else info.rank, "peak_mib": round(peak_mib(), 1),
@@ -78,10 +80,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(net_name: str, sharded: bool, ranks: int, windows: int, timeout: float = 1200) -> list:
+def launch(net_name: str, sharded: bool, ranks: int, windows: int, save: bool = False, timeout: float = 1200) -> list:
     """Every rank's JSON line of one fresh run (`ranks` = 1: one process, no msrun)."""
     from benchmarks.common import REPO
-    args = [__file__, net_name, "sharded" if sharded else "unsharded", "--windows", str(windows)]
+    args = [__file__, net_name, "sharded" if sharded else "unsharded", "--windows", str(windows),
+            *(["--save"] if save else [])]
     env = {**os.environ, "GLOG_v": "3", "PYTHONPATH": REPO}
     with tempfile.TemporaryDirectory() as log_dir:
         if ranks == 1:
@@ -111,6 +114,9 @@ def measure(nets=("mlp", "encoder"), windows: int = 6, rounds: int = 3, log=prin
             for sharded in (False, True):
                 log(f"sharding: {net_name}, {ranks} ranks, {'sharded' if sharded else 'unsharded'}")
                 row[f"{ranks}_{sharded}"] = max(r["peak_mib"] for r in launch(net_name, sharded, ranks, windows))
+        for sharded in (False, True):  # saving the training state after every window, at 2 ranks
+            log(f"sharding: {net_name}, 2 ranks, {'sharded' if sharded else 'unsharded'}, saving")
+            row[f"save_{sharded}"] = max(r["peak_mib"] for r in launch(net_name, sharded, 2, windows, save=True))
         times = {False: [], True: []}
         for _ in range(rounds):  # alternated, so a slower spell of the machine falls on both
             for sharded in (False, True):
@@ -129,12 +135,18 @@ def render(rows: list) -> str:
              "network  | params | 1 process | ranks | unsharded        | sharded          | saving | window time"]
     for row in rows:
         params = row["params_mib"]
+
+        def over(peak):
+            return f"{peak:7.0f} ({(peak - row['one_process_mib']) / params:+.2f}x)"
+
         for ranks in (2, 4):
             plain, sharded = row[f"{ranks}_False"], row[f"{ranks}_True"]
-            over = lambda peak: f"{peak:7.0f} ({(peak - row['one_process_mib']) / params:+.2f}x)"  # noqa: E731
             time_ratio = f"{row['time_ratio']:.3f}x" if ranks == 2 else ""
             lines.append(f"{row['net']:8} | {params:6.0f} | {row['one_process_mib']:9.0f} | {ranks:5} | "
                          f"{over(plain):16} | {over(sharded):16} | {(plain - sharded) / params:5.2f}x | {time_ratio}")
+        plain, sharded = row["save_False"], row["save_True"]
+        lines.append(f"{row['net']:8} | {params:6.0f} | {row['one_process_mib']:9.0f} | 2, saving every window | "
+                     f"{over(plain):16} | {over(sharded):16} | {(plain - sharded) / params:5.2f}x |")
     return "\n".join(lines)
 
 
@@ -143,5 +155,6 @@ if __name__ == "__main__":
     parser.add_argument("net", choices=("mlp", "mlp1", "encoder"))
     parser.add_argument("mode", choices=("sharded", "unsharded"))
     parser.add_argument("--windows", type=int, default=6)
+    parser.add_argument("--save", action="store_true", help="save the training state after every window")
     options = parser.parse_args()
-    worker(options.net, options.mode == "sharded", options.windows)
+    worker(options.net, options.mode == "sharded", options.windows, options.save)
