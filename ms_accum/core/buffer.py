@@ -336,12 +336,13 @@ class AccumulationBuffer:
         micro-batch count (0)."""
         return self._closed(self._step(optimizer, self.grad_sum))
 
-    def step_part(self, optimizer, grads):
+    def step_part(self, optimizer, grads, others):
         """`step` for a rank that owns part of the parameters (`ms_accum.train.sharding`): `optimizer`, built over
-        them, steps on `grads`, their part of the window as `check` left it, and the window is closed; the host then
-        gives every rank the others' updated parameters."""
+        them, steps on `grads`, their part of the window as `check` left it; the parameters it does not own, `others`,
+        are zeroed for the gather (each then all-reduced to its owner's value: x + 0 = x, exactly), and the window is
+        closed."""
         optimizer(grads)
-        return self._closed(_ops.zero_finite(self.grad_sum))
+        return self._closed((_ops.zero_finite(others), _ops.zero_finite(self.grad_sum)))
 
     def _step(self, optimizer, grads):
         # An applied window is finite, so subtracting the buffer from itself zeroes it with no temporary.

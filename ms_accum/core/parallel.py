@@ -187,18 +187,6 @@ class InPlaceAllReduce(nn.Cell):
         return ops.assign(tensor, self.all_reduce(tensor))
 
 
-class OwnerBroadcast(nn.Cell):
-    """A tensor given the value its owner, rank `owner` of `group`, holds: on every rank, in its own graph launch
-    (the parameters of a sharded optimizer, `ms_accum.train.sharding`)."""
-
-    def __init__(self, owner: int, group: Optional[str] = None) -> None:
-        super().__init__()
-        self.broadcast = ops.Broadcast(owner, GlobalComm.WORLD_COMM_GROUP if group is None else group)
-
-    def construct(self, tensor):
-        return ops.assign(tensor, self.broadcast((tensor,))[0])
-
-
 def sums_reducer(reduce_on_host: bool = False) -> Union[LocalSums, AllReduceSums]:
     """
     The window's communication for the current parallel mode: in data parallel `AllReduceSums`, or `CountSums` when

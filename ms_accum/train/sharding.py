@@ -16,7 +16,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from .._validation import ArgumentValueError
 from ..core.buffer import AccumulationBuffer
-from ..core.parallel import DataParallelInfo, OwnerBroadcast
+from ..core.parallel import DataParallelInfo
 from ..graphs.cells import TrainingState, _BufferCell
 from .distributed import all_reduce_sum
 from .structures.base import Closer, Parts
@@ -32,9 +32,10 @@ class ShardedCloser(Closer):
     """
     The closer of a data-parallel rank that keeps the optimizer state of its own part of the parameters only
     (``GradientAccumulation(..., shard_optimizer=True)``): the window is reduced and checked as everywhere, then this
-    rank's optimizer, the user's class built over its part (`local_optimizer`), steps that part, and each parameter is
-    broadcast from its owner, one launch each in the same order on every rank
-    (`ms_accum.core.parallel.OwnerBroadcast`), so every rank holds the same network.
+    rank's optimizer, the user's class built over its part (`local_optimizer`), steps that part while the parameters
+    of the other parts are zeroed, and every parameter is all-reduced in place, one launch each as the buffer was: the
+    sum is its owner's value, exactly (x + 0 = x). The gather reuses the reduction's graphs and memory, where a
+    broadcast's outputs cost more (measured, docs/data-parallel.md).
 
     Args:
         parts (Parts): What the executor trains.
@@ -42,39 +43,41 @@ class ShardedCloser(Closer):
     """
 
     def __init__(self, parts: Parts, parallel: DataParallelInfo) -> None:
-        params = parts.optimizer.parameters
-        self.owners = partition([p.size for p in params], parallel.group_size)
+        self.owners = partition([p.size for p in parts.optimizer.parameters], parallel.group_size)
         self.owned = tuple(i for i, owner in enumerate(self.owners) if owner == parallel.rank)
         self.rank = parallel.rank
         self.part = local_optimizer(parts.optimizer, self.owned)
-        broadcasts = [OwnerBroadcast(owner) for owner in range(parallel.group_size)]
-        self.gathers = [(param, broadcasts[owner]) for param, owner in zip(params, self.owners)]
         super().__init__(parts)
+        self.params = parts.optimizer.parameters
 
     def step_cell(self, parts: Parts) -> nn.Cell:
-        return _StepPart(self.part, parts.buffer, self.owned)
+        return _StepPart(self.part, parts.buffer, self.owned, parts.optimizer.parameters)
 
     def training_state(self, parts: Parts) -> nn.Cell:
         return ShardedState(TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer), self)
 
     def apply(self) -> None:
-        """This rank's part stepped, then every parameter taken from its owner."""
+        """This rank's part stepped and the others' zeroed, then every parameter summed over the ranks, in the same
+        order on every rank."""
         self.step()
-        for param, broadcast in self.gathers:
-            broadcast(param)
+        for param in self.params:
+            self.reduce(param)
 
 
 class _StepPart(_BufferCell):
-    """The buffer's `step_part`: this rank's optimizer on its part of the window, and the window closed."""
+    """The buffer's `step_part`: this rank's optimizer on its part of the window, the other parts' parameters zeroed
+    for the gather, and the window closed."""
 
-    def __init__(self, part: nn.Optimizer, buffer: AccumulationBuffer, owned: Sequence[int]) -> None:
+    def __init__(self, part: nn.Optimizer, buffer: AccumulationBuffer, owned: Sequence[int],
+                 params: Sequence[Parameter]) -> None:
         super().__init__(buffer)
         self.optimizer = part
         self.slots = ParameterTuple([buffer.grad_sum[i] for i in owned])
         self.to_params = buffer.dtypes_of(owned, part.parameters)
+        self.others = ParameterTuple([p for i, p in enumerate(params) if i not in owned])
 
     def construct(self):
-        return self.buffer.step_part(self.optimizer, self.to_params(self.slots))
+        return self.buffer.step_part(self.optimizer, self.to_params(self.slots), self.others)
 
 
 class ShardedState(nn.Cell):

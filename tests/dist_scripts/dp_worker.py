@@ -135,8 +135,8 @@ def mismatched_batches(rank):
     return None
 
 
-def allreduce_launches(profile_dir, op_type="AllReduce"):
-    """AllReduce (or `op_type`) kernel executions in MindSpore's CPU profiler output (cpu_op_type_info_*.csv)."""
+def allreduce_launches(profile_dir):
+    """AllReduce kernel executions in MindSpore's CPU profiler output (cpu_op_type_info_*.csv)."""
     files = glob.glob(os.path.join(profile_dir, "**", "cpu_op_type_info_*.csv"), recursive=True)
     if len(files) != 1:
         raise RuntimeError(f"expected one cpu_op_type_info csv under {profile_dir}, found {files}")
@@ -144,7 +144,7 @@ def allreduce_launches(profile_dir, op_type="AllReduce"):
         header = handle.readline().strip().split(",")
         for line in handle:
             row = dict(zip(header, line.strip().split(",")))
-            if row["op_type"] == op_type:
+            if row["op_type"] == "AllReduce":
                 return int(row["type_occurrences"])
     return 0
 

@@ -133,8 +133,7 @@ def main():
                     profiler.analyse()
                     report[f"profiled_{shard}"] = {"windows": len(result.steps), "micro_steps": case["micro"],
                                                    "tensors": len(net.trainable_params()),
-                                                   "allreduce_launches": allreduce_launches(where),
-                                                   "broadcast_launches": allreduce_launches(where, "Broadcast")}
+                                                   "allreduce_launches": allreduce_launches(where)}
                 report[f"{name}_{shard}"] = {"skipped": [r.skipped for r in result.steps],
                                              "loss_scale": [r.loss_scale for r in result.steps]}
                 np.savez(os.path.join(out_dir, f"{name}_{'sharded' if shard else 'unsharded'}_rank{rank}.npz"),
