@@ -147,7 +147,7 @@ def render(rows: list) -> str:
         plain, sharded = row["save_False"], row["save_True"]
         lines.append(f"{row['net']:8} | {params:6.0f} | {row['one_process_mib']:9.0f} | 2, saving every window | "
                      f"{over(plain):16} | {over(sharded):16} | {(plain - sharded) / params:5.2f}x |")
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 if __name__ == "__main__":

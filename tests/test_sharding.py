@@ -250,7 +250,7 @@ def _peaks(tmp_path, mode):
 @pytest.mark.distributed
 def test_a_sharded_rank_holds_about_the_parameters_less_with_adamw(tmp_path):
     # AdamW keeps two moments per parameter: each of 2 ranks keeps half of them, 1.0x the parameters less in theory;
-    # 0.89x measured (benchmarks/README.md), the gather's zeroing and reductions holding a little.
+    # 0.86-0.89x measured (benchmarks/README.md).
     unsharded, params = _peaks(tmp_path, "unsharded")
     sharded, _ = _peaks(tmp_path, "sharded")
-    assert unsharded - sharded >= 0.85 * params, (unsharded, sharded, params)
+    assert unsharded - sharded >= 0.8 * params, (unsharded, sharded, params)

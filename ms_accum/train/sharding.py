@@ -105,13 +105,16 @@ class ShardedState(nn.Cell):
 
     def contents(self) -> List[dict]:
         """What a training-state file holds, ``[{"name", "data"}]``, each part's optimizer state taken from its owner
-        by an all-reduce per tensor (the others give zeros): every rank must call it."""
+        by an all-reduce per tensor (the others give zeros): every rank must call it, and rank 0, which writes the
+        file, keeps what it gathers (the others get an empty list)."""
         saved = []
         for name, param, owner in self.entries:
-            if owner is not None:
-                mine = param.astype(np.float32) if owner == self.rank else Tensor(np.zeros(param.shape, np.float32))
-                param = all_reduce_sum(mine).astype(param.dtype)
-            saved.append({"name": name, "data": param})
+            if owner is not None and owner != self.rank:  # another part's: its owner's value (this rank's is zeros)
+                param = all_reduce_sum(Tensor(np.zeros(param.shape, np.float32))).astype(param.dtype)
+            elif owner is not None:  # this rank's part: given to the others, kept as it is (no copy)
+                all_reduce_sum(param.astype(np.float32))
+            if self.rank == 0:
+                saved.append({"name": name, "data": param})
         return saved
 
 
