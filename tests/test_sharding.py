@@ -254,3 +254,22 @@ def test_a_sharded_rank_holds_about_the_parameters_less_with_adamw(tmp_path):
     unsharded, params = _peaks(tmp_path, "unsharded")
     sharded, _ = _peaks(tmp_path, "sharded")
     assert unsharded - sharded >= 0.8 * params, (unsharded, sharded, params)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_cli_shard_optimizer_under_msrun_saves_every_parts_state(tmp_path):
+    missing = tmp_path / "nowhere" / "MNIST_Data"  # each worker falls back to a synthetic set of its own
+    ckpt_dir = tmp_path / "ckpt"
+    ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
+    log_dir = str(tmp_path / "logs")
+    proc = start_msrun(log_dir, [ms_accum, "train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size",
+                                 "32", "--num-samples", "256", "--synthetic-fallback", "--shard-optimizer",
+                                 "--save-every", "4", "--ckpt-dir", str(ckpt_dir), "--json", "--quiet", "--no-eval"],
+                       env={"MS_ACCUM_MNIST": str(missing)}, port=free_port())
+    code, output = finish_msrun(proc, log_dir)
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(log_dir)}"
+    state, _ = load_checkpoint(str(ckpt_dir / "lenet5-000000004.ckpt"))
+    weights = [name for name in state if name.startswith(("conv", "fc")) and "." in name]
+    assert weights and all(f"moments.{name}" in state for name in weights)  # both parts' momentum, in one file
+    assert all(np.abs(state[f"moments.{name}"].asnumpy()).sum() > 0 for name in weights)
