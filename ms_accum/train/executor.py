@@ -287,7 +287,8 @@ def _sharded(shard_optimizer: bool, parallel: Optional[DataParallelInfo], optimi
         return False
     if parallel is None:
         warnings.warn("shard_optimizer=True changes nothing in one process, which holds all the optimizer state: "
-                      "start the script with msrun and call ms_accum.init_data_parallel() first (docs/data-parallel.md).",
+                      "start the script with msrun and call ms_accum.init_data_parallel() first "
+                      "(docs/data-parallel.md).",
                       UserWarning, stacklevel=4)
         return False
     check_shardable(optimizer, parallel.group_size)

@@ -7,8 +7,8 @@ unsharded, in one launch.
 Every case of `CASES` trains twice on this rank's share, unsharded then ``shard_optimizer=True``, and writes
 OUT_DIR/<case>_<sharded|unsharded>_rank<r>.npz. The checkpoint runs (`RESUME`) write training states into
 OUT_DIR/<run>/ and their final parameters; given STATE_FILE (a sharded state of another number of ranks), this
-launch resumes from it, sharded and unsharded, instead. OUT_DIR/report_rank<r>.json holds the AllReduce launches MindSpore's profiler counted
-during `PROFILED` and what the runs did.
+launch resumes from it, sharded and unsharded, instead. OUT_DIR/report_rank<r>.json holds the AllReduce launches
+MindSpore's profiler counted during `PROFILED` and what the runs did.
 """
 import json
 import os

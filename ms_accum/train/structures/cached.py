@@ -13,9 +13,9 @@ from .base import Closer, MicroBatches, Parts, Structure
 
 class Cached(Structure):
     """One `TrainCachedWindowCell.accumulate_window` per window: pass 1 over the micro-batches, the window's loss and
-    its output gradient, pass 2 into the buffer; then the closer's check and its step or clear, chosen on the host. Every
-    micro-batch reports the window's one loss, so the logged loss (the "sum" rule's sample-weighted mean of them) is
-    that loss. Its one Cell takes windows of any size."""
+    its output gradient, pass 2 into the buffer; then the closer's check and its step or clear, chosen on the host.
+    Every micro-batch reports the window's one loss, so the logged loss (the "sum" rule's sample-weighted mean of them)
+    is that loss. Its one Cell takes windows of any size."""
 
     @classmethod
     def refuse(cls, network: nn.Cell, loss_fn: nn.Cell, reduction: str, guard: GuardOptions,
