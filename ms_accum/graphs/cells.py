@@ -169,6 +169,11 @@ class TrainingState(_BufferCell):
             self.network = check_isinstance(network, "network", nn.Cell)
         self.optimizer = optimizer
 
+    def contents(self) -> nn.Cell:
+        """What a training-state file holds: this Cell (a state sharded over ranks gathers its parts instead,
+        `ms_accum.train.sharding.ShardedState`)."""
+        return self
+
 
 class TrainForwardBackward(_MicroBatchCell):
     r"""

@@ -30,7 +30,8 @@ class StateCheckpoints:
     is written when a window has just closed; its zero buffer is saved too, so loading never leaves a stale one.
 
     Args:
-        state (nn.Cell): What to save and load, strictly.
+        state (Union[TrainingState, ShardedState]): What to save and load, strictly; its `contents()` is what a file
+            holds.
         ckpt_dir (str): The run's directory.
         ckpt_name (str): The files' prefix.
         run (dict): Settings stored in every file and checked on resume.
@@ -158,8 +159,8 @@ class StateCheckpoints:
         due = self.save_every is not None and position.step % self.save_every == 0
         if not (due or stopping and self.ckpt_dir is not None):
             return
-        # A rank that holds part of the optimizer state gives it to the file, which rank 0 alone writes.
-        contents = self.state.contents() if hasattr(self.state, "contents") else self.state
+        # Every rank takes part (a sharded state gathers its parts); rank 0 alone writes.
+        contents = self.state.contents()
         if not self.writes:
             return
         self.save(contents, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
