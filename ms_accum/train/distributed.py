@@ -6,6 +6,7 @@ launcher started this process, and the ranks agree on small host numbers (batch 
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import List, Mapping, Optional
 
@@ -126,11 +127,12 @@ def gather_ints(value: int) -> List[int]:
     return [int(v) for v in all_reduce_sum(ms.Tensor(slots)).asnumpy()]
 
 
-_SUMS: List[nn.Cell] = []  # one Cell, built when first needed: each shape compiles once
-
-
 def all_reduce_sum(value: ms.Tensor) -> ms.Tensor:
     """float32 `value` summed over the world's ranks (all ranks must call it)."""
-    if not _SUMS:
-        _SUMS.append(_AllReduceSum())
-    return _SUMS[0](value)
+    return _sum_cell()(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _sum_cell() -> nn.Cell:
+    """One Cell, built when first needed, so each shape compiles once."""
+    return _AllReduceSum()

@@ -57,11 +57,9 @@ class ShardedCloser(Closer):
         return ShardedState(TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer), self)
 
     def apply(self) -> None:
-        """This rank's part stepped and the others' zeroed, then every parameter summed over the ranks, in the same
-        order on every rank."""
+        """This rank's part stepped and the others' zeroed, then every parameter summed over the ranks."""
         self.step()
-        for param in self.params:
-            self.reduce(param)
+        self.all_reduce_each(self.params)
 
 
 class _StepPart(_BufferCell):

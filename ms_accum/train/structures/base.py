@@ -67,9 +67,13 @@ class Closer:
         """The buffer reduced (in data parallel), `check`, then `step` or `clear`; returns whether the optimizer
         stepped."""
         if self.reduce is not None:
-            for tensor in self.buffer.grad_sum:
-                self.reduce(tensor)
+            self.all_reduce_each(self.buffer.grad_sum)
         return self.follow(self.check())
+
+    def all_reduce_each(self, tensors) -> None:
+        """Each of `tensors` summed over the ranks in place, one launch each, in the same order on every rank."""
+        for tensor in tensors:
+            self.reduce(tensor)
 
     def follow(self, verdict: Tensor) -> bool:
         """`apply` if the window's `verdict` (the buffer's check) lets it be applied, else `clear`."""
