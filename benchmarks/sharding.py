@@ -33,7 +33,7 @@ def peak_mib() -> float:
 
 
 def build(net_name: str):
-    """The network, its loss, and a dataset of `windows` windows of this rank's micro-batches."""
+    """The network, its loss, and a function of n giving n samples `(x, y)`."""
     import mindspore as ms
     from mindspore import nn
     ms.set_seed(0)

@@ -420,7 +420,8 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
     r"""
     `TrainAccumulationCell` without the optimizer: every K-th call ends with the buffer's `check` instead of its
     `close`, and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
-    ``"fused"`` structure).
+    ``"fused"`` structure). With `checks` set to False no call checks: the host reduces and checks the window itself
+    (the executor in data parallel, `ms_accum.core.parallel.CountSums`).
 
     An optimizer in a graph after the backward costs memory: with the network's weights in a branch that follows the
     backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, an

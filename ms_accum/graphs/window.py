@@ -122,7 +122,8 @@ class HostSteppedWindowCell(TrainWindowCell):
     r"""
     `TrainWindowCell` without the optimizer: one graph call trains the stacked window and makes it ready (the buffer's
     `check`), and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
-    ``"window"`` structure).
+    ``"window"`` structure). With `checks` set to False the call does not check (its verdict is False): the host
+    reduces and checks the window itself (the executor in data parallel, `ms_accum.core.parallel.CountSums`).
 
     An optimizer in the graph after the backward costs memory: with the network's weights in a graph that follows the
     backward, MindSpore's CPU pool holds about two more gradients while the backward runs (docs/memory.md, an

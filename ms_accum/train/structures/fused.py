@@ -1,4 +1,5 @@
-"""``"fused"``: one graph call per micro-batch, the K-th also checking the window; the host steps or clears."""
+"""``"fused"``: one graph call per micro-batch, the K-th also checking the window (in data parallel the closer checks
+it); the host steps or clears."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -9,10 +10,11 @@ from .base import Closer, MicroBatches, Parts, Structure
 
 class Fused(Structure):
     """One `HostSteppedAccumulationCell` call per micro-batch; the K-th also checks the window, and the host launches
-    the step or the clear on its verdict. K is a graph constant of the Cell: `prepare` builds one for the largest K of
-    the run, and a shorter window (an epoch's partial one, a smaller K of a schedule) runs through it too, only
-    accumulating, and is closed by the host: a second graph of the network would keep activation memory of its own
-    (docs/mindspore.md, each graph's memory)."""
+    the step or the clear on its verdict. In data parallel the Cell does not check (its `checks`): the closer reduces
+    the buffer tensor by tensor, then checks (`Closer.checks_in_graph`). K is a graph constant of the Cell: `prepare`
+    builds one for the largest K of the run, and a shorter window (an epoch's partial one, a smaller K of a schedule)
+    runs through it too, only accumulating, and is closed by the host: a second graph of the network would keep
+    activation memory of its own (docs/mindspore.md, each graph's memory)."""
 
     cell_class = HostSteppedAccumulationCell
 

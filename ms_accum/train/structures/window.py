@@ -14,7 +14,8 @@ from .three_graphs import ThreeGraphs
 
 class Window(Fused):
     """The window's micro-batches stacked into one `HostSteppedWindowCell` call, which trains them in a graph-mode loop
-    and returns the window's verdict; the host then launches the step or the clear. A shorter window is stacked to the
+    and returns the window's verdict (in data parallel the closer reduces and checks instead, `Closer.checks_in_graph`);
+    the host then launches the step or the clear. A shorter window is stacked to the
     Cell's K with copies of its last micro-batch, which the Cell does not train (`set_micro_batches`); a window of
     micro-batches of unequal shapes, which cannot be stacked, runs through the three graphs on the same buffer."""
 
