@@ -76,8 +76,11 @@ FLAGS = {
 
 
 def _fresh(module: str):
-    """`ms_accum.<module>` imported anew, so the alias warns again; (module, warnings)."""
-    sys.modules.pop(f"ms_accum.{module}", None)
+    """`ms_accum.<module>` imported anew if it is an alias, so the alias warns again; (module, warnings). A module still
+    at its 0.2 path stays as imported: running it again would make a second copy of each of its objects in this process
+    (`ms_accum.set_device` would no longer be `ms_accum.runtime.set_device`)."""
+    if module in _compat.MOVED:
+        sys.modules.pop(f"ms_accum.{module}", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         imported = importlib.import_module(f"ms_accum.{module}")
