@@ -25,7 +25,7 @@ from mindspore import Tensor, nn, ops
 from ms_accum import GradientAccumulation, LossOnly, cli
 from ms_accum.train.checkpoint import load_checkpoint
 from ms_accum.demo.data import make_synthetic_mnist
-from ms_accum.core.parallel import data_parallel_info
+from ms_accum.core.parallel import data_parallel_info, in_buckets
 from ms_accum.train.distributed import distributed_launch, init_data_parallel
 from conftest import raises_exactly
 
@@ -294,6 +294,17 @@ def test_a_nan_on_one_rank_skips_the_window_and_scales_down_on_every_rank(dp_run
     # Window 2 holds rank 1's NaN: both ranks skip it and halve the dynamic scale together (parameters: above).
     assert runs[0]["skipped"] == runs[1]["skipped"] == [False, True, False]
     assert runs[0]["loss_scale"] == runs[1]["loss_scale"] == [1024.0, 512.0, 512.0]
+
+
+def test_the_buffer_is_all_reduced_in_buckets_big_tensors_alone():
+    # What the host all-reduces in one launch each (`Closer.all_reduce`): a graph holds its reduced copies until it
+    # ends, so no bucket is above the cap unless it is one tensor, and small networks' tensors share a launch.
+    mib = 2 ** 20
+    tensors = [Tensor(np.zeros(n // 4, np.float32)) for n in (5 * mib, 40, 3 * mib, mib, 28, 4 * mib, 2 * mib)]
+    index = {id(t): i for i, t in enumerate(tensors)}
+    assert [[index[id(t)] for t in bucket] for bucket in in_buckets(tensors, cap=4 * mib)] == [[0], [5], [1, 2],
+                                                                                                [3, 4, 6]]
+    assert [[index[id(t)] for t in bucket] for bucket in in_buckets(tensors[1:3])] == [[1, 2]] and not in_buckets([])
 
 
 @pytest.mark.distributed

@@ -209,9 +209,9 @@ class AccumulationBuffer:
             `statistics`). Default: ``None``.
         outlier_warmup (int): Micro-batches taken into the running statistics before any is judged (at least 8).
             Default: ``100``.
-        reduce_on_host (bool): In data parallel, the buffer is all-reduced tensor by tensor from the host before
-            the window's `check` (`ms_accum.core.parallel.InPlaceAllReduce`, as the executor does), so graphs sum
-            only the counts (`CountSums`): one reduced tensor is alive at a time instead of the whole buffer's copy.
+        reduce_on_host (bool): In data parallel, the buffer is all-reduced from the host in buckets before the
+            window's `check` (`ms_accum.core.parallel.InPlaceAllReduce`, as the executor does), so graphs sum only the
+            counts (`CountSums`): a bucket's reduced copy is alive at a time instead of the whole buffer's.
             Default: ``False``, `check` all-reduces the buffer in its graph.
 
     Attributes:

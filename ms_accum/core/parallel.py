@@ -9,7 +9,7 @@ Data parallel is read when a buffer is built (`data_parallel_info`: msrun's proc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Union
 
 import mindspore as ms
 from mindspore import nn, ops
@@ -164,7 +164,7 @@ class AllReduceSums:
 @ms.jit_class
 class CountSums(AllReduceSums):
     r"""
-    `AllReduceSums` for a buffer already all-reduced tensor by tensor, each in its own graph launch, before the graph
+    `AllReduceSums` for a buffer already all-reduced in buckets, each in its own graph launch, before the graph
     that closes the window (`InPlaceAllReduce`, the executor's way): the graph sums the sample count alone.
 
     A graph that all-reduces the whole buffer holds every reduced copy until it ends: MindSpore keeps the outputs of a
@@ -175,15 +175,37 @@ class CountSums(AllReduceSums):
         return grad_sum, self.all_reduce(num_samples)
 
 
+# The most a graph launch of `InPlaceAllReduce` sums: such a graph holds its reduced copies until it ends, so a bucket
+# costs about its size, while a launch per tensor costs small networks a collective's latency per tensor
+# (docs/data-parallel.md, communication).
+BUCKET_BYTES = 4 * 2 ** 20
+
+
 class InPlaceAllReduce(nn.Cell):
-    """One tensor summed over the ranks and written back in place, in its own graph launch (`CountSums`)."""
+    """Tensors summed over the ranks and written back in place, in one graph launch: a bucket of `in_buckets`
+    (`CountSums`)."""
 
     def __init__(self, group: Optional[str] = None) -> None:
         super().__init__()
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP if group is None else group)
 
-    def construct(self, tensor):
-        return ops.assign(tensor, self.all_reduce(tensor))
+    def construct(self, *tensors):
+        done = []
+        for tensor in tensors:
+            done.append(ops.assign(tensor, self.all_reduce(tensor)))
+        return tuple(done)
+
+
+def in_buckets(tensors: Sequence, cap: int = BUCKET_BYTES) -> List[tuple]:
+    """`tensors` in buckets, each one launch of `InPlaceAllReduce`, the same on every rank: a tensor of `cap` bytes or
+    more alone, the smaller ones in order, as many as fit in `cap` bytes together."""
+    buckets = [(tensor,) for tensor in tensors if tensor.nbytes >= cap]
+    small: List[list] = [[]]
+    for tensor in (tensor for tensor in tensors if tensor.nbytes < cap):
+        if sum(other.nbytes for other in small[-1]) + tensor.nbytes > cap:
+            small.append([])
+        small[-1].append(tensor)
+    return buckets + [tuple(bucket) for bucket in small if bucket]
 
 
 def sums_reducer(reduce_on_host: bool = False) -> Union[LocalSums, AllReduceSums]:

@@ -16,7 +16,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn
 
 from .._validation import ArgumentValueError
 from ..core.buffer import AccumulationBuffer
-from ..core.parallel import DataParallelInfo
+from ..core.parallel import DataParallelInfo, in_buckets
 from ..graphs.cells import TrainingState, _BufferCell
 from .distributed import all_reduce_sum
 from .structures.base import Closer, Parts
@@ -33,7 +33,7 @@ class ShardedCloser(Closer):
     The closer of a data-parallel rank that keeps the optimizer state of its own part of the parameters only
     (``GradientAccumulation(..., shard_optimizer=True)``): the window is reduced and checked as everywhere, then this
     rank's optimizer, the user's class built over its part (`local_optimizer`), steps that part while the parameters
-    of the other parts are zeroed, and every parameter is all-reduced in place, one launch each as the buffer was: the
+    of the other parts are zeroed, and every parameter is all-reduced in place, in buckets as the buffer was: the
     sum is its owner's value, exactly (x + 0 = x). The gather reuses the reduction's graphs and memory, where a
     broadcast's outputs cost more (measured, docs/data-parallel.md).
 
@@ -48,7 +48,7 @@ class ShardedCloser(Closer):
         self.rank = parallel.rank
         self.part = local_optimizer(parts.optimizer, self.owned)
         super().__init__(parts)
-        self.params = parts.optimizer.parameters
+        self.param_buckets = in_buckets(parts.optimizer.parameters)
 
     def step_cell(self, parts: Parts) -> nn.Cell:
         return _StepPart(self.part, parts.buffer, self.owned, parts.optimizer.parameters)
@@ -59,7 +59,7 @@ class ShardedCloser(Closer):
     def apply(self) -> None:
         """This rank's part stepped and the others' zeroed, then every parameter summed over the ranks."""
         self.step()
-        self.all_reduce_each(self.params)
+        self.all_reduce(self.param_buckets)
 
 
 class _StepPart(_BufferCell):

@@ -8,7 +8,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from mindspore import Tensor, nn
 
 from ...core.buffer import AccumulationBuffer
-from ...core.parallel import InPlaceAllReduce
+from ...core.parallel import InPlaceAllReduce, in_buckets
 from ...core.statistics import UNMEASURED
 from ...graphs.cells import TrainClear, TrainingState, _CheckWindow, _StepWindow
 from ..options import GuardOptions, StatisticsOptions
@@ -38,14 +38,15 @@ class Closer:
     unscaled, clipped) and returns the guard's verdict; the host reads it and launches the `step` graph or, for a window
     that is not finite, `TrainClear`. No graph with a tensor `if` (docs/mindspore.md, a tensor `if` costs a wait).
 
-    In data parallel the buffer is first all-reduced tensor by tensor, each in its own launch, so one reduced copy is
-    alive at a time (`ms_accum.core.parallel.CountSums`); a structure's graph then leaves the check to the closer
-    (`checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`), and so is what a
+    In data parallel the buffer is first all-reduced in buckets of a few MiB, each in its own launch, so one bucket's
+    reduced copies are alive at a time (`ms_accum.core.parallel.CountSums`); a structure's graph then leaves the check
+    to the closer (`checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`), and so is what a
     training-state file holds (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's part."""
 
     def __init__(self, parts: Parts) -> None:
         self.buffer = parts.buffer
         self.reduce = InPlaceAllReduce() if parts.buffer.reduced_on_host else None
+        self.buffer_buckets = in_buckets(parts.buffer.grad_sum)
         self.check = _CheckWindow(parts.buffer, parts.clip_norm).set_train()
         self.step = self.step_cell(parts).set_train()
         self.clear = TrainClear(parts.buffer).set_train()
@@ -67,13 +68,14 @@ class Closer:
         """The buffer reduced (in data parallel), `check`, then `step` or `clear`; returns whether the optimizer
         stepped."""
         if self.reduce is not None:
-            self.all_reduce_each(self.buffer.grad_sum)
+            self.all_reduce(self.buffer_buckets)
         return self.follow(self.check())
 
-    def all_reduce_each(self, tensors) -> None:
-        """Each of `tensors` summed over the ranks in place, one launch each, in the same order on every rank."""
-        for tensor in tensors:
-            self.reduce(tensor)
+    def all_reduce(self, buckets) -> None:
+        """Each bucket's tensors summed over the ranks in place, a launch per bucket, in the same order on every
+        rank."""
+        for bucket in buckets:
+            self.reduce(*bucket)
 
     def follow(self, verdict: Tensor) -> bool:
         """`apply` if the window's `verdict` (the buffer's check) lets it be applied, else `clear`."""

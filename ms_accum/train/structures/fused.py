@@ -11,7 +11,7 @@ from .base import Closer, MicroBatches, Parts, Structure
 class Fused(Structure):
     """One `HostSteppedAccumulationCell` call per micro-batch; the K-th also checks the window, and the host launches
     the step or the clear on its verdict. In data parallel the Cell does not check (its `checks`): the closer reduces
-    the buffer tensor by tensor, then checks (`Closer.checks_in_graph`). K is a graph constant of the Cell: `prepare`
+    the buffer in buckets, then checks (`Closer.checks_in_graph`). K is a graph constant of the Cell: `prepare`
     builds one for the largest K of the run, and a shorter window (an epoch's partial one, a smaller K of a schedule)
     runs through it too, only accumulating, and is closed by the host: a second graph of the network would keep
     activation memory of its own (docs/mindspore.md, each graph's memory)."""
