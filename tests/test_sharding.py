@@ -92,6 +92,10 @@ def test_a_part_steps_its_parameters_as_the_whole_and_holds_only_its_own_state(n
     per_parameter = [p.name for p in part.get_parameters() if "." in p.name and p.name.partition(".")[2] in
                      {q.name for q in whole.parameters} and p.name not in mine]
     assert per_parameter and all(name.partition(".")[2] in mine for name in per_parameter)
+    # The part's own state, replaced by the user's, is not kept alive by MindSpore's record of each parameter's
+    # clones: only the user's optimizer's state is on it.
+    for param in whole.parameters:
+        assert all(id(clone) in theirs for clone in getattr(param.param_info, "cloned_obj", [])), param.name
 
 
 def test_an_optimizer_that_cannot_be_sharded_is_refused_with_the_reason():
@@ -250,10 +254,10 @@ def _peaks(tmp_path, mode):
 @pytest.mark.distributed
 def test_a_sharded_rank_holds_about_the_parameters_less_with_adamw(tmp_path):
     # AdamW keeps two moments per parameter: each of 2 ranks keeps half of them, 1.0x the parameters less in theory;
-    # 0.86-0.89x measured (benchmarks/README.md).
+    # the goal is 0.9x (benchmarks/README.md prints what is measured).
     unsharded, params = _peaks(tmp_path, "unsharded")
     sharded, _ = _peaks(tmp_path, "sharded")
-    assert unsharded - sharded >= 0.8 * params, (unsharded, sharded, params)
+    assert unsharded - sharded >= 0.9 * params, (unsharded, sharded, params)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ optimizer to run on views of a flat buffer, which a MindSpore optimizer, built o
 """
 from __future__ import annotations
 
+import gc
 import inspect
 from typing import Dict, List, Sequence, Tuple
 
@@ -166,7 +167,9 @@ def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int]) -> nn.Optimiz
     else:
         learning_rate, weight_decay = _rate(optimizer.learning_rate), _decay(optimizer, optimizer.weight_decay)
     part = kind(params, learning_rate=learning_rate, weight_decay=weight_decay, **arguments)
+    built = {id(param) for param in part.get_parameters()}
     _share_state(part, optimizer, owned)
+    _forget_clones([optimizer.parameters[i] for i in owned], built - {id(param) for param in part.get_parameters()})
     return part
 
 
@@ -219,6 +222,19 @@ def _groups(optimizer: nn.Optimizer, owned: Sequence[int]) -> Tuple[object, List
         group["params"].append(optimizer.parameters[i])
     first = next(iter(groups.values()))["lr"]
     return first, [*groups.values(), {"order_params": [optimizer.parameters[i] for i in owned]}]
+
+
+def _forget_clones(params: Sequence[Parameter], replaced: set) -> None:
+    """Takes the part's own state Parameters that `_share_state` replaced off MindSpore's record of each parameter's
+    clones (`Parameter.clone` appends every clone to its source's ``param_info.cloned_obj``), which would keep them
+    alive, and resident, for the whole run."""
+    for param in params:
+        info = param.param_info
+        clones = getattr(info, "cloned_obj", None)
+        if clones is not None:
+            info.cloned_obj = [clone for clone in clones if id(clone) not in replaced]
+            param.param_info = info  # as `Parameter.clone` sets it back
+    gc.collect()  # a clone and its `param_info` refer to each other: freed now, not at a later collection
 
 
 def _share_state(part: nn.Optimizer, whole: nn.Optimizer, owned: Sequence[int]) -> None:
