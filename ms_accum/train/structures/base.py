@@ -40,8 +40,9 @@ class Closer:
 
     In data parallel the buffer is first all-reduced in buckets of a few MiB, each in its own launch, so one bucket's
     reduced copies are alive at a time (`ms_accum.core.parallel.CountSums`); a structure's graph then leaves the check
-    to the closer (`checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`), and so is what a
-    training-state file holds (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's part."""
+    to the closer (`checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`), and so is
+    what a training-state file holds (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's
+    part."""
 
     def __init__(self, parts: Parts) -> None:
         self.buffer = parts.buffer
