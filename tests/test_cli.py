@@ -38,6 +38,7 @@ def synthetic(tmp_path_factory):
 
 
 @requires_mnist
+@pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_train_then_eval_on_real_mnist(tmp_path):
     out = run_cli("train", *SHORT_RUN, "--data", mnist_dir(), "--ckpt-dir", str(tmp_path), "--json")
     assert out.returncode == 0, out.stderr
@@ -347,6 +348,7 @@ def small_file_system(tmp_path):
         subprocess.run(["umount", str(mount_point)], check=True)
 
 
+@pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_a_full_disk_ends_with_one_line_naming_the_file_and_the_state_to_resume(small_file_system, synthetic,
                                                                                tmp_path):
     argv = ["train", "--model", "lenet5", "--accumulate-steps", "4", "--batch-size", "32", "--num-samples", "1024",

@@ -68,6 +68,7 @@ def test_a_newcomers_model_is_evaluated_in_its_own_micro_batches_or_as_asked(tok
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["batches"] == 2
 
 
+@pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_an_evaluation_that_cannot_run_is_one_line_and_train_still_reports_its_checkpoint(tmp_path):
     common = ["--batch-size", "16", "--accumulate-steps", "2", "--ckpt-dir", str(tmp_path), "--json", "--quiet"]
     out = run_cli("train", "--model", "tokens:build", "--eval-batch-size", "256", *common, cwd=tmp_path)

@@ -540,6 +540,7 @@ def test_synthetic_bad_arguments(tmp_path):
     assert not data.is_synthetic(str(tmp_path))
 
 
+@pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_lenet5_learns_synthetic(tmp_path):
     """The point of the synthetic set: LeNet5 learns it quickly (96.6-98.2% over seeds 0-3 when measured)."""
     import mindspore as ms

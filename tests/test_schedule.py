@@ -182,6 +182,7 @@ def test_samples_lr_warms_up_over_samples_whatever_the_ramp():
         SamplesLR(float)
 
 
+@pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_resume_checks_the_schedule_and_takes_another_layout_of_the_same_global_batches(tmp_path):
     def run(ckpt, schedule, batch=B, **kwargs):
         ds.config.set_seed(7)

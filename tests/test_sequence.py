@@ -182,6 +182,7 @@ def test_verify_equivalence_with_token_weights():
     assert not plain.passed
 
 
+@pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_every_structure_compiles_without_eliminating_side_effects():
     # MindSpore warns "Some side effect nodes were eliminated by mistake" when a result of a function with side
     # effects is discarded (docs/mindspore.md, discarded results of functions with side effects); its warnings go to stderr, so a fresh process.
