@@ -47,7 +47,8 @@ class Closer:
     def __init__(self, parts: Parts) -> None:
         self.buffer = parts.buffer
         self.reduce = InPlaceAllReduce() if parts.buffer.reduced_on_host else None
-        self.buffer_buckets = in_buckets(parts.buffer.grad_sum)
+        # Nothing to reduce from the host in one process, or when the graphs reduce the buffer themselves.
+        self.buffer_buckets = in_buckets(parts.buffer.grad_sum) if self.reduce is not None else []
         self.check = _CheckWindow(parts.buffer, parts.clip_norm).set_train()
         self.step = self.step_cell(parts).set_train()
         self.clear = TrainClear(parts.buffer).set_train()
@@ -68,8 +69,7 @@ class Closer:
     def close(self) -> bool:
         """The buffer reduced (in data parallel), `check`, then `step` or `clear`; returns whether the optimizer
         stepped."""
-        if self.reduce is not None:
-            self.all_reduce(self.buffer_buckets)
+        self.all_reduce(self.buffer_buckets)
         return self.follow(self.check())
 
     def all_reduce(self, buckets) -> None:
