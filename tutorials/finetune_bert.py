@@ -37,7 +37,7 @@ from mindspore.nn.learning_rate_schedule import LearningRateSchedule  # noqa: E4
 from ms_accum import CheckpointError, GradientAccumulation, init_data_parallel  # noqa: E402
 from ms_accum.cli import positive_float, positive_int  # noqa: E402
 from ms_accum.core.columns import WithLossColumns  # noqa: E402
-from ms_accum.core.dropout import seed_dropout_on_cpu  # noqa: E402
+from ms_accum.core.dropout import dropout_streams  # noqa: E402
 from ms_accum.train.checkpoint import load_into  # noqa: E402
 from ms_accum.train.distributed import distributed_launch  # noqa: E402
 from ms_accum.train.options import Checkpoints, LogOptions, WindowOptions  # noqa: E402
@@ -357,11 +357,12 @@ def measure_one(args, mode):
         executor = GradientAccumulation(network, loss_fn, optimizer, window=WindowOptions(clip_norm=CLIP_NORM))
         executor.train_process(1, data, k, checkpoints=None, log=LogOptions(verbose=False))
     else:
-        if mode == "micro_step_seeded":  # the executor's own dropout on CPU, reproducible and resumable
-            seed_dropout_on_cpu(network)
+        # The executor's own dropout on CPU, reproducible and resumable; MindSpore's for "micro_step".
+        streams = dropout_streams(network if mode == "micro_step_seeded" else nn.Cell())
         step = ClippedStep(WithLossColumns(network, loss_fn), optimizer).set_train()
-        for columns in data.create_tuple_iterator(num_epochs=1):
-            step(*columns)
+        with streams.drawing():
+            for columns in data.create_tuple_iterator(num_epochs=1):
+                step(*columns)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"before_mib": before / 1024, "peak_mib": peak / 1024}))
 

@@ -1,22 +1,36 @@
 """Dropout whose masks are a function of a seed and of how many values the op has drawn: the same in every run, on any
-number of threads, and saved with the training state.
+number of threads, saved with the training state, and never stored: the backward draws the mask again.
 
 MindSpore 2.10's CPU `Dropout` kernel keeps a random engine of its own, seeded from the op's ``Seed0``/``Seed1`` when
-the graph compiles, which its threads share while its launch search runs (each kernel's 6th to 15th launches on 2
-cores): which value lands where depends on their timing, and no API reads or sets the engine (docs/mindspore.md,
-dropout's kernel and its threads). `SeededDropout` takes the op's place: its mask is SplitMix64 (the generator that
-seeds Java's `SplittableRandom`) of the op's seed and of the count of words it has drawn, written with graph ops that
-give the same result on any number of threads, and the seed and the count are Parameters of the network, saved
-wherever the network is. `seed_dropout` puts it in a network's `nn.Dropout` cells; `DrawMarks` sets the counts back
-for a forward that must run again with the same masks.
+the graph compiles, which its threads share while its launch search runs: which value lands where depends on their
+timing, and no API reads or sets the engine (docs/mindspore.md, dropout's kernel and its threads). `SeededDropout`
+computes the mask as SplitMix64 (the generator that seeds Java's `SplittableRandom`) of the op's seed and of the count
+of words it has drawn, in a C++ kernel of ms_accum's (`ms_accum.core.native`); like FlashAttention's dropout it keeps
+no mask for the backward, which draws it again from the (seed, offset) the forward read.
+
+`DropoutStreams` is that state for a whole network, kept beside it (ms_accum saves it with the training state): the
+network keeps its classes and its Parameters. While `DropoutStreams.drawing()` is open, each `nn.Dropout` of the
+network calls the stream's op instead of MindSpore's primitive (set with `setattr`, MindSpore's public way of giving a
+Cell another op, and set back when it closes). `uncovered_random_ops` names the random ops it does not reach.
 """
 from __future__ import annotations
 
-from typing import List
+import ast
+import contextlib
+import ctypes
+import functools
+import itertools
+import inspect
+import textwrap
+import warnings
+from typing import Iterator, List, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.ops.function import random_func
+
+from . import native
 
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's step: 2^64 / the golden ratio
 _MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
@@ -24,6 +38,7 @@ _SHIFTS = (30, 27, 31)
 _MASK64 = (1 << 64) - 1
 _LANES, _LANE_BITS = 4, 16  # four 16-bit values from each 64-bit word
 _STATE_FLAG = "ms_accum_random_state"  # marks the Parameters that are a random op's state, not weights
+STATE_PREFIX = "dropout_stream."  # the streams' Parameter names in a training-state file
 
 
 def splitmix64(value: int) -> int:
@@ -35,223 +50,350 @@ def splitmix64(value: int) -> int:
 
 
 def op_seed(seed0: int, seed1: int) -> int:
-    """The seed of a `SeededDropout` replacing a MindSpore op seeded with `(Seed0, Seed1)`: both mixed into 63 bits (an
-    int64 Parameter), so that `mindspore.set_seed` and the order the ops were built in decide it, as they decided the
-    op's. An unseeded op (0, 0) gets a seed from the operating system: its run is not reproducible, as MindSpore's
+    """The seed of a `SeededDropout` drawing for a MindSpore op seeded with `(Seed0, Seed1)`: both mixed into 63 bits
+    (an int64 Parameter), so that `mindspore.set_seed` and the order the ops were built in decide it, as they decided
+    the op's. An unseeded op (0, 0) gets a seed from the operating system: its run is not reproducible, as MindSpore's
     would not be, but it resumes exactly, since the seed is saved with the state."""
     if not seed0 and not seed1:
         return int(np.random.SeedSequence().generate_state(1, np.uint64)[0]) >> 1
     return splitmix64(splitmix64((seed0 << 32) ^ seed1) + _GOLDEN) >> 1
 
 
-class SeededDropout(nn.Cell):
+SLOTS = 1024  # dropout ops per process: the kernel library's entry points (kernels/seeded_dropout.cc)
+_TAKEN = itertools.count()  # slots handed out in this process
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> Tuple[str, ctypes.CDLL]:
+    """The kernel library's path and, through ctypes, its slot functions (the same library MindSpore loads: a path
+    opened twice is one library)."""
+    path = native.library("seeded_dropout", "".join(f"MS_ACCUM_ENTRY({slot})\n" for slot in range(SLOTS)))
+    lib = ctypes.CDLL(path)
+    lib.ms_accum_slot_set.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_double]
+    lib.ms_accum_slot_offset.argtypes = [ctypes.c_int]
+    lib.ms_accum_slot_offset.restype = ctypes.c_int64
+    lib.ms_accum_slot_set_offset.argtypes = [ctypes.c_int, ctypes.c_int64]
+    return path, lib
+
+
+def kernel_available() -> bool:
+    """Whether `SeededDropout` can run here: on CPU, with its kernel built (`ms_accum.core.native`); warns why not
+    where a compiler is missing or fails."""
+    if ms.get_context("device_target") != "CPU":
+        return False
+    try:
+        _library()
+    except native.KernelBuildError as err:
+        warnings.warn(f"{err} nn.Dropout keeps MindSpore's kernel: runs may differ and a resumed run draws other "
+                      f"masks (docs/resume.md).", UserWarning, stacklevel=3)
+        return False
+    return True
+
+
+def _wait() -> None:
+    """Waits for the work launched before, whose kernels may still be drawing: PyNative mode queues its ops and runs
+    them in order, and `asnumpy` waits for the op it reads (on CPU graph mode runs a graph to its end before the call
+    returns; `mindspore.runtime.synchronize` serves GPU and Ascend only)."""
+    (Tensor(0, ms.int32) + 0).asnumpy()
+
+
+def _threshold(keep_prob: float) -> int:
+    return min(max(round(keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS)
+
+
+class SeededDropout:
     r"""
-    A drop-in for the `ops.Dropout` primitive (what `nn.Dropout` calls): ``(x) -> (output, mask)``, each value kept
-    with probability `keep_prob` (rounded to a multiple of 2^-16) and scaled by ``1 / keep_prob``, the rest zeroed.
+    One dropout op of ms_accum's: a primitive that takes the place of `ops.Dropout` in an `nn.Dropout`, ``(x) ->
+    (output, offset)``, each value kept with probability `keep_prob` (rounded to a multiple of 2^-16) and scaled by
+    ``1 / keep_prob``, the rest zeroed; its second output is the offset it drew from (where `ops.Dropout` returns a
+    mask, which `nn.Dropout` drops). One C++ kernel (``ms_accum/core/kernels/seeded_dropout.cc``, through MindSpore's
+    `ops.Custom`) computes the output in one pass, and the backward calls it again on the output's gradient with that
+    offset: the mask is never stored.
 
     A call draws ``n = ceil(x.size / 4)`` 64-bit words, word ``i`` being ``splitmix64(seed + (offset + 1 + i) *
     0x9E3779B97F4A7C15)`` (mod 2^64), and adds `n` to `offset`; value ``k * n + i`` of `x` (row-major) is kept when the
     ``k``-th 16-bit lane of word ``i``, from the top, is below ``keep_prob * 2^16``. So its masks depend on the seed
-    and on how many words the op has drawn, never on threads, graphs or processes: a second graph that calls the op
-    (another structure, a recomputed forward) draws the same masks from the same `offset`. `seed` and `offset` are
-    int64 Parameters of the Cell, not trained: a checkpoint of the network holds them, and loading them continues the
-    masks where they were.
+    and on how many words the op has drawn, never on threads, graphs or processes. The seed and the offset live in
+    the kernel's slot for the op (like MindSpore's own dropout kernel, whose engine lives in the kernel), which
+    `seed` and `offset` read and set; `DropoutStreams` saves them.
 
     Args:
         keep_prob (float): The probability of keeping a value, in (0, 1].
         seed (int): The op's seed, in [0, 2^63).
-        name (str): The Parameters' name prefix (their names are ``{name}.seed`` and ``{name}.offset``).
-        with_mask (bool): Return the mask too, as `ops.Dropout` does. Default: ``True``.
 
-    Inputs:
-        - **x** (Tensor) - float16, float32 or float64.
-
-    Outputs:
-        Tuple of 2 Tensors, the output and the mask (1 where kept), both of `x`'s shape and dtype; the output alone
-        without `with_mask`.
+    Raises:
+        RuntimeError: If the process has used all `SLOTS` slots.
 
     Supported Platforms:
-        ``CPU`` (measured there; its uint64 graph ops were not tried on GPU or Ascend)
+        ``CPU``
 
     Examples:
         >>> import numpy as np
         >>> from mindspore import Tensor
         >>> from ms_accum.core.dropout import SeededDropout
         >>> dropout = SeededDropout(0.7, seed=1234)
-        >>> out, mask = dropout(Tensor(np.ones((2, 3), np.float32)))
-        >>> int(dropout.offset.asnumpy())  # 6 values, 2 words
+        >>> out, offset = dropout.primitive(Tensor(np.ones((2, 3), np.float32)))
+        >>> dropout.offset  # 6 values, 2 words
         2
     """
 
-    def __init__(self, keep_prob: float, seed: int, name: str = "dropout", with_mask: bool = True) -> None:
-        super().__init__(auto_prefix=False)
+    def __init__(self, keep_prob: float, seed: int) -> None:
         self.keep_prob = float(keep_prob)
-        self.with_mask = with_mask
-        self.scale = 1.0 / self.keep_prob
-        self.seed = Parameter(Tensor(int(seed), ms.int64), name=f"{name}.seed", requires_grad=False)
-        self.offset = Parameter(Tensor(0, ms.int64), name=f"{name}.offset", requires_grad=False)
-        for param in (self.seed, self.offset):
-            setattr(param, _STATE_FLAG, True)
-        self.golden = Tensor(np.array(_GOLDEN, np.uint64))
-        self.mix = [Tensor(np.array(m, np.uint64)) for m in _MIX]
-        self.shifts = [Tensor(np.array(s, np.uint64)) for s in _SHIFTS]
-        # Multiplying a word by 2^(16 k) (mod 2^64) brings its k-th lane to the top: the product is at most `highest`
-        # exactly when that lane is below keep_prob * 2^16 (the lanes under it add less than 2^48).
-        self.lanes = [Tensor(np.array(1 << (_LANE_BITS * k), np.uint64)) for k in range(_LANES)]
-        self.one = Tensor(np.array(1, np.uint64))
-        threshold = min(max(round(self.keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS)
-        self.highest = Tensor(np.array((threshold << (64 - _LANE_BITS)) - 1, np.uint64))
-        self.right_shift = ops.RightShift()
-        # MindSpore 2.10's CPU Mul and Add kernels keep memory of their own at every integer call site (about twice the
-        # output's, never reused); MulNoNan and AddN wrap around alike and keep none (docs/mindspore.md, dropout's
-        # kernel and its threads).
-        self.mul, self.add = ops.MulNoNan(), ops.AddN()
-        # Read and advanced once per call, even inside a recomputed Cell (`Cell.recompute`): the recomputed forward
-        # then draws its mask again from the offset the forward read (a scalar kept), not from the advanced one.
-        self.read = ops.Cast().recompute(False)
-        self.advance = ops.AssignAdd().recompute(False)
+        self.slot = next(_TAKEN)
+        if self.slot >= SLOTS:
+            raise RuntimeError(f"ms_accum's dropout kernel has {SLOTS} slots per process, and this process has built "
+                               f"{SLOTS} seeded dropout ops already.")
+        path, self._lib = _library()
+        self._seed = int(seed)
+        self.set(self._seed, 0)
+        grad = ops.Custom(f"{path}:SeededDropoutGrad", out_shape=lambda dout, *_: dout,
+                          out_dtype=lambda dout, *_: dout, func_type="aot")
+        slot = Tensor(self.slot, ms.int64)
 
-    def construct(self, x):
-        size = x.size
-        words = (size + _LANES - 1) // _LANES
-        offset = self.read(self.offset, ms.uint64)
-        # SplitMix64's states after offset + 1, ..., offset + words steps, summed up from the first: Add, Mul and
-        # `arange` would each keep memory of their own at every call site (docs/mindspore.md, dropout's kernel ...).
-        start = ops.reshape(self.add((ops.cast(self.seed, ms.uint64), self.mul(offset + self.one, self.golden))), (1,))
-        z = start if words == 1 else ops.cumsum(ops.concat((start, ops.broadcast_to(self.golden, (words - 1,)))), 0)
-        z = self.mul(ops.bitwise_xor(z, self.right_shift(z, self.shifts[0])), self.mix[0])
-        z = self.mul(ops.bitwise_xor(z, self.right_shift(z, self.shifts[1])), self.mix[1])
-        z = ops.bitwise_xor(z, self.right_shift(z, self.shifts[2]))
-        # Lane k of every word, then lane k + 1 of every word: blocks laid end to end (interleaving them costs more).
-        keep = ops.concat([self.mul(z, lane) <= self.highest for lane in self.lanes], 0)
-        if words * _LANES != size:
-            keep = keep[:size]
-        mask = ops.stop_gradient(ops.cast(ops.reshape(keep, x.shape), x.dtype))
-        advanced = self.advance(self.offset, ops.cast(words, ms.int64))
-        # One product with a constant factor: `x * mask * scale` would keep `x * mask` for the backward too.
-        out = ops.depend(x * ops.stop_gradient(mask * ops.cast(self.scale, x.dtype)), advanced)
-        if self.with_mask:
-            return out, mask
-        return out
+        def bprop(x, out, dout):
+            return (grad(dout[0], slot, out[1]),)
 
-    def extend_repr(self) -> str:
-        return f"keep_prob={self.keep_prob}"
+        self.primitive = ops.Custom(f"{path}:SeededDropout{self.slot}", out_shape=lambda x: (x, []),
+                                    out_dtype=lambda x: (x, ms.int64), func_type="aot", bprop=bprop)
+        # A random op, as MindSpore marks its own: never merged with another call, nor its dropped output a lost side
+        # effect; and not run again in a recomputed forward, which would draw further on.
+        self.primitive.add_prim_attr("side_effect_hidden", True)
+        self.primitive.recompute(False)
+
+    @property
+    def seed(self) -> int:
+        """The op's seed."""
+        return self._seed
+
+    @property
+    def offset(self) -> int:
+        """The words drawn so far; waits for the work launched before."""
+        _wait()
+        return int(self._lib.ms_accum_slot_offset(self.slot))
+
+    def set(self, seed: int, offset: int) -> None:
+        """Sets the seed and the words drawn; waits for the work launched before."""
+        _wait()
+        self._seed = int(seed)
+        self._lib.ms_accum_slot_set(self.slot, self._seed, int(offset), _threshold(self.keep_prob),
+                                    1.0 / self.keep_prob)
+
+    def set_offset(self, offset: int) -> None:
+        """Sets the words drawn; waits for the work launched before."""
+        _wait()
+        self._lib.ms_accum_slot_set_offset(self.slot, int(offset))
 
 
-class _SeededDropoutLayer(nn.Dropout):
-    """An `nn.Dropout` whose op is a `SeededDropout` returning the output alone: `nn.Dropout.construct` unpacks the op's
-    (output, mask) and drops the mask, and MindSpore 2.10 warns at compile time when a result of a call with side
-    effects is dropped (docs/mindspore.md, discarded results of functions with side effects)."""
+def _dropout_layers(network: nn.Cell) -> Iterator[Tuple[str, nn.Cell, ops.Dropout]]:
+    """(path, cell, primitive) of each `nn.Dropout` of `network` whose construct is `nn.Dropout`'s (it calls its
+    ``dropout`` primitive and drops the mask)."""
+    for path, cell in network.cells_and_names():
+        prim = vars(cell).get("dropout")
+        if isinstance(cell, nn.Dropout) and type(cell).construct is nn.Dropout.construct and \
+                isinstance(prim, ops.Dropout):
+            yield path, cell, prim
 
-    def construct(self, x):
-        if not self.training or self.keep_prob == 1 or self.p == 0:
-            return x
-        return self.dropout(x)
 
+class DropoutStreams(nn.Cell):
+    r"""
+    The dropout state of a network, kept beside it: one `SeededDropout` per `nn.Dropout` of the network, seeded from
+    its op's ``Seed0``/``Seed1``, and their seeds and offsets as Parameters to save.
 
-def seed_dropout(network: nn.Cell) -> List[SeededDropout]:
-    """
-    Replaces every `ops.Dropout` primitive that a Cell of `network` holds (each `nn.Dropout`'s) by a `SeededDropout`
-    seeded from the primitive's ``Seed0``/``Seed1``; returns every `SeededDropout` of `network`, those it already had
-    included. Its Parameters are named after the Cell that holds it (``{cell}.{attribute}.seed``, ``.offset``). An
-    `nn.Dropout` stays an `nn.Dropout` (its class becomes a subclass that calls the new op).
+    While `drawing()` is open, those `nn.Dropout` cells call the `SeededDropout` primitives instead of MindSpore's
+    (set with `setattr`, MindSpore's public way of giving a Cell another primitive) and it sets MindSpore's back when it
+    closes. The network keeps its classes, its cells and its Parameters throughout. The Parameters, named
+    ``dropout_stream.{cell}.seed`` and ``.offset``, are this Cell's: a training state that holds it holds them, and a
+    resumed run continues the masks where the saved run was. They are read from the kernel by `pull` (the training
+    state does it before each save) and when `drawing()` closes, and written to it by `push`, which `drawing()` does
+    when it opens.
 
-    `GradientAccumulation` and `TrainCachedWindowCell` call it on CPU when they are built, so that two runs with
-    `mindspore.set_seed` draw the same masks and a resumed run continues them (docs/resume.md). Call it yourself for a
-    network that the other Cells (`TrainAccumulationCell`, ...) or `nn.TrainOneStepCell` train. Build the network after
-    `mindspore.set_seed`: its ops' seeds are given when they are built.
+    Build the network after `mindspore.set_seed`: its ops' seeds are given when they are built.
 
     Args:
-        network (nn.Cell): The network; changed in place.
+        network (nn.Cell): The network; not changed.
 
-    Returns:
-        list[SeededDropout], the network's, in the order `cells_and_names` visits them.
-    """
-    for path, cell in list(network.cells_and_names()):
-        for attribute, prim in list(getattr(cell, "_primitives", {}).items()):
-            if isinstance(prim, ops.Dropout):
-                attrs = prim.attrs
-                layer = type(cell) is nn.Dropout and attribute == "dropout"
-                replacement = SeededDropout(attrs["keep_prob"], op_seed(int(attrs["Seed0"]), int(attrs["Seed1"])),
-                                            f"{path}.{attribute}" if path else attribute, with_mask=not layer)
-                del cell._primitives[attribute]  # pylint: disable=protected-access
-                object.__delattr__(cell, attribute)
-                cell.insert_child_to_cell(attribute, replacement)
-                if layer:
-                    cell.__class__ = _SeededDropoutLayer
-    return seeded_ops(network)
+    Supported Platforms:
+        ``CPU``
 
-
-def seed_dropout_on_cpu(network: nn.Cell) -> List[SeededDropout]:
-    """`seed_dropout` when MindSpore runs on CPU, where its dropout kernel was measured to race and `SeededDropout` to
-    run; elsewhere the network is left as it is (and `[]` returned). What `GradientAccumulation` and
-    `TrainCachedWindowCell` call."""
-    if ms.get_context("device_target") != "CPU":
-        return []
-    return seed_dropout(network)
-
-
-def seeded_ops(network: nn.Cell) -> List[SeededDropout]:
-    """Every `SeededDropout` of `network`, in the order `cells_and_names` visits them."""
-    return [cell for _, cell in network.cells_and_names() if isinstance(cell, SeededDropout)]
-
-
-def is_random_state(param: Parameter) -> bool:
-    """Whether `param` is a `SeededDropout`'s seed or offset: training state, not a weight."""
-    return bool(getattr(param, _STATE_FLAG, False))
-
-
-class _Copy(nn.Cell):
-    """Assigns, pair after pair, each Parameter of a pair's sources to its twin among its targets, in one graph."""
-
-    def __init__(self, *pairs) -> None:
-        super().__init__(auto_prefix=False)
-        self.pairs = pairs
-
-    def construct(self):
-        done = True
-        for sources, targets in self.pairs:
-            for source, target in zip(sources, targets):
-                done = ops.depend(done, ops.assign(target, ops.depend(source, done)))
-        return done
-
-
-class DrawMarks:
-    """Where a network's `SeededDropout` ops are in their streams, marked and gone back to, so that a forward run again
-    drops the same values: gradient caching runs each micro-batch's forward twice (`TrainCachedWindowCell`).
-
-    `mark` notes the offsets before the first forward, `rewind` notes where it ended and sets them back, `restore`
-    sets them to where the first forward ended: the second forward does not move them in PyNative mode (measured: its
-    `GradOperation` drew the first forward's masks without advancing the offsets), and in graph mode ends there anyway.
-    Each is a graph, launched in order with the graphs that draw, so nothing waits on the host; a network without
-    `SeededDropout` ops launches nothing.
-
-    Args:
-        network (nn.Cell): The network, after `seed_dropout`.
+    Examples:
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from ms_accum.core.dropout import DropoutStreams
+        >>> ms.set_seed(0)
+        >>> net = nn.SequentialCell([nn.Dense(4, 4), nn.Dropout(p=0.1)])
+        >>> streams = DropoutStreams(net)
+        >>> step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params()))
+        >>> with streams.drawing():
+        ...     pass  # step(x, y) here draws the masks from the streams
+        >>> [p.name for p in streams.get_parameters()]
+        ['dropout_stream.1.seed', 'dropout_stream.1.offset']
     """
 
     def __init__(self, network: nn.Cell) -> None:
-        offsets = [op.offset for op in seeded_ops(network)]
-        self._mark = self._rewind = self._restore = None
-        if offsets:
-            offsets = ParameterTuple(offsets)
-            start = offsets.clone(prefix="ms_accum_start", init="zeros")
-            end = offsets.clone(prefix="ms_accum_end", init="zeros")
-            self._mark = _Copy((offsets, start))
-            self._rewind = _Copy((offsets, end), (start, offsets))
-            self._restore = _Copy((end, offsets))
+        super().__init__(auto_prefix=False)
+        self._swaps = []  # (cell, MindSpore's primitive, the SeededDropout drawn instead)
+        state = []
+        for path, cell, prim in _dropout_layers(network):
+            op = SeededDropout(prim.attrs["keep_prob"], op_seed(int(prim.attrs["Seed0"]), int(prim.attrs["Seed1"])))
+            self._swaps.append((cell, prim, op))
+            name = f"{STATE_PREFIX}{path}"
+            state += [Parameter(Tensor(op.seed, ms.int64), name=f"{name}.seed", requires_grad=False),
+                      Parameter(Tensor(0, ms.int64), name=f"{name}.offset", requires_grad=False)]
+        for param in state:
+            setattr(param, _STATE_FLAG, True)
+        self.state = ParameterTuple(state)
+        self._open = 0
+
+    @property
+    def ops(self) -> List[SeededDropout]:
+        """Each `nn.Dropout`'s op, in the order the network's cells are visited."""
+        return [op for _, _, op in self._swaps]
+
+    def covers(self, prim: ops.Primitive) -> bool:
+        """Whether `prim` is one that `drawing()` replaces."""
+        return any(prim is swapped for _, swapped, _ in self._swaps)
+
+    def pull(self) -> None:
+        """The kernel's seeds and offsets into the Parameters (to save them)."""
+        for op, seed, offset in zip(self.ops, self.state[0::2], self.state[1::2]):
+            seed.set_data(Tensor(op.seed, ms.int64))
+            offset.set_data(Tensor(op.offset, ms.int64))
+
+    def push(self) -> None:
+        """The Parameters' seeds and offsets into the kernel (after they were loaded)."""
+        for op, seed, offset in zip(self.ops, self.state[0::2], self.state[1::2]):
+            op.set(int(seed.asnumpy()), int(offset.asnumpy()))
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator["DropoutStreams"]:
+        """The network's `nn.Dropout` cells draw from the streams inside; nested calls are one."""
+        if self._open == 0:
+            self.push()
+            for cell, _, op in self._swaps:
+                setattr(cell, "dropout", op.primitive)
+        self._open += 1
+        try:
+            yield self
+        finally:
+            self._open -= 1
+            if self._open == 0:
+                for cell, prim, _ in self._swaps:
+                    setattr(cell, "dropout", prim)
+                self.pull()
+
+    def __len__(self) -> int:
+        return len(self._swaps)
+
+    def construct(self):
+        return ()
+
+
+def seeded_layers(network: nn.Cell) -> List[ops.Dropout]:
+    """The primitives of `network` that a `DropoutStreams` draws for here (none where `kernel_available` is false)."""
+    return [prim for _, _, prim in _dropout_layers(network)] if kernel_available() else []
+
+
+def dropout_streams(network: nn.Cell) -> DropoutStreams:
+    """The `DropoutStreams` of `network` where `SeededDropout` runs (`kernel_available`: on CPU, where MindSpore's
+    dropout kernel was measured to race); elsewhere an empty one, and the network keeps MindSpore's dropout. What the
+    executor and `TrainCachedWindowCell` build."""
+    return DropoutStreams(network if kernel_available() else nn.Cell())
+
+
+def is_random_state(param: Parameter) -> bool:
+    """Whether `param` is a random op's seed or offset: training state, not a weight."""
+    return bool(getattr(param, _STATE_FLAG, False))
+
+
+# MindSpore's random functions (its own list) and its dropout functions, which draw from kernels' engines.
+_RANDOM_FUNCTIONS = frozenset(random_func.__all__) | {"bernoulli", "dropout", "dropout1d", "dropout2d", "dropout3d"}
+
+
+def _is_random_primitive(prim) -> bool:
+    attrs = getattr(prim, "attrs", {})
+    return bool(attrs.get("side_effect_hidden")) or "dropout" in type(prim).__name__.lower() or \
+        any(key in attrs for key in ("seed", "seed2", "Seed0", "Seed1"))
+
+
+def _random_calls(cls: type) -> List[str]:
+    """MindSpore random functions that `cls.construct`'s source calls other than through ``self`` (``ops.dropout``,
+    ``ops.uniform``, ...): a Cell's own attributes are looked at as objects instead."""
+    construct = getattr(cls, "construct", None)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(construct)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name) and func.value.id == "self"):
+                name, shown = func.attr, ast.unparse(func)
+            elif isinstance(func, ast.Name):
+                name, shown = func.id, func.id
+            else:
+                continue
+            if name in _RANDOM_FUNCTIONS or "dropout" in name:
+                found.append(shown)
+    return sorted(set(found))
+
+
+def uncovered_random_ops(network: nn.Cell, streams: DropoutStreams) -> List[str]:
+    """What in `network` draws randomness that `streams` does not: a random primitive held by a Cell (``Dropout2D``,
+    ``StandardNormal``, ...) or a MindSpore random function called in a Cell's `construct` (``ops.dropout``,
+    ``ops.uniform``, ...); one line per Cell, naming it and what it calls."""
+    found = []
+    for path, cell in network.cells_and_names():
+        prims = [f"{attribute} ({type(value).__name__})" for attribute, value in vars(cell).items()
+                 if isinstance(value, ops.Primitive) and not streams.covers(value) and _is_random_primitive(value)]
+        calls = _random_calls(type(cell))
+        if prims or calls:
+            what = ", ".join([*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)])
+            found.append(f"'{path or 'the network'}' ({type(cell).__name__}): {what}")
+    return found
+
+
+def warn_uncovered(network: nn.Cell, streams: DropoutStreams, stacklevel: int = 3) -> List[str]:
+    """Warns once, at build time, naming each Cell whose randomness `streams` does not draw: its masks or noise come
+    from MindSpore's kernels, whose state no API reads or sets, so two runs may differ and a resumed run starts them
+    afresh (docs/resume.md). Returns the lines."""
+    found = uncovered_random_ops(network, streams)
+    if found:
+        warnings.warn("these random ops draw from MindSpore's kernels, not from ms_accum's seeded streams, so two runs "
+                      "may differ and a resumed run starts them afresh (docs/resume.md, dropout and other random "
+                      "ops): " + "; ".join(found) + ".", UserWarning, stacklevel=stacklevel)
+    return found
+
+
+class DrawMarks:
+    """Where a network's streams are, marked and gone back to, so that a forward run again drops the same values:
+    gradient caching runs each micro-batch's forward twice (`TrainCachedWindowCell`).
+
+    `mark` notes the offsets before the first forward, `rewind` notes where it ended and sets them back, `restore`
+    sets them to where the first forward ended (the second forward ends there too in graph mode; in PyNative mode its
+    `GradOperation` was measured to draw the first forward's masks without advancing). Each waits for the work
+    launched before it.
+
+    Args:
+        streams (DropoutStreams): The network's streams.
+    """
+
+    def __init__(self, streams: DropoutStreams) -> None:
+        self.ops = streams.ops
+        self.start: List[int] = []
+        self.end: List[int] = []
 
     def mark(self) -> None:
         """Notes every op's offset, before the first forward."""
-        if self._mark is not None:
-            self._mark()
+        self.start = [op.offset for op in self.ops]
 
     def rewind(self) -> None:
         """Notes where the first forward left the offsets and sets them back to the marked ones."""
-        if self._rewind is not None:
-            self._rewind()
+        self.end = [op.offset for op in self.ops]
+        for op, offset in zip(self.ops, self.start):
+            op.set_offset(offset)
 
     def restore(self) -> None:
         """Sets the offsets to where the first forward left them, after the second."""
-        if self._restore is not None:
-            self._restore()
+        for op, offset in zip(self.ops, self.end):
+            op.set_offset(offset)

@@ -23,7 +23,7 @@ from mindspore.communication import GlobalComm
 
 from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_float, door
 from ..core.buffer import AccumulationBuffer
-from ..core.dropout import DrawMarks, seed_dropout_on_cpu
+from ..core.dropout import DrawMarks, DropoutStreams, dropout_streams, seeded_layers
 from ..core.guard import LossScaler
 from ..core.inference import in_inference
 from ..core.parallel import AllReduceSums, data_parallel_info
@@ -88,16 +88,18 @@ _SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))  # how MindSpore's random 
 def check_same_masks(network: nn.Cell) -> None:
     """Refuses a network whose random ops would draw other values in pass 2 than in pass 1.
 
-    On CPU dropout is not one of them: `TrainCachedWindowCell` draws `nn.Dropout`'s masks through `SeededDropout`
-    (`ms_accum.core.dropout`) and sets their offsets back between the passes. A random primitive (`ops.StandardNormal`,
+    On CPU `nn.Dropout` is not one of them: `TrainCachedWindowCell` draws its masks through ms_accum's dropout streams
+    (`ms_accum.core.dropout`) and sets them back between the passes. Another random primitive (`ops.StandardNormal`,
     `ops.UniformReal`, `ops.Dropout` elsewhere) keeps its state in its kernel: in graph mode each call site in a
     compiled graph is a kernel of its own, seeded from the op's seeds, and the pass-1 and pass-2 branches of
     `_CachedPass` call theirs once per micro-batch in the same order, so seeded kernels draw the same values in both.
     Unseeded kernels, and PyNative (one kernel shared by both passes), draw other values.
     """
+    seeded = seeded_layers(network)
     random_ops = [(name or type(cell).__name__, type(prim).__name__, [prim.attrs[a] for a in pair])
                   for name, cell in network.cells_and_names()
-                  for prim in getattr(cell, "_primitives", {}).values() if prim is not None
+                  for prim in vars(cell).values() if isinstance(prim, ops.Primitive)
+                  and not any(prim is drawn for drawn in seeded)
                   for pair in _SEED_ATTRS if all(a in prim.attrs for a in pair)]
     if not random_ops:
         return
@@ -197,9 +199,9 @@ class TrainCachedWindowCell(nn.Cell):
     steps, or it is cleared, as the executor's other structures close theirs. A call is a few graph launches from the
     host, not one graph: one graph would keep every micro-batch's activations (docs/mindspore.md).
 
-    On CPU its `nn.Dropout` ops are made `SeededDropout` ops (`ms_accum.core.dropout.seed_dropout`), whose offsets are
-    set back before pass 2: both passes drop the same values, in graph and PyNative mode. Other random primitives need
-    seeds and graph mode (`check_same_masks`).
+    On CPU its `nn.Dropout` cells draw from ms_accum's dropout streams (`ms_accum.core.dropout.DropoutStreams`) while
+    a window trains, set back before pass 2: both passes drop the same values, in graph and PyNative mode. Other random
+    primitives need seeds and graph mode (`check_same_masks`).
 
     Args:
         network (nn.Cell): Maps one micro-batch's data to its outputs (a Tensor or a tuple of Tensors, each with the
@@ -212,6 +214,8 @@ class TrainCachedWindowCell(nn.Cell):
         policy (str): Only ``"skip_window"`` (default): see `check_cached_options`.
         loss_scaler (Union[amp.StaticLossScaler, amp.DynamicLossScaler], optional): MindSpore's loss scaler, when the
             buffer is new. Default: ``None``.
+        dropout (DropoutStreams, optional): The network's dropout streams, when a training state saves them
+            (`GradientAccumulation` passes its own); new ones by default.
 
     Inputs:
         - **\*inputs** (Tensor) - The window: every input of the network, then the labels, each stacked on a leading
@@ -247,7 +251,7 @@ class TrainCachedWindowCell(nn.Cell):
 
     def __init__(self, network: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, clip_norm: Optional[float] = None,
                  buffer: Optional[AccumulationBuffer] = None, policy: str = "skip_window",
-                 loss_scaler: Optional[LossScaler] = None) -> None:
+                 loss_scaler: Optional[LossScaler] = None, dropout: Optional[DropoutStreams] = None) -> None:
         super().__init__(auto_prefix=False)
         with door("TrainCachedWindowCell"):
             self.network = check_isinstance(network, "network", nn.Cell)
@@ -262,7 +266,9 @@ class TrainCachedWindowCell(nn.Cell):
                 raise ArgumentValueError(f"the argument 'buffer' must have reduction 'sum', no micro-batch left out "
                                          f"and no statistics (the window's gradient is that of its one loss), but got "
                                          f"reduction '{buffer.reduction.name}'.")
-            seed_dropout_on_cpu(network)  # both passes of a micro-batch then drop the same values, in either mode
+            # Both passes of a micro-batch then drop the same values, in either mode.
+            dropout = dropout_streams(network) if dropout is None else check_isinstance(dropout, "dropout",
+                                                                                         DropoutStreams)
             check_same_masks(network)
         self.buffer = buffer
         self.parallel = data_parallel_info()
@@ -277,7 +283,8 @@ class TrainCachedWindowCell(nn.Cell):
         self.tuple_output = False
         self._zeros = {}  # micro-batch size -> pass 1's placeholders
         self._pass1, self._pass2 = Tensor(False), Tensor(True)
-        self.draws = DrawMarks(network)  # pass 2 draws the masks pass 1 drew, and the next window goes on
+        self.dropout = dropout
+        self.draws = DrawMarks(dropout)  # pass 2 draws the masks pass 1 drew, and the next window goes on
 
     def set_train(self, mode: bool = True):
         super().set_train(mode)
@@ -340,6 +347,10 @@ class TrainCachedWindowCell(nn.Cell):
         is left to be closed; returns the window's loss.
 
         The window's inputs are held until pass 2 has run them again (their memory, not their activations')."""
+        with self.dropout.drawing():
+            return self._both_passes(window)
+
+    def _both_passes(self, window: Iterable[Sequence[Tensor]]) -> Tensor:
         micro_batches: List[Sequence[Tensor]] = []
         outputs = []
         self.draws.mark()

@@ -15,6 +15,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from ..core import _ops
 from .._validation import ArgumentValueError, check_isinstance, check_positive_float, check_positive_int, door
 from ..core.buffer import AccumulationBuffer
+from ..core.dropout import DropoutStreams
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
 from ..core.losses import loss_output_error, window_reduction
 from ..core.parallel import data_parallel_info
@@ -136,7 +137,8 @@ class _MicroBatchCell(_BufferCell):
 class TrainingState(_BufferCell):
     r"""
     Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state
-    (moments, step, learning rate) and the accumulation buffer with its counters.
+    (moments, step, learning rate), the accumulation buffer with its counters and the dropout streams' seeds and
+    offsets.
 
     It computes nothing. `GradientAccumulation` saves it as its resumable checkpoint, so the file is the same
     whichever graph structure trains.
@@ -145,6 +147,8 @@ class TrainingState(_BufferCell):
         network (nn.Cell): The network (with its loss).
         optimizer (nn.Optimizer): The optimizer.
         buffer (AccumulationBuffer): The window's state.
+        dropout (DropoutStreams, optional): The network's dropout state (`ms_accum.core.dropout`). Default: ``None``,
+            none.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -163,15 +167,19 @@ class TrainingState(_BufferCell):
         >>> # ms.save_checkpoint(state, "state.ckpt") holds weights, moments and buffer
     """
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
+    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer,
+                 dropout: Optional[DropoutStreams] = None) -> None:
         with door("TrainingState"):
             super().__init__(_check_buffer(buffer, optimizer), scratch=False)
             self.network = check_isinstance(network, "network", nn.Cell)
+            self.dropout = DropoutStreams(nn.Cell()) if dropout is None else \
+                check_isinstance(dropout, "dropout", DropoutStreams)
         self.optimizer = optimizer
 
     def contents(self) -> nn.Cell:
-        """What a training-state file holds: this Cell (a state sharded over ranks gathers its parts instead,
-        `ms_accum.train.sharding.ShardedState`)."""
+        """What a training-state file holds: this Cell, the dropout streams read from their kernel (a state sharded
+        over ranks gathers its parts instead, `ms_accum.train.sharding.ShardedState`)."""
+        self.dropout.pull()
         return self
 
 

@@ -11,7 +11,7 @@ from .._choices import AUTO_STRUCTURE, STRUCTURES
 from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
 from ..core.buffer import AccumulationBuffer
 from ..core.columns import with_loss
-from ..core.dropout import seed_dropout_on_cpu
+from ..core.dropout import dropout_streams, warn_uncovered
 from ..core.losses import window_reduction
 from ..core.parallel import DataParallelInfo, data_parallel_info
 from ..core.statistics import NoiseScale
@@ -114,7 +114,9 @@ class GradientAccumulation:
             check_isinstance(loss_fn, "loss_fn", nn.Cell)
         check_isinstance(optimizer, "optimizer", nn.Optimizer)
         _check_optimizer_updates(network, optimizer)
-        seed_dropout_on_cpu(network)  # masks from a seed and a count it saves, not a kernel's engine (docs/resume.md)
+        # Masks from a seed and a count ms_accum saves, not a kernel's engine; what it cannot reach is named now.
+        self.dropout = dropout_streams(network)
+        warn_uncovered(network, self.dropout, stacklevel=4)
         kind = structure_class(check_value_in(structure, "structure", STRUCTURES))
         reduction = window_reduction(loss_fn, window.reduction)
         reduction = kind.refuse(network, loss_fn, reduction, self.guard, measure)
@@ -137,7 +139,7 @@ class GradientAccumulation:
                                          skip_outliers=measure.skip_outliers, outlier_warmup=measure.outlier_warmup,
                                          reduce_on_host=True)
         parts = Parts(network, loss_fn, with_loss(network, loss_fn), optimizer, self.buffer, window.clip_norm,
-                      "network" if loss_fn is None else "loss_fn")
+                      self.dropout, "network" if loss_fn is None else "loss_fn")
         closer = ShardedCloser(parts, self.parallel) if sharded else Closer(parts)
         self._structure: Structure = kind(parts, closer)
         self.state = closer.training_state(parts)  # what training-state files hold
@@ -242,16 +244,17 @@ class GradientAccumulation:
         self._structure.reset()  # start from an empty window whatever happened before
         windows = run.start()
         structure = self.runner(run.largest)  # built once, for the largest K; shorter windows run through it too
-        for k, size, window, opened_at in windows:
-            if size < k and partial_window == "drop":
-                run.drop(window)
-                continue
-            run.open(opened_at, k)
-            # What a window's graphs refuse is about the executor's own arguments (a loss that does not fit).
-            with door("GradientAccumulation", final=True):
-                trained = structure.train_window(window, size)
-            if run.close(k, *trained):
-                break
+        with self.dropout.drawing():  # the network's nn.Dropout cells draw from the streams until training ends
+            for k, size, window, opened_at in windows:
+                if size < k and partial_window == "drop":
+                    run.drop(window)
+                    continue
+                run.open(opened_at, k)
+                # What a window's graphs refuse is about the executor's own arguments (a loss that does not fit).
+                with door("GradientAccumulation", final=True):
+                    trained = structure.train_window(window, size)
+                if run.close(k, *trained):
+                    break
         return run.finish(self.network)
 
     def _mini_steps(self, mini_steps: Optional[ScheduleLike], train_dataset: Dataset) -> ScheduleLike:

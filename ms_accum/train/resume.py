@@ -3,10 +3,13 @@ devices as before or on another number of them (the same global batch per update
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
+
+from ..core.dropout import is_random_state
 
 from .schedule import AccumulationSchedule, pairs_text
 from .windows import Position, _planned_windows
@@ -107,6 +110,10 @@ class StateCheckpoints:
         params = {_BUFFER_PREFIX + name[len(_OLD_BUFFER_PREFIX):] if name.startswith(_OLD_BUFFER_PREFIX) else name:
                   value for name, value in contents[0].items()}
         load_into(self.state, path, strict=True, contents=(params, meta))
+        if any(is_random_state(p) and p.name not in params for p in self.state.get_parameters()):
+            warnings.warn(f"Checkpoint '{path}' holds no dropout streams (ms_accum 0.3 kept them in the network, "
+                          f"under other names): the dropout masks start afresh; everything else continues.",
+                          UserWarning, stacklevel=2)
         self.resumed = meta
         return position, path
 

@@ -55,7 +55,7 @@ class ShardedCloser(Closer):
         return _StepPart(self.part, parts.buffer, self.owned, parts.optimizer.parameters)
 
     def training_state(self, parts: Parts) -> nn.Cell:
-        return ShardedState(TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer), self)
+        return ShardedState(TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer, parts.dropout), self)
 
     def apply(self) -> None:
         """This rank's part stepped and the others' zeroed, then every parameter summed over the ranks."""
@@ -96,6 +96,7 @@ class ShardedState(nn.Cell):
     def __init__(self, whole: TrainingState, closer: ShardedCloser) -> None:
         super().__init__(auto_prefix=False)
         self.network, self.optimizer, self.window_state = whole.network, closer.part, whole.window_state
+        self.dropout = whole.dropout
         owner = {id(state[i]): closer.owners[i] for state in _per_parameter(whole.optimizer)
                  for i in range(len(state))}
         # (name, the Parameter, its owner, or None for what every rank holds), in the files' order.
@@ -106,6 +107,7 @@ class ShardedState(nn.Cell):
         """What a training-state file holds, ``[{"name", "data"}]``, each part's optimizer state taken from its owner
         by an all-reduce per tensor (the others give zeros): every rank must call it, and rank 0, which writes the
         file, keeps what it gathers (the others get an empty list)."""
+        self.dropout.pull()
         saved = []
         for name, param, owner in self.entries:
             if owner is not None and owner != self.rank:  # another part's: its owner's value (this rank's is zeros)

@@ -8,6 +8,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from mindspore import Tensor, nn
 
 from ...core.buffer import AccumulationBuffer
+from ...core.dropout import DropoutStreams
 from ...core.parallel import InPlaceAllReduce, in_buckets
 from ...core.statistics import UNMEASURED
 from ...graphs.cells import TrainClear, TrainingState, _CheckWindow, _StepWindow
@@ -30,6 +31,7 @@ class Parts:
     optimizer: nn.Optimizer
     buffer: AccumulationBuffer
     clip_norm: Optional[float]
+    dropout: DropoutStreams  # the network's dropout state, kept beside it (`ms_accum.core.dropout`)
     loss_arg: str = "loss_fn"  # the argument that gave the loss, which a loss that does not fit is said to be
 
 
@@ -64,7 +66,7 @@ class Closer:
 
     def training_state(self, parts: Parts) -> nn.Cell:
         """Every Parameter the training owns, which training-state files save and load (`TrainingState`)."""
-        return TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer)
+        return TrainingState(parts.net_with_loss, parts.optimizer, parts.buffer, parts.dropout)
 
     def close(self) -> bool:
         """The buffer reduced (in data parallel), `check`, then `step` or `clear`; returns whether the optimizer

@@ -33,7 +33,7 @@ class Cached(Structure):
     def __init__(self, parts: Parts, closer: Closer) -> None:
         super().__init__(parts, closer)
         self.cell = TrainCachedWindowCell(parts.network, parts.loss_fn, parts.optimizer, parts.clip_norm,
-                                          buffer=parts.buffer).set_train()
+                                          buffer=parts.buffer, dropout=parts.dropout).set_train()
 
     def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
         micro_batches = list(window)
