@@ -18,7 +18,7 @@ import mindspore.dataset as ds
 from mindspore import Tensor, amp, nn, ops
 
 from ms_accum import GradientAccumulation, TrainCachedWindowCell, verify_equivalence
-from ms_accum.core.dropout import seed_dropout
+from ms_accum.core.dropout import DropoutStreams
 from conftest import mnist_dir, params_of, raises_exactly, requires_mnist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_scripts"))
@@ -126,9 +126,9 @@ def test_control_the_per_micro_batch_structure_is_not_the_large_step(kind):
 
 def test_dropout_both_passes_see_the_same_masks(mode):
     """Pass 1's masks are read off its outputs (a dropped unit is a zero) by a twin network built with the same seed,
-    whose `SeededDropout` ops draw the same masks from the same offsets; the cached update, whose pass 2 draws again
+    whose dropout streams draw the same masks from the same offsets; the cached update, whose pass 2 draws again
     from the offsets pass 1 started at, must equal one step of the large batch with exactly those masks. In PyNative
-    too: the masks are drawn from the ops' Parameters, not from kernels of each branch."""
+    too: the masks are drawn from the streams, not from kernels of each branch."""
     p = 0.25
     x, y = build("infonce")[2](K * B)
     micro = [Tensor(x[i * B:(i + 1) * B]) for i in range(K)]
@@ -142,17 +142,16 @@ def test_dropout_both_passes_see_the_same_masks(mode):
             return self.network(pairs)
 
     twin, _, _ = build("infonce", dropout=p)
-    seed_dropout(twin)
+    twin_streams = DropoutStreams(twin)
     forward = Forward(twin).set_train()
-    masks = np.concatenate([np.stack([(t.asnumpy() != 0) for t in forward(m)], 1) for m in micro]).astype(np.float32)
+    with twin_streams.drawing():
+        masks = np.concatenate([np.stack([(t.asnumpy() != 0) for t in forward(m)], 1) for m in micro])
+    masks = masks.astype(np.float32)
     assert 0.6 < masks.mean() < 0.9  # dropout ran
     assert not np.array_equal(masks[:B], masks[B:2 * B])  # each micro-batch its own masks
 
     net, loss, _ = build("infonce", dropout=p)
-    def seeds(n):
-        return [int(c.dropout.dropout.seed.asnumpy()) for c in (n.query, n.doc)]
-    seed_dropout(net)
-    assert seeds(net) == seeds(twin)
+    assert [op.seed for op in DropoutStreams(net).ops] == [op.seed for op in twin_streams.ops]
     masked = MaskedTwoTower(1.0 - p)
     ms.load_param_into_net(masked, {q.name: ms.Parameter(Tensor(q.asnumpy()), name=q.name)
                                     for q in net.trainable_params()}, strict_load=True)
@@ -256,7 +255,7 @@ def test_bad_inputs_are_refused_before_anything_compiles():
 
 
 def test_other_random_ops_need_seeds_and_graph_mode():
-    """Dropout is drawn from `SeededDropout` (either mode, seeded or not); another random primitive keeps its state in
+    """Dropout is drawn from ms_accum's streams (either mode, seeded or not); another random primitive keeps its state in
     its kernels, which agree between the passes only when seeded and in graph mode."""
     unseeded = TwoTower(dropout=0.5)
     for tower in (unseeded.query, unseeded.doc):  # as built without mindspore.set_seed

@@ -166,7 +166,7 @@ class _CachedPass(_BufferCell):
     One graph, not two: on CPU a graph keeps the activation memory it planned, and a second graph of the network would
     keep its own (docs/mindspore.md, each graph's memory; measured for this Cell in docs/cached.md).
     Each branch calls the network's random primitives through its own kernels, which `check_same_masks` relies on;
-    its dropout draws from the `SeededDropout` offsets that `TrainCachedWindowCell` sets back before pass 2.
+    its `nn.Dropout` cells draw from the streams that `TrainCachedWindowCell` sets back before pass 2.
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:

@@ -184,9 +184,9 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
         strict (bool): Refuse a checkpoint whose parameters are missing from or extra to the network's.
             Default: ``True``. Training state beside the network's parameters is ignored either way: per-parameter
             slots named ``<slot>.<parameter>`` (optimizer moments, accumulation buffers) and scalars (step counts,
-            learning rate, window counters, dropout's seeds and offsets). A network's own dropout state
-            (`ms_accum.core.dropout.SeededDropout`) that the file lacks, as files written before ms_accum seeded
-            dropout do, keeps its value.
+            learning rate, window counters, dropout's seeds and offsets). Dropout streams
+            (`ms_accum.core.dropout.DropoutStreams`) that the file lacks, as files of 0.3 and older do, keep their
+            value.
         expected (dict, optional): Metadata values the checkpoint must carry, e.g. ``{"model": "lenet5"}``.
         contents (tuple, optional): ``(params, metadata)`` of `path` as `load_checkpoint` returned them, for a
             caller that read the file already (to check its metadata first): the file is then not read again.
