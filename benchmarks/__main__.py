@@ -24,6 +24,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
     "cached": "gradient caching: a contrastive conv net's memory (K = 4, 8, 16) and time per window vs one K·B step",
     "plan_budget": "memory: a plan for a 132 MiB encoder with AdamW at 1400 MiB, against training with it",
     "sharding": "memory and speed: the optimizer state sharded over 2 and 4 msrun ranks, a 192 MiB MLP and an encoder",
+    "dropout": "memory and speed: ms_accum's dropout against MindSpore's kernel, a BERT-shaped encoder and the recipe",
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
@@ -41,6 +42,8 @@ QUICK_PARAMETERS = ("one_b", "three_graphs+statistics")
 QUICK_REAL = (("deep_mlp", 2, None), ("encoder", 1, 32)), ("sgd",), ("one_b", "three_graphs")
 # (model, --memory, --global-batch): issue 45's encoder, --quick the test's small one
 PLAN_BUDGET = (("parameter_heavy:encoder_4x768", "1400MiB", 16), ("parameter_heavy:encoder", "1GiB", 8))
+# dropout: the encoder's (layers, seq) for memory (BERT-base at sequence 512) and for time, rounds and steps per round
+DROPOUT = (((12, 512), (6, 384), 7, 2), ((1, 64), (1, 64), 1, 1))
 
 
 def parse_args(argv=None):
@@ -145,6 +148,15 @@ def main(argv=None) -> int:
                                 1 if args.quick else 3, common.log)
         print(sharding.render(rows) + "\n", flush=True)
         results["memory"]["sharding"] = rows
+
+    if section("dropout"):
+        from . import dropout
+        (layers, seq), (time_layers, time_seq), rounds, steps = DROPOUT[mode]
+        figures = dropout.memory(layers, seq, args.repeats, common.log)
+        print(dropout.render_memory(figures) + "\n", flush=True)
+        results["memory"]["dropout"] = figures
+        for table in dropout.speed(time_layers, time_seq, rounds, steps, WARMUP[mode]):
+            show(table)
 
     print(f"total {time.time() - started:.0f} s; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

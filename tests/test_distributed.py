@@ -196,6 +196,22 @@ def reference_of(name):
 
 
 @pytest.mark.distributed
+def test_dropout_under_data_parallel_is_the_same_in_every_run_and_resumes_bit_identical(dp_run):
+    """Every rank draws its masks from ms_accum's streams: two whole runs end bit-identical, a run stopped after step 4
+    and resumed from rank 0's state file by a new network and executor ends as the whole run, and the ranks agree."""
+    out, reports = dp_run
+    runs = {name: [dict(np.load(out / f"dropout_{name}_rank{rank}.npz")) for rank in range(WORKERS)]
+            for name in ("whole", "again", "stopped")}
+    assert all(report["dropout_resumed_from"].endswith("stopped-000000004.ckpt") for report in reports)
+    for name in ("again", "stopped"):
+        for rank in range(WORKERS):
+            for key, value in runs["whole"][rank].items():
+                assert np.array_equal(runs[name][rank][key], value), (name, rank, key)
+    for key, value in runs["whole"][0].items():
+        assert np.array_equal(runs["whole"][1][key], value), key
+
+
+@pytest.mark.distributed
 def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(dp_run):
     # K from the global samples consumed: the ranks' micro-batches of 2 and 6 count as 8, so both ranks open the same
     # windows; the ramped run equals its fixed-K segments bit for bit on each rank, and one process on the global

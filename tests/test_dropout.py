@@ -55,7 +55,7 @@ def test_masks_are_splitmix64_words_of_the_seed_and_the_words_drawn(mode, dtype,
         x = np.random.default_rng(offset).standard_normal(shape).astype(np.float32)
         out, drawn_from = dropout.primitive(Tensor(x).astype(dtype))
         expected = x.astype(np.float64) * reference_mask(123456789, offset, x.size, 0.7).reshape(shape) / 0.7
-        got = (out.astype(ms.float32) if dtype == ms.bfloat16 else out).asnumpy().astype(np.float64)  # numpy has no bf16
+        got = (out.astype(ms.float32) if dtype == ms.bfloat16 else out).asnumpy().astype(np.float64)  # no numpy bf16
         np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
         assert out.dtype == dtype and int(drawn_from.asnumpy()) == offset
         offset += (x.size + 3) // 4
@@ -340,3 +340,25 @@ def test_dropout_costs_less_memory_than_mindsporess_kernel():
     window = peak("three_graphs", "seeded", "2", "384")
     assert seeded["peak"] <= kernel["peak"], (seeded, kernel)
     assert window["peak"] <= seeded["peak"] + 1.10 * seeded["params"], (window, seeded)
+
+
+def test_without_a_compiler_the_network_keeps_mindspores_dropout_and_says_so(tmp_path):
+    """A machine with no C++ compiler (and no kernel built before) trains with MindSpore's dropout, after one warning
+    that says what is lost."""
+    code = ("import warnings, ms_accum\n"
+            "from mindspore import nn\n"
+            "from ms_accum import GradientAccumulation\n"
+            "ms_accum.set_device('CPU')\n"
+            "net = nn.SequentialCell([nn.Dense(4, 4), nn.Dropout(p=0.5)])\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    for _ in range(2):\n"
+            "        executor = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()))\n"
+            "print(len(executor.dropout), [str(w.message) for w in caught])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GLOG_v": "3", "CXX": "no-such-compiler",
+                               "MS_ACCUM_CACHE": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, messages = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert count == "0" and messages.count("no C++ compiler found") == 1, messages
+    assert "nn.Dropout keeps MindSpore's kernel" in messages

@@ -238,7 +238,7 @@ def test_finetune_bert_killed_and_resumed_ends_bit_identical(tmp_path):
     whole = ms.load_checkpoint(str(tmp_path / "whole" / "finetune_bert.ckpt"))
     parts = ms.load_checkpoint(str(tmp_path / "parts" / "finetune_bert.ckpt"))
     assert sorted(whole) == sorted(parts)
-    # parameters, dropout seeds and offsets, and the metadata (steps, epochs, global batches)
+    # the parameters and the metadata (steps, epochs, global batches)
     different = [name for name in whole if not np.array_equal(*(
         c[name].asnumpy() if hasattr(c[name], "asnumpy") else c[name] for c in (whole, parts)))]
     assert not different, different

@@ -5,13 +5,15 @@ MindSpore 2.10's CPU `Dropout` kernel keeps a random engine of its own, seeded f
 the graph compiles, which its threads share while its launch search runs: which value lands where depends on their
 timing, and no API reads or sets the engine (docs/mindspore.md, dropout's kernel and its threads). `SeededDropout`
 computes the mask as SplitMix64 (the generator that seeds Java's `SplittableRandom`) of the op's seed and of the count
-of words it has drawn, in a C++ kernel of ms_accum's (`ms_accum.core.native`); like FlashAttention's dropout it keeps
-no mask for the backward, which draws it again from the (seed, offset) the forward read.
+of words it has drawn, in a C++ kernel of ms_accum's (`kernels/seeded_dropout.cc`, built by `ms_accum.core.native`);
+like FlashAttention's dropout it keeps no mask for the backward, which draws it again from the offset the forward drew
+from.
 
 `DropoutStreams` is that state for a whole network, kept beside it (ms_accum saves it with the training state): the
-network keeps its classes and its Parameters. While `DropoutStreams.drawing()` is open, each `nn.Dropout` of the
-network calls the stream's op instead of MindSpore's primitive (set with `setattr`, MindSpore's public way of giving a
-Cell another op, and set back when it closes). `uncovered_random_ops` names the random ops it does not reach.
+network keeps its classes, cells and Parameters. While `DropoutStreams.drawing()` is open, each `nn.Dropout` of the
+network calls its `SeededDropout` primitive instead of MindSpore's (set with `setattr`, MindSpore's public way of
+giving a Cell another primitive, and set back when it closes). `uncovered_random_ops` names the random ops it does not
+reach.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ import ast
 import contextlib
 import ctypes
 import functools
-import itertools
 import inspect
 import textwrap
 import warnings
+import weakref
 from typing import Iterator, List, Tuple
 
 import numpy as np
@@ -36,13 +38,13 @@ _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's step: 2^64 / the golden ratio
 _MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 _SHIFTS = (30, 27, 31)
 _MASK64 = (1 << 64) - 1
-_LANES, _LANE_BITS = 4, 16  # four 16-bit values from each 64-bit word
+_LANE_BITS = 16  # four 16-bit draws from each 64-bit word
 _STATE_FLAG = "ms_accum_random_state"  # marks the Parameters that are a random op's state, not weights
 STATE_PREFIX = "dropout_stream."  # the streams' Parameter names in a training-state file
 
 
 def splitmix64(value: int) -> int:
-    """SplitMix64's output function on a 64-bit value (what the graph computes per element, here for one int)."""
+    """SplitMix64's output function on a 64-bit value (what the kernel computes per word, here for one int)."""
     z = value & _MASK64
     z = ((z ^ (z >> _SHIFTS[0])) * _MIX[0]) & _MASK64
     z = ((z ^ (z >> _SHIFTS[1])) * _MIX[1]) & _MASK64
@@ -59,8 +61,8 @@ def op_seed(seed0: int, seed1: int) -> int:
     return splitmix64(splitmix64((seed0 << 32) ^ seed1) + _GOLDEN) >> 1
 
 
-SLOTS = 1024  # dropout ops per process: the kernel library's entry points (kernels/seeded_dropout.cc)
-_TAKEN = itertools.count()  # slots handed out in this process
+SLOTS = 1024  # dropout ops alive at once in a process: the kernel library's entry points (kernels/seeded_dropout.cc)
+_FREE = list(range(SLOTS - 1, -1, -1))  # slots no op holds, the lowest last (taken first)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,15 +79,18 @@ def _library() -> Tuple[str, ctypes.CDLL]:
 
 
 def kernel_available() -> bool:
-    """Whether `SeededDropout` can run here: on CPU, with its kernel built (`ms_accum.core.native`); warns why not
-    where a compiler is missing or fails."""
-    if ms.get_context("device_target") != "CPU":
-        return False
+    """Whether `SeededDropout` can run here: on CPU, with its kernel built (`ms_accum.core.native`)."""
+    return ms.get_context("device_target") == "CPU" and _built()
+
+
+@functools.lru_cache(maxsize=None)
+def _built() -> bool:
+    """Whether the kernel library is built; the first time it cannot be, says why, once per process."""
     try:
         _library()
     except native.KernelBuildError as err:
         warnings.warn(f"{err} nn.Dropout keeps MindSpore's kernel: runs may differ and a resumed run draws other "
-                      f"masks (docs/resume.md).", UserWarning, stacklevel=3)
+                      f"masks (docs/resume.md).", UserWarning, stacklevel=4)
         return False
     return True
 
@@ -99,6 +104,25 @@ def _wait() -> None:
 
 def _threshold(keep_prob: float) -> int:
     return min(max(round(keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS)
+
+
+def _primitive(path: str, slot: int) -> ops.Custom:
+    """The forward primitive of `slot`, whose backward calls the grad kernel on ``dout`` with the offset the forward
+    drew from. Built here, not in a method: graph mode parses the function that encloses a `bprop`."""
+    grad = ops.Custom(f"{path}:SeededDropoutGrad", out_shape=lambda dout, *_: dout, out_dtype=lambda dout, *_: dout,
+                      func_type="aot")
+    slot_tensor = Tensor(slot, ms.int64)
+
+    def bprop(x, out, dout):
+        return (grad(dout[0], slot_tensor, out[1]),)
+
+    primitive = ops.Custom(f"{path}:SeededDropout{slot}", out_shape=lambda x: (x, []),
+                           out_dtype=lambda x: (x, ms.int64), func_type="aot", bprop=bprop)
+    # A random op, as MindSpore marks its own: never merged with another call, nor its dropped output a lost side
+    # effect; and not run again in a recomputed forward, which would draw further on.
+    primitive.add_prim_attr("side_effect_hidden", True)
+    primitive.recompute(False)
+    return primitive
 
 
 class SeededDropout:
@@ -122,7 +146,7 @@ class SeededDropout:
         seed (int): The op's seed, in [0, 2^63).
 
     Raises:
-        RuntimeError: If the process has used all `SLOTS` slots.
+        RuntimeError: If `SLOTS` ops are alive in the process already.
 
     Supported Platforms:
         ``CPU``
@@ -139,26 +163,15 @@ class SeededDropout:
 
     def __init__(self, keep_prob: float, seed: int) -> None:
         self.keep_prob = float(keep_prob)
-        self.slot = next(_TAKEN)
-        if self.slot >= SLOTS:
-            raise RuntimeError(f"ms_accum's dropout kernel has {SLOTS} slots per process, and this process has built "
-                               f"{SLOTS} seeded dropout ops already.")
         path, self._lib = _library()
+        if not _FREE:
+            raise RuntimeError(f"ms_accum's dropout kernel has {SLOTS} slots per process, and {SLOTS} seeded dropout "
+                               f"ops are alive in this process.")
+        self.slot = _FREE.pop()
+        weakref.finalize(self, _FREE.append, self.slot)  # the slot serves another op once this one is gone
         self._seed = int(seed)
         self.set(self._seed, 0)
-        grad = ops.Custom(f"{path}:SeededDropoutGrad", out_shape=lambda dout, *_: dout,
-                          out_dtype=lambda dout, *_: dout, func_type="aot")
-        slot = Tensor(self.slot, ms.int64)
-
-        def bprop(x, out, dout):
-            return (grad(dout[0], slot, out[1]),)
-
-        self.primitive = ops.Custom(f"{path}:SeededDropout{self.slot}", out_shape=lambda x: (x, []),
-                                    out_dtype=lambda x: (x, ms.int64), func_type="aot", bprop=bprop)
-        # A random op, as MindSpore marks its own: never merged with another call, nor its dropped output a lost side
-        # effect; and not run again in a recomputed forward, which would draw further on.
-        self.primitive.add_prim_attr("side_effect_hidden", True)
-        self.primitive.recompute(False)
+        self.primitive = _primitive(path, self.slot)
 
     @property
     def seed(self) -> int:

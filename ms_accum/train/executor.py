@@ -250,8 +250,7 @@ class GradientAccumulation:
                     run.drop(window)
                     continue
                 run.open(opened_at, k)
-                # What a window's graphs refuse is about the executor's own arguments (a loss that does not fit).
-                with door("GradientAccumulation", final=True):
+                with door("GradientAccumulation", final=True):  # a graph's refusal is about the executor's arguments
                     trained = structure.train_window(window, size)
                 if run.close(k, *trained):
                     break

@@ -21,7 +21,8 @@ import mindspore.dataset as ds  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
-from ms_accum.train.distributed import init_data_parallel  # noqa: E402
+from ms_accum.train.distributed import all_reduce_sum, init_data_parallel  # noqa: E402
+from ms_accum.train.options import Checkpoints, LogOptions  # noqa: E402
 from accumulator_step import accumulator_step  # noqa: E402
 from dp_cases import (CASES, IN, NODE_CASES, NOISE_CASE, OUT, PROFILED_CASE, RAMP_CASE,  # noqa: E402
                       global_micro_batches, loss_fn, make_net, make_optimizer, params_of, rank_share,
@@ -121,6 +122,34 @@ def outlier_run(out_dir, rank):
     return result.outliers
 
 
+def dropout_runs(out_dir, rank, ranks):
+    """A network with dropout, 2 epochs of 6 micro-batches of 4 per rank, K=2, Momentum: trained whole twice, and
+    stopped after step 4 (its training state saved by rank 0) then resumed by a new network and executor. Saves each
+    run's parameters (dropout_<run>_rank<r>.npz); returns the resumed run's file."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((48, IN)).astype(np.float32)
+    y = rng.integers(0, OUT, 48).astype(np.int32)
+    directory = os.path.join(out_dir, "dropout_ckpt")
+
+    def run(name, stop_after=None, resume=None):
+        ms.set_seed(0)  # the dropout seeds: the same on every rank and in every run
+        ds.config.set_seed(0)
+        net = nn.SequentialCell([nn.Dense(IN, 32), nn.ReLU(), nn.Dropout(p=0.3), nn.Dense(32, OUT)])
+        executor = GradientAccumulation(net, loss_fn(), make_optimizer("momentum", net.trainable_params()))
+        dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True, num_shards=ranks, shard_id=rank).batch(4)
+        result = executor.train_process(
+            2, dataset, 2, checkpoints=Checkpoints(directory=directory, name=name, save_every=2, resume=resume),
+            log=LogOptions(verbose=False, on_step=lambda record: stop_after is not None and record.step == stop_after))
+        np.savez(os.path.join(out_dir, f"dropout_{name}_rank{rank}.npz"), **params_of(net))
+        return result
+
+    run("whole")
+    run("again")
+    run("stopped", stop_after=4)
+    all_reduce_sum(Tensor(np.ones(1, np.float32))).asnumpy()  # rank 0 has written the state before any rank reads it
+    return run("stopped", resume=True).resumed_from
+
+
 def mismatched_batches(rank):
     """Rank r gets 3 + r batches: the executor must refuse on every rank rather than hang; returns its message."""
     net = make_net()
@@ -190,6 +219,7 @@ def main():
         report["ramp_steps"] = ramp_runs(out_dir, info.rank)
         report["noise_scale"] = noise_scale_run(info.rank, info.group_size)
         report["outliers"] = outlier_run(out_dir, info.rank)
+        report["dropout_resumed_from"] = dropout_runs(out_dir, info.rank, info.group_size)
     with open(os.path.join(out_dir, f"report_rank{info.rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
     print(f"rank {info.rank} done: {json.dumps(report)}", flush=True)

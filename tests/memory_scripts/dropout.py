@@ -6,9 +6,10 @@
 The network is `ms_accum.demo.models.encoder` (width 768, LAYERS layers, sequences of SEQ tokens, dropout 0.1 on the
 embeddings, every attention probability and every block's output) with AdamW, micro-batch 1. CONTENDER is ``plain``
 (two `nn.TrainOneStepCell` steps in training mode) or a structure of the executor (``three_graphs``, ``fused``,
-``window``: two windows of K=4); DROPOUT is ``kernel`` (MindSpore's own dropout) or ``seeded`` (ms_accum's streams;
-the executor always draws from them). The peak is the growth of the process's peak resident memory (VmHWM) from just
-before the Cell or the executor is built; `params` the trainable bytes.
+``window``: two windows of K=4); DROPOUT is ``kernel`` (MindSpore's own dropout), ``seeded`` (ms_accum's streams;
+the executor always draws from them) or ``none`` (every rate set to 0: what dropout adds is measured against it).
+The peak is the growth of the process's peak resident memory (VmHWM) from just before the Cell or the executor is
+built; `params` the trainable bytes.
 """
 import contextlib
 import json
@@ -33,6 +34,10 @@ def measure(contender: str, dropout: str, layers: int, seq: int):
     ms.set_seed(0)
     net, loss, opt, sample = models.encoder("adamw", layers=layers, seq=seq)
     x, y = sample(K * WINDOWS)
+    if dropout == "none":
+        for _, cell in net.cells_and_names():
+            if isinstance(cell, nn.Dropout):
+                cell.p, cell.keep_prob = 0.0, 1.0  # nn.Dropout then returns its input
     start = process_status("VmRSS")
     if contender == "plain":
         cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()

@@ -8,9 +8,9 @@
 //
 // Each dropout op has a slot: its seed, its offset (the words drawn so far), threshold and scale. The forward
 // kernel is called as MindSpore's Dropout primitive is, with x alone, so the slot is chosen by the entry point
-// (SeededDropout0, SeededDropout1, ..., one per slot); it outputs the offset it drew from beside the output (in the place of the
-// primitive's mask, which nn.Dropout drops) and advances the slot. Python reads and sets the slots (ms_accum_slot_*)
-// to save and resume them.
+// (SeededDropout0, SeededDropout1, ..., one per slot); it outputs the offset it drew from beside the output (in the
+// place of the primitive's mask, which nn.Dropout drops) and advances the slot. Python reads and sets the slots
+// (ms_accum_slot_*) to save and resume them.
 #include <atomic>
 #include <cstdint>
 #include <cstring>
