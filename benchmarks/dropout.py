@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 from typing import Callable, List, Optional
 
 from .common import MIB, REPO, Table, fresh_process, interleave, setup
@@ -82,7 +83,7 @@ def render_memory(figures: dict) -> str:
 
 def speed(layers: int, seq: int, rounds: int, steps: int, warmup: int = 1) -> List[Table]:
     """ms per plain training step, MindSpore's kernel against the streams: the encoder and the recipe's model."""
-    import importlib.util
+    import importlib
     import mindspore as ms
     from mindspore import Tensor, nn
     from ms_accum.core.dropout import DropoutStreams
@@ -97,10 +98,10 @@ def speed(layers: int, seq: int, rounds: int, steps: int, warmup: int = 1) -> Li
         return net, nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train(), (Tensor(x), Tensor(y))
 
     def recipe():
-        spec = importlib.util.spec_from_file_location("finetune_bert", os.path.join(REPO, RECIPE))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        args = module.parse([])
+        # Imported by name: graph mode parses a Cell's construct in the namespace of its module, found by name.
+        sys.path.insert(0, os.path.join(REPO, os.path.dirname(RECIPE)))
+        module = importlib.import_module("finetune_bert")
+        _, args = module.parse([])
         vocab, columns, _ = module.prepare(args)
         net, loss, opt = module.build(args, vocab, total_steps=100)
         step = nn.TrainOneStepCell(module.WithLossColumns(net, loss), opt).set_train()
