@@ -233,6 +233,7 @@ def test_the_final_file_holds_the_network_and_the_state_files_the_streams(tmp_pa
     assert int(state["dropout_stream.2.offset"].asnumpy()) == 72 * 64 // 4
 
 
+@pytest.mark.slow  # make test-all
 def test_a_state_file_of_0_3_resumes_with_fresh_masks(tmp_path):
     """0.3 kept a stream's seed and offset in the network (``2.dropout.seed``); such a file resumes, saying once
     that the masks start afresh."""
@@ -342,6 +343,7 @@ def test_dropout_costs_less_memory_than_mindsporess_kernel():
     assert window["peak"] <= seeded["peak"] + 1.10 * seeded["params"], (window, seeded)
 
 
+@pytest.mark.slow  # make test-all
 def test_without_a_compiler_the_network_keeps_mindspores_dropout_and_says_so(tmp_path):
     """A machine with no C++ compiler (and no kernel built before) trains with MindSpore's dropout, after one warning
     that says what is lost."""
