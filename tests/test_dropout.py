@@ -331,16 +331,18 @@ def peak(*args: str) -> float:
 
 
 @pytest.mark.slow  # make test-all: four fresh processes of a BERT-shaped encoder
-def test_dropout_costs_less_memory_than_mindsporess_kernel():
-    """A 2-layer BERT-shaped encoder at sequence 384 with dropout 0.1 on the embeddings, every attention probability
-    and every block's output (about 4.8 million values dropped per sample), AdamW, micro-batch 1, each figure a fresh
-    process (docs/memory.md has the full-size figures): a plain training step with ms_accum's dropout peaks no higher
-    than with MindSpore's kernel, and the executor's default window stays within the plain step plus the buffer."""
-    kernel = peak("plain", "kernel", "2", "384")
-    seeded = peak("plain", "seeded", "2", "384")
-    window = peak("three_graphs", "seeded", "2", "384")
+def test_dropout_costs_less_memory_than_mindspores_kernel():
+    """A BERT-shaped encoder with dropout 0.1 on the embeddings, every attention probability and every block's output,
+    AdamW, micro-batch 1, each figure a fresh process. One layer at sequence 1024 (15 million values dropped, the
+    attention probabilities most of them): a plain training step with ms_accum's dropout peaks below the same step with
+    MindSpore's kernel (measured: 1,020 against 1,071 MiB, each within 2 MiB over repeats; at 2 layers and sequence
+    384, 5 million values, the two were within 4 MiB either way). Two layers at sequence 384: the executor's default
+    window stays within the plain step plus the buffer (measured +0.77x the parameters; on BERT-base at sequence 512
+    it took +1.49x, docs/memory.md, dropout)."""
+    kernel, seeded = peak("plain", "kernel", "1", "1024"), peak("plain", "seeded", "1", "1024")
     assert seeded["peak"] <= kernel["peak"], (seeded, kernel)
-    assert window["peak"] <= seeded["peak"] + 1.10 * seeded["params"], (window, seeded)
+    plain, window = peak("plain", "seeded", "2", "384"), peak("three_graphs", "seeded", "2", "384")
+    assert window["peak"] <= plain["peak"] + 1.10 * plain["params"], (window, plain)
 
 
 @pytest.mark.slow  # make test-all
