@@ -255,8 +255,8 @@ def test_bad_inputs_are_refused_before_anything_compiles():
 
 
 def test_other_random_ops_need_seeds_and_graph_mode():
-    """Dropout is drawn from ms_accum's streams (either mode, seeded or not); another random primitive keeps its state in
-    its kernels, which agree between the passes only when seeded and in graph mode."""
+    """Dropout is drawn from ms_accum's streams (either mode, seeded or not); another random primitive keeps its state
+    in its kernels, which agree between the passes only when seeded and in graph mode."""
     unseeded = TwoTower(dropout=0.5)
     for tower in (unseeded.query, unseeded.doc):  # as built without mindspore.set_seed
         tower.dropout.dropout.add_prim_attr("Seed0", 0)
