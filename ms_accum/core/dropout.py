@@ -74,7 +74,6 @@ def _library() -> Tuple[str, ctypes.CDLL]:
     lib.ms_accum_slot_set.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_double]
     lib.ms_accum_slot_offset.argtypes = [ctypes.c_int]
     lib.ms_accum_slot_offset.restype = ctypes.c_int64
-    lib.ms_accum_slot_set_offset.argtypes = [ctypes.c_int, ctypes.c_int64]
     return path, lib
 
 
@@ -169,8 +168,8 @@ class SeededDropout:
                                f"ops are alive in this process.")
         self.slot = _FREE.pop()
         weakref.finalize(self, _FREE.append, self.slot)  # the slot serves another op once this one is gone
-        self._seed = int(seed)
-        self.set(self._seed, 0)
+        # Nothing can be drawing from the slot: its last op's streams stopped drawing, and waited, before it went.
+        self._write(int(seed), 0)
         self.primitive = _primitive(path, self.slot)
 
     @property
@@ -182,19 +181,21 @@ class SeededDropout:
     def offset(self) -> int:
         """The words drawn so far; waits for the work launched before."""
         _wait()
-        return int(self._lib.ms_accum_slot_offset(self.slot))
+        return self._drawn()
 
     def set(self, seed: int, offset: int) -> None:
         """Sets the seed and the words drawn; waits for the work launched before."""
         _wait()
+        self._write(seed, offset)
+
+    # Without the wait, for a caller that reads or sets many ops after one `_wait()`.
+    def _drawn(self) -> int:
+        return int(self._lib.ms_accum_slot_offset(self.slot))
+
+    def _write(self, seed: int, offset: int) -> None:
         self._seed = int(seed)
         self._lib.ms_accum_slot_set(self.slot, self._seed, int(offset), _threshold(self.keep_prob),
                                     1.0 / self.keep_prob)
-
-    def set_offset(self, offset: int) -> None:
-        """Sets the words drawn; waits for the work launched before."""
-        _wait()
-        self._lib.ms_accum_slot_set_offset(self.slot, int(offset))
 
 
 def _dropout_layers(network: nn.Cell) -> Iterator[Tuple[str, nn.Cell, ops.Dropout]]:
@@ -267,15 +268,18 @@ class DropoutStreams(nn.Cell):
         return any(prim is swapped for _, swapped, _ in self._swaps)
 
     def pull(self) -> None:
-        """The kernel's seeds and offsets into the Parameters (to save them)."""
+        """The kernel's seeds and offsets into the Parameters (to save them), once the work launched before is done."""
+        _wait()
         for op, seed, offset in zip(self.ops, self.state[0::2], self.state[1::2]):
             seed.set_data(Tensor(op.seed, ms.int64))
-            offset.set_data(Tensor(op.offset, ms.int64))
+            offset.set_data(Tensor(op._drawn(), ms.int64))  # pylint: disable=protected-access
 
     def push(self) -> None:
-        """The Parameters' seeds and offsets into the kernel (after they were loaded)."""
+        """The Parameters' seeds and offsets into the kernel (after they were loaded), once the work launched before
+        is done."""
+        _wait()
         for op, seed, offset in zip(self.ops, self.state[0::2], self.state[1::2]):
-            op.set(int(seed.asnumpy()), int(offset.asnumpy()))
+            op._write(int(seed.asnumpy()), int(offset.asnumpy()))  # pylint: disable=protected-access
 
     @contextlib.contextmanager
     def drawing(self) -> Iterator["DropoutStreams"]:
@@ -383,8 +387,7 @@ class DrawMarks:
     gradient caching runs each micro-batch's forward twice (`TrainCachedWindowCell`).
 
     `mark` notes the offsets before the first forward, `rewind` notes where it ended and sets them back, `restore`
-    sets them to where the first forward ended (the second forward ends there too in graph mode; in PyNative mode its
-    `GradOperation` was measured to draw the first forward's masks without advancing). Each waits for the work
+    sets them to where the first forward ended, whatever the second forward left. Each waits once for the work
     launched before it.
 
     Args:
@@ -398,15 +401,20 @@ class DrawMarks:
 
     def mark(self) -> None:
         """Notes every op's offset, before the first forward."""
-        self.start = [op.offset for op in self.ops]
+        _wait()
+        self.start = [op._drawn() for op in self.ops]  # pylint: disable=protected-access
 
     def rewind(self) -> None:
         """Notes where the first forward left the offsets and sets them back to the marked ones."""
-        self.end = [op.offset for op in self.ops]
-        for op, offset in zip(self.ops, self.start):
-            op.set_offset(offset)
+        _wait()
+        self.end = [op._drawn() for op in self.ops]  # pylint: disable=protected-access
+        self._set(self.start)
 
     def restore(self) -> None:
         """Sets the offsets to where the first forward left them, after the second."""
-        for op, offset in zip(self.ops, self.end):
-            op.set_offset(offset)
+        _wait()
+        self._set(self.end)
+
+    def _set(self, offsets: List[int]) -> None:
+        for op, offset in zip(self.ops, offsets):
+            op._write(op.seed, offset)  # pylint: disable=protected-access

@@ -173,8 +173,6 @@ extern "C" void ms_accum_slot_set(int slot, int64_t seed, int64_t offset, int64_
 
 extern "C" int64_t ms_accum_slot_offset(int slot) { return g_slots[slot].offset.load(); }
 
-extern "C" void ms_accum_slot_set_offset(int slot, int64_t offset) { g_slots[slot].offset.store(offset); }
-
 #define MS_ACCUM_ENTRY(N)                                                                                 \
   extern "C" int SeededDropout##N(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                                   void *stream, void *extra) {                                            \
