@@ -10,21 +10,157 @@ import contextlib
 import math
 import os
 import re
+import string
 from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 
-class ArgumentError(Exception):
-    """An argument refused. `detail` says which argument and what was expected; the public function the user called
-    (`door`) puts its name in front, in MindSpore's wording: ``For 'Accumulator', the argument ...``.
+class Words:
+    """How a message names arguments: the library says ``'name'`` and ``name=value``; the command line subclasses it
+    to say its flags (`ms_accum.cli.errors`). The one place either wording is written."""
+
+    def name(self, name: str) -> str:
+        """A reference to the argument `name`."""
+        return f"'{name}'"
+
+    def subject(self, name: str) -> str:
+        """The argument `name` as the subject of a sentence."""
+        return f"the argument {self.name(name)}"
+
+    def setting(self, name: str, value: Any) -> str:
+        """The argument `name` given `value`."""
+        return f"{name}={value!r}"
+
+    def unset(self) -> str:
+        """What a setting must be to be left out: ``must {unset} with ...``."""
+        return "be None"
+
+    def layout(self, k: int, batch: int, ranks: int) -> str:
+        """A training state's window: K micro-batches of `batch` samples on each of `ranks` ranks."""
+        return f"accumulate_step={k} x batch_size={batch} x {ranks} rank(s)"
+
+
+LIBRARY = Words()
+
+
+class Message:
+    """
+    Text as data: a `template` whose fields name arguments, rendered by `render` in a reader's `Words`. A field is
+
+    - ``{name}``: a reference to the argument `name` (``{name:subject}``: as a sentence's subject, "the argument ...");
+    - ``{name=}``: the argument `name` set to ``values[name]``;
+    - ``{key}``, ``{key!r}``, ``{key:spec}``: the value ``values[key]``, formatted; a value with a ``render(words)``
+      method (another message, a `Layout`) is rendered in the same words;
+    - ``{_unset}``: what a setting must be to be left out ("be None"; the command line says "not be given").
+
+    So a message's wording can change freely: no reader parses it (the command line renders the same data).
+    """
+
+    def __init__(self, template: str, **values: Any) -> None:
+        self.template, self.values = template, values
+
+    @property
+    def arguments(self) -> Tuple[str, ...]:
+        """The arguments the message is about, in the order it names them."""
+        names = []
+        for field, _spec, _conversion in self._fields():
+            value = self.values.get(field)
+            name = (field[:-1] if field.endswith("=") else value.name if isinstance(value, (Argument, Setting))
+                    else None if field in self.values or field.startswith("_") else field)
+            if name is not None and name not in names:
+                names.append(name)
+        return tuple(names)
+
+    def _fields(self):
+        try:
+            return [(field, spec, conversion) for _, field, spec, conversion in string.Formatter().parse(self.template)
+                    if field is not None]
+        except ValueError:
+            return []
+
+    def render(self, words: Words = LIBRARY) -> str:
+        """The message in `words` (the library's by default)."""
+        try:
+            parts = list(string.Formatter().parse(self.template))
+        except ValueError:  # not a template: said as it is
+            return self.template
+        text = []
+        for literal, field, spec, conversion in parts:
+            text.append(literal)
+            if field is not None:
+                text.append(self._field(field, spec, conversion, words))
+        return "".join(text)
+
+    def _field(self, field: str, spec: str, conversion: Optional[str], words: Words) -> str:
+        if field == "_unset":
+            return words.unset()
+        if field.endswith("="):
+            return words.setting(field[:-1], self.values[field[:-1]])
+        if field not in self.values:
+            return words.subject(field) if spec == "subject" else words.name(field)
+        value = self.values[field]
+        if isinstance(value, Argument):
+            return value.render(words, spec)
+        if hasattr(value, "render"):
+            return value.render(words)
+        if isinstance(value, BaseException):
+            return str(value)
+        return format(repr(value) if conversion == "r" else value, spec)
+
+
+class Argument:
+    """An argument named only at run time (a check shared by several arguments), inside a message."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def render(self, words: Words, spec: str = "") -> str:
+        return words.subject(self.name) if spec == "subject" else words.name(self.name)
+
+
+class Setting:
+    """An argument set to a value, inside a message, when which argument is known only at run time."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+
+    def render(self, words: Words) -> str:
+        return words.setting(self.name, self.value)
+
+
+class Layout:
+    """A training state's window (K x micro-batch x ranks) inside a message: each reader says it in its terms."""
+
+    def __init__(self, k: int, batch: int, ranks: int) -> None:
+        self.k, self.batch, self.ranks = k, batch, ranks
+
+    def render(self, words: Words) -> str:
+        return words.layout(self.k, self.batch, self.ranks)
+
+
+class MessageError(Message, Exception):
+    """An error whose text is a `Message`."""
+
+    def __init__(self, template: str, **values: Any) -> None:
+        Message.__init__(self, template, **values)
+        Exception.__init__(self, template)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class ArgumentError(MessageError):
+    """
+    An argument refused, as data: the `Message` says which arguments (`arguments`) and what was expected; the public
+    function the user called (`door`) is named in front, in MindSpore's wording: ``For 'Accumulator', the argument
+    ...``.
 
     Inner code raises it without knowing who called: the outermost `door` an error passes through names it, so a
     class built by another (the executor's buffer) speaks in the name the user called. `named` fixes the name for
     good, for an error about another door's arguments found later (a loss that does not fit, found when training).
     """
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+    def __init__(self, template: str, **values: Any) -> None:
+        super().__init__(template, **values)
         self.caller: Optional[str] = None
         self.final = False
 
@@ -34,7 +170,8 @@ class ArgumentError(Exception):
         return self
 
     def __str__(self) -> str:
-        return self.detail if self.caller is None else f"For '{self.caller}', {self.detail}"
+        text = self.render()
+        return text if self.caller is None else f"For '{self.caller}', {text}"
 
 
 class ArgumentTypeError(ArgumentError, TypeError):
@@ -49,8 +186,8 @@ class NoBatchError(ArgumentValueError):
     """A dataset that yields no batch of the size asked for: `samples` is how many samples it holds (None if unknown),
     so a caller can say which batch size would do."""
 
-    def __init__(self, detail: str, samples: Optional[int]) -> None:
-        super().__init__(detail)
+    def __init__(self, template: str, samples: Optional[int], **values: Any) -> None:
+        super().__init__(template, samples=samples, **values)
         self.samples = samples
 
 
@@ -103,10 +240,11 @@ def check_positive_int(value: Any, arg_name: str, minimum: int = 1) -> int:
     """Return `value` if it is an int >= `minimum` (bool is refused: `True` is not a step count)."""
     kind = "a positive int" if minimum == 1 else "a non-negative int"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be {kind}, "
-                                f"but got {value!r} of type {_type_name(value)}.")
+        raise ArgumentTypeError("{arg:subject} must be {kind}, but got {value!r} of type {type}.",
+                                arg=Argument(arg_name), kind=kind, value=value, type=_type_name(value))
     if value < minimum:
-        raise ArgumentValueError(f"the argument '{arg_name}' must be {kind}, but got {value}.")
+        raise ArgumentValueError("{arg:subject} must be {kind}, but got {value}.", arg=Argument(arg_name), kind=kind,
+                                 value=value)
     return value
 
 
@@ -115,11 +253,11 @@ def check_positive_float(value: Any, arg_name: str, allow_none: bool = False) ->
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a positive float, "
-                                f"but got {value!r} of type {_type_name(value)}.")
+        raise ArgumentTypeError("{arg:subject} must be a positive float, but got {value!r} of type {type}.",
+                                arg=Argument(arg_name), value=value, type=_type_name(value))
     if not math.isfinite(value) or value <= 0:
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a positive float, "
-                                 f"but got {value}.")
+        raise ArgumentValueError("{arg:subject} must be a positive float, but got {value}.", arg=Argument(arg_name),
+                                 value=value)
     return float(value)
 
 
@@ -127,11 +265,11 @@ def check_value_in(value: Any, arg_name: str, options: Iterable[str]) -> str:
     """Return `value` if it is one of `options`."""
     options = tuple(options)
     if not isinstance(value, str):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be str, one of {list(options)}, "
-                                f"but got {value!r} of type {_type_name(value)}.")
+        raise ArgumentTypeError("{arg:subject} must be str, one of {options}, but got {value!r} of type {type}.",
+                                arg=Argument(arg_name), options=list(options), value=value, type=_type_name(value))
     if value not in options:
-        raise ArgumentValueError(f"the argument '{arg_name}' must be one of {list(options)}, "
-                                 f"but got '{value}'.")
+        raise ArgumentValueError("{arg:subject} must be one of {options}, but got '{value}'.", arg=Argument(arg_name),
+                                 options=list(options), value=value)
     return value
 
 
@@ -139,34 +277,34 @@ def check_isinstance(value: Any, arg_name: str, types: Union[Type, Tuple[Type, .
     """Return `value` if it is an instance of `types` (None is always refused)."""
     if not isinstance(value, types):
         expected = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be {expected}, "
-                                f"but got {value!r} of type {_type_name(value)}.")
+        raise ArgumentTypeError("{arg:subject} must be {expected}, but got {value!r} of type {type}.",
+                                arg=Argument(arg_name), expected=expected, value=value, type=_type_name(value))
     return value
 
 
 def check_callable(value: Any, arg_name: str) -> Any:
     """Return `value` if it can be called (a Cell or a function)."""
     if value is None or not callable(value):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a Cell or a callable, "
-                                f"but got {value!r} of type {_type_name(value)}.")
+        raise ArgumentTypeError("{arg:subject} must be a Cell or a callable, but got {value!r} of type {type}.",
+                                arg=Argument(arg_name), value=value, type=_type_name(value))
     return value
 
 
 def check_writable_dir(path: Any, arg_name: str) -> str:
     """Create `path` if needed and prove it is writable, so a long run cannot fail at its first save."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a directory path, "
-                                f"but got {path!r} of type {_type_name(path)}.")
+        raise ArgumentTypeError("{arg:subject} must be a directory path, but got {path!r} of type {type}.",
+                                arg=Argument(arg_name), path=path, type=_type_name(path))
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
-                                 f"but '{path}' is a file.")
+        raise ArgumentValueError("{arg:subject} must be a writable directory, but '{path}' is a file.",
+                                 arg=Argument(arg_name), path=path)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
-                                 f"but '{path}' cannot be created: {err.strerror}.") from None
+        raise ArgumentValueError("{arg:subject} must be a writable directory, but '{path}' cannot be created: "
+                                 "{reason}.", arg=Argument(arg_name), path=path, reason=err.strerror) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a writable directory, "
-                                 f"but '{path}' is not writable.")
+        raise ArgumentValueError("{arg:subject} must be a writable directory, but '{path}' is not writable.",
+                                 arg=Argument(arg_name), path=path)
     return path

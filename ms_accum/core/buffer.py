@@ -9,7 +9,7 @@ from mindspore.common.initializer import initializer
 
 from . import _ops
 from .._choices import OUTLIER_WARMUP, REDUCTIONS
-from .._validation import ArgumentTypeError, check_isinstance, check_value_in, door
+from .._validation import Argument, ArgumentTypeError, check_isinstance, check_value_in, door
 from .guard import LossScaler, WindowGuard
 from .parallel import CountSums, sums_reducer
 from .statistics import NoStatistics, OutlierFilter, Statistics, check_outliers
@@ -166,8 +166,9 @@ class _AddUnlessLeftOut:
 def check_buffer_dtype(dtype, arg_name: str) -> None:
     """Refuses a buffer dtype that is not a float `mindspore.dtype` (or None)."""
     if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a float mindspore.dtype (mindspore.float32, "
-                                f"float16, bfloat16 or float64) or None, but got {dtype!r}.")
+        raise ArgumentTypeError("{arg_name:subject} must be a float mindspore.dtype (mindspore.float32, "
+                                "float16, bfloat16 or float64) or None, but got {dtype!r}.",
+                                arg_name=Argument(arg_name), dtype=dtype)
 
 
 def _buffer_dtype(param_dtype, dtype):
@@ -256,8 +257,8 @@ class AccumulationBuffer:
                  outlier_warmup: int = OUTLIER_WARMUP, reduce_on_host: bool = False) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple))
         if not params or not all(isinstance(p, Parameter) for p in params):
-            raise ArgumentTypeError(f"the argument 'params' must be a non-empty sequence of Parameters, but got "
-                                    f"{params!r}.")
+            raise ArgumentTypeError("{params:subject} must be a non-empty sequence of Parameters, but got {params2!r}.",
+                                    params2=params)
         self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS)]()
         check_buffer_dtype(dtype, "dtype")
         self.reducer = sums_reducer(check_isinstance(reduce_on_host, "reduce_on_host", bool))

@@ -74,8 +74,9 @@ def columns_wanted(net_with_loss: nn.Cell, count: int) -> Optional[str]:
 def check_columns(net_with_loss: nn.Cell, columns: list, arg_name: str = "train_dataset") -> None:
     """Refuses, before anything compiles, a batch whose `columns` (their names or shapes) cannot feed `net_with_loss`
     (`with_loss`): too few for the loss's labels, or a number of inputs the network's `construct` cannot take."""
-    from .._validation import ArgumentValueError
+    from .._validation import Argument, ArgumentValueError
     wanted = columns_wanted(net_with_loss, len(columns))
     if wanted is not None:
-        raise ArgumentValueError(f"the argument '{arg_name}' must yield the columns of {wanted}, but it yields "
-                                 f"{len(columns)}: {columns}.")
+        raise ArgumentValueError("{arg_name:subject} must yield the columns of {wanted}, but it yields "
+                                 "{value}: {columns}.", arg_name=Argument(arg_name), wanted=wanted, value=len(columns),
+                                 columns=columns)

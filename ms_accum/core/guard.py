@@ -46,12 +46,12 @@ def check_policy_fits(sparse: Optional[str], policy: str, leaves_out: bool) -> N
     if sparse is None or not leaves_out:
         return
     if policy == "skip_microbatch":
-        raise ArgumentValueError(f"the argument 'policy' must be 'skip_window' for a network with sparse gradients "
-                                 f"(its cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check "
-                                 f"sparse gradients one micro-batch at a time.")
-    raise ArgumentValueError(f"the argument 'skip_outliers' must be None for a network with sparse gradients (its "
-                             f"cell '{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one micro-batch at "
-                             f"a time.")
+        raise ArgumentValueError("{policy:subject} must be 'skip_window' for a network with sparse gradients (its "
+                                 "cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check sparse "
+                                 "gradients one micro-batch at a time.", sparse=sparse)
+    raise ArgumentValueError("{skip_outliers:subject} must be None for a network with sparse gradients (its cell "
+                             "'{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one micro-batch at a time.",
+                             sparse=sparse)
 
 
 def sparse_gradient_cell(network) -> Optional[str]:

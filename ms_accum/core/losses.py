@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from .._choices import REDUCTIONS
-from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
+from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
 from .inference import in_inference
 
 
@@ -50,8 +50,9 @@ class TokenCrossEntropy(nn.Cell):
     def __init__(self, ignore_index: int = -100) -> None:
         super().__init__()
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise ArgumentTypeError(f"the argument 'ignore_index' must be an int, the target of padding positions, "
-                                    f"but got {ignore_index!r} of type {type(ignore_index).__name__}.")
+            raise ArgumentTypeError("{ignore_index:subject} must be an int, the target of padding positions, but got "
+                                    "{ignore_index2!r} of type {name}.", ignore_index2=ignore_index,
+                                    name=type(ignore_index).__name__)
         self.ignore_index = ignore_index
 
     def construct(self, logits, targets):
@@ -139,17 +140,17 @@ def window_reduction(loss_fn: Optional[nn.Cell], reduction: Optional[str]) -> st
     own = declared_reduction(loss_fn)
     if own == "none":  # one loss per sample: there is no window of it to accumulate
         raise ArgumentValueError(
-            f"the argument 'loss_fn' must reduce the batch to a scalar, but got {type(loss_fn).__name__} with "
-            f"reduction 'none': build it with reduction='mean' (or 'sum').")
+            "{loss_fn:subject} must reduce the batch to a scalar, but got {name} with reduction 'none': build it with "
+            "{reduction=} (or 'sum').", name=type(loss_fn).__name__, reduction='mean')
     if reduction is None:
         return "sum" if own == "sum" else "mean"
     check_value_in(reduction, "reduction", REDUCTIONS)
     if own == "sum" and reduction != "sum":
         raise ArgumentValueError(
-            f"the argument 'reduction' must be 'sum' or None for a loss_fn that sums over its batch "
-            f"({type(loss_fn).__name__} with reduction 'sum'), but got '{reduction}': a window of K sums divided by "
-            f"its samples is 1/K of the large batch's update. Leave 'reduction' out, or build the loss with "
-            f"reduction='mean'.")
+            "{reduction:subject} must be 'sum' or None for a loss_fn that sums over its batch ({name} with reduction "
+            "'sum'), but got '{reduction2}': a window of K sums divided by its samples is 1/K of the large batch's "
+            "update. Leave {reduction} out, or build the loss with {reduction=}.", name=type(loss_fn).__name__,
+            reduction2=reduction, reduction='mean')
     return reduction
 
 
@@ -189,13 +190,14 @@ def loss_output_error(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
     out = _eager_output(network, inputs)
     pair = isinstance(out, (tuple, list))
     if pair and reduction != WEIGHTED:
-        return ArgumentValueError(f"the argument 'reduction' must be '{WEIGHTED}' for a loss that returns (loss, "
-                                  f"weight), as the '{arg_name}' given does, but got '{reduction}'.")
+        return ArgumentValueError("{reduction:subject} must be '{WEIGHTED}' for a loss that returns (loss, weight), "
+                                  "as the {arg_name} given does, but got '{reduction2}'.", WEIGHTED=WEIGHTED,
+                                  arg_name=Argument(arg_name), reduction2=reduction)
     if not pair and reduction == WEIGHTED:
-        return ArgumentValueError(f"the argument '{arg_name}' must return (loss, weight) under reduction="
-                                  f"'{WEIGHTED}' (e.g. ms_accum.TokenCrossEntropy: the mean over real tokens and their "
-                                  f"count), but it returns {_describe(out)}; a loss alone needs reduction='mean' or "
-                                  f"'sum'.")
+        return ArgumentValueError("{arg_name:subject} must return (loss, weight) under {reduction=} (e.g. "
+                                  "ms_accum.TokenCrossEntropy: the mean over real tokens and their count), but it "
+                                  "returns {value}; a loss alone needs reduction='mean' or 'sum'.",
+                                  arg_name=Argument(arg_name), reduction=WEIGHTED, value=_describe(out))
     _checked.setdefault(network, set()).add(reduction)
     return None
 

@@ -58,15 +58,16 @@ def data_parallel_info() -> Optional[DataParallelInfo]:
     """
     mode = ms.get_auto_parallel_context("parallel_mode")
     if mode not in (ms.ParallelMode.STAND_ALONE, ms.ParallelMode.DATA_PARALLEL):
-        raise ArgumentValueError(f"the parallel mode must be '{ms.ParallelMode.STAND_ALONE}' or "
-                                 f"'{ms.ParallelMode.DATA_PARALLEL}', but got '{mode}'.")
+        raise ArgumentValueError("the parallel mode must be '{STAND_ALONE}' or '{DATA_PARALLEL}', but got '{mode}'.",
+                                 STAND_ALONE=ms.ParallelMode.STAND_ALONE, DATA_PARALLEL=ms.ParallelMode.DATA_PARALLEL,
+                                 mode=mode)
     # Without init(), get_rank() and get_group_size() answer 0 and 1 rather than fail (measured), so the
     # collectives would be compiled for a group that does not exist: check the flag init() sets.
     if not GlobalComm.INITED:
         if mode == ms.ParallelMode.STAND_ALONE:
             return None
-        raise ArgumentValueError(f"the parallel mode is '{mode}', which needs "
-                                 f"mindspore.communication.init() first, but it was not called.")
+        raise ArgumentValueError("the parallel mode is '{mode}', which needs mindspore.communication.init() first, "
+                                 "but it was not called.", mode=mode)
     if mode == ms.ParallelMode.STAND_ALONE and get_group_size() == 1:
         return None
     return DataParallelInfo(get_rank(), get_group_size())

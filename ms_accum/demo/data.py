@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._validation import (ArgumentTypeError, ArgumentValueError, NoBatchError, check_isinstance,
+from .._validation import (ArgumentTypeError, ArgumentValueError, MessageError, NoBatchError, check_isinstance,
                            check_positive_float, check_positive_int, check_value_in, door)
 
 if TYPE_CHECKING:  # the dataset engine is imported only when a pipeline is built
@@ -64,7 +64,7 @@ _WHAT_TO_DO = ("Put MNIST (the four idx files, uncompressed, as MNIST_Data/train
                f"{ENV_VAR}=DIR.")
 
 
-class DataError(ValueError):
+class DataError(MessageError, ValueError):
     """The data on disk (or behind a URL) is missing, damaged or not what was expected."""
 
 
@@ -100,32 +100,34 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
     """
     if not os.path.exists(path):
         hint = " (found a .gz beside it: decompress it)" if os.path.exists(path + ".gz") else ""
-        raise DataError(f"idx file '{path}' is missing{hint}.")
+        raise DataError("idx file '{path}' is missing{hint}.", path=path, hint=hint)
     if not os.path.isfile(path):
-        raise DataError(f"idx file '{path}' is not a regular file.")
+        raise DataError("idx file '{path}' is not a regular file.", path=path)
     with open(path, "rb") as f:
         magic = f.read(4)
         if len(magic) < 4:
-            raise DataError(f"idx file '{path}' is truncated: {len(magic)} bytes, shorter than its magic number.")
+            raise DataError("idx file '{path}' is truncated: {value} bytes, shorter than its magic number.",
+                            path=path, value=len(magic))
         zero, type_code, ndim = int.from_bytes(magic[:2], "big"), magic[2], magic[3]
         if zero != 0 or type_code not in _IDX_DTYPES or ndim == 0:
             number = int.from_bytes(magic, "big")
-            raise DataError(f"idx file '{path}' has a bad magic number {number} (0x{number:08x}); it is not an "
-                            f"uncompressed idx file.")
+            raise DataError("idx file '{path}' has a bad magic number {number} (0x{number2:08x}); it is not an "
+                            "uncompressed idx file.", path=path, number=number, number2=number)
         dims = f.read(4 * ndim)
     offset = 4 + 4 * ndim
     if len(dims) < 4 * ndim:
-        raise DataError(f"idx file '{path}' is truncated: {4 + len(dims)} bytes, shorter than its {offset}-byte "
-                        f"header.")
+        raise DataError("idx file '{path}' is truncated: {value} bytes, shorter than its {offset}-byte header.",
+                        path=path, value=4 + len(dims), offset=offset)
     number = int.from_bytes(magic, "big")
     if expected is not None and number != expected:
-        raise DataError(f"MNIST file '{path}' has a bad magic number {number} (0x{number:08x}), expected "
-                        f"{expected} (0x{expected:08x}); it is not an uncompressed idx file of this kind.")
+        raise DataError("MNIST file '{path}' has a bad magic number {number} (0x{number2:08x}), expected {expected} "
+                        "(0x{expected2:08x}); it is not an uncompressed idx file of this kind.", path=path,
+                        number=number, number2=number, expected=expected, expected2=expected)
     shape, dtype = tuple(int(d) for d in np.frombuffer(dims, dtype=">u4")), _IDX_DTYPES[type_code]
     size, implied = os.path.getsize(path), offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size != implied:
-        raise DataError(f"idx file '{path}' is {'truncated' if size < implied else 'too long'}: {size} bytes, its "
-                        f"header implies {implied}.")
+        raise DataError("idx file '{path}' is {value}: {size} bytes, its header implies {implied}.", path=path,
+                        value='truncated' if size < implied else 'too long', size=size, implied=implied)
     return dtype, shape
 
 
@@ -152,7 +154,8 @@ def check_mnist_dir(path: PathLike) -> str:
     check_isinstance(path, "path", (str, os.PathLike))
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise DataError(f"MNIST directory '{path}' does not exist or is not a directory. {_WHAT_TO_DO}")
+        raise DataError("MNIST directory '{path}' does not exist or is not a directory. {WHAT_TO_DO}", path=path,
+                        WHAT_TO_DO=_WHAT_TO_DO)
     # The tutorials pass 'MNIST_Data/train'; say so instead of only "missing train/train/...".
     if os.path.basename(os.path.normpath(path)) in _SPLITS and not os.path.isdir(os.path.join(path, "train")):
         hint = (f" '{path}' looks like one split: pass its parent, the directory that holds both train/ and "
@@ -165,12 +168,14 @@ def check_mnist_dir(path: PathLike) -> str:
         try:
             _, (count, rows, cols) = _idx_header(images, _IMAGE_MAGIC)
             if (rows, cols) != (_SIDE, _SIDE):
-                raise DataError(f"MNIST file '{images}' holds {rows}x{cols} images, expected {_SIDE}x{_SIDE}.")
+                raise DataError("MNIST file '{images}' holds {rows}x{cols} images, expected {SIDE}x{SIDE2}.",
+                                images=images, rows=rows, cols=cols, SIDE=_SIDE, SIDE2=_SIDE)
             _, (label_count,) = _idx_header(labels, _LABEL_MAGIC)
         except DataError as err:
-            raise DataError(f"{err}{hint}") from None
+            raise DataError("{err}{hint}", err=err, hint=hint) from None
         if label_count != count:
-            raise DataError(f"MNIST file '{labels}' has {label_count} labels but '{images}' has {count} images.")
+            raise DataError("MNIST file '{labels}' has {label_count} labels but '{images}' has {count2} images.",
+                            labels=labels, label_count=label_count, images=images, count2=count)
     return path
 
 
@@ -216,10 +221,10 @@ def write_idx(path: PathLike, array: Any) -> None:
     codes = {dt.newbyteorder("=") if dt.itemsize > 1 else dt: code for code, dt in _IDX_DTYPES.items()}
     native = array.dtype.newbyteorder("=") if array.dtype.itemsize > 1 else array.dtype
     if native not in codes:
-        raise ArgumentTypeError(f"the argument 'array' must have dtype uint8, int8, int16, int32, float32 or "
-                                f"float64, but got {array.dtype}.")
+        raise ArgumentTypeError("{array:subject} must have dtype uint8, int8, int16, int32, float32 or float64, but "
+                                "got {dtype}.", dtype=array.dtype)
     if not 1 <= array.ndim <= 255:
-        raise ArgumentValueError(f"the argument 'array' must have 1 to 255 dimensions, but got {array.ndim}.")
+        raise ArgumentValueError("{array:subject} must have 1 to 255 dimensions, but got {ndim}.", ndim=array.ndim)
     path = os.fspath(path)
     code = codes[native]
     header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
@@ -275,8 +280,8 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
     root = os.fspath(root)
     target = os.path.join(root, "MNIST_Data")
     if is_synthetic(target):
-        raise DataError(f"'{target}' holds synthetic data (it has a {SYNTHETIC_MARKER} file); remove it or "
-                        f"choose another root to download the real MNIST.")
+        raise DataError("'{target}' holds synthetic data (it has a {SYNTHETIC_MARKER} file); remove it or choose "
+                        "another root to download the real MNIST.", target=target, SYNTHETIC_MARKER=SYNTHETIC_MARKER)
     if os.path.isdir(target):
         try:
             return check_mnist_dir(target)
@@ -298,7 +303,8 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
     # Raised outside any `except` block on purpose: `download` keeps the zip in a temporary directory that
     # it deletes only when its frame is freed, and a chained exception would keep that frame alive.
     if failure is not None:
-        raise DataError(f"Could not download MNIST from {url}: {failure}. {_WHAT_TO_DO}")
+        raise DataError("Could not download MNIST from {url}: {failure}. {WHAT_TO_DO}", url=url, failure=failure,
+                        WHAT_TO_DO=_WHAT_TO_DO)
     return check_mnist_dir(target)
 
 
@@ -357,20 +363,22 @@ class _Reading:
             check_isinstance(self.shuffle, "shuffle", bool)
         check_positive_int(self.num_parallel_workers, "num_parallel_workers")
         if (self.num_shards is None) != (self.shard_id is None):
-            raise ArgumentValueError(f"the arguments 'num_shards' and 'shard_id' must be given together, but got "
-                                     f"num_shards={self.num_shards!r}, shard_id={self.shard_id!r}.")
+            raise ArgumentValueError("the arguments {num_shards} and {shard_id} must be given together, but got "
+                                     "{num_shards=}, {shard_id=}.", num_shards=self.num_shards,
+                                     shard_id=self.shard_id)
         if self.num_shards is not None:
             check_positive_int(self.num_shards, "num_shards")
             check_positive_int(self.shard_id, "shard_id", minimum=0)
             if self.shard_id >= self.num_shards:
-                raise ArgumentValueError(f"the argument 'shard_id' must be in [0, {self.num_shards}), but got "
-                                         f"{self.shard_id}.")
+                raise ArgumentValueError("{shard_id:subject} must be in [0, {num_shards2}), but got {shard_id2}.",
+                                         num_shards2=self.num_shards, shard_id2=self.shard_id)
         if self.num_samples is not None:
             check_positive_int(self.num_samples, "num_samples")
         if self.seed is not None:
             check_positive_int(self.seed, "seed", minimum=0)
             if self.seed > 0xFFFFFFFF:
-                raise ArgumentValueError(f"the argument 'seed' must be in [0, 4294967295], but got {self.seed}.")
+                raise ArgumentValueError("{seed:subject} must be in [0, 4294967295], but got {seed2}.",
+                                         seed2=self.seed)
         check_isinstance(self.drop_remainder, "drop_remainder", bool)
 
 
@@ -396,9 +404,9 @@ def _build_pipeline(data_path: PathLike, image_size: int, reading: _Reading) -> 
     samples = dataset.get_dataset_size()
     dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
     if dataset.get_dataset_size() == 0:
-        raise NoBatchError(f"the dataset yields no batch: fewer samples than batch_size {reading.batch_size} "
-                           f"with drop_remainder=True (num_samples={reading.num_samples}, "
-                           f"num_shards={reading.num_shards}).", samples)
+        raise NoBatchError("the dataset yields no batch: fewer samples than batch_size {batch_size2} with "
+                           "drop_remainder=True ({num_samples=}, {num_shards=}).", batch_size2=reading.batch_size,
+                           num_samples=reading.num_samples, num_shards=reading.num_shards, samples=samples)
     return dataset
 
 

@@ -66,7 +66,7 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     check_isinstance(network, "network", nn.Cell)
     check_isinstance(dataset, "dataset", Dataset)
     if dataset.get_dataset_size() == 0:
-        raise ArgumentValueError("the argument 'dataset' must yield at least one batch, but it yields none.")
+        raise ArgumentValueError("{dataset:subject} must yield at least one batch, but it yields none.")
     loss_fn = loss_fn or nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     classifier = np.issubdtype(np.dtype(dataset.output_types()[-1]), np.integer)
     metrics = {"loss": Loss(), **({"accuracy": Accuracy()} if classifier else {})}
@@ -144,8 +144,8 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
     recorded = metadata.get("model")
     if model is None:
         if not isinstance(recorded, str) or not (recorded in MODELS or is_factory(recorded)):
-            raise CheckpointError(f"Checkpoint '{ckpt}' does not record its model: pass {arg_name}, one of "
-                                  f"{sorted(MODELS)} or package.module:function.")
+            raise CheckpointError("Checkpoint '{ckpt}' does not record its model: pass {arg_name}, one of {value} or "
+                                  "package.module:function.", ckpt=ckpt, arg_name=arg_name, value=sorted(MODELS))
         model = recorded
     if is_factory(model):
         _refuse_mnist_options(model, data, num_samples)
@@ -163,8 +163,9 @@ def _evaluate_factory(spec: str, ckpt: str, contents, batch_size: int, callbacks
     """The factory's network, loaded strictly from the checkpoint, evaluated on its ``"eval"`` split; data that yields
     no batch, or that the network and loss cannot take or that fails while read, is refused naming the call."""
     if callbacks:
-        raise ArgumentValueError(f"the argument 'callbacks' applies to the built-in models, whose evaluation is "
-                                 f"MindSpore's Model.eval, but got {len(callbacks)} with the factory '{spec}'.")
+        raise ArgumentValueError("{callbacks:subject} applies to the built-in models, whose evaluation is MindSpore's "
+                                 "Model.eval, but got {value} with the factory '{spec}'.", value=len(callbacks),
+                                 spec=spec)
     user = load_model(spec)
     _load(user.network, ckpt, spec, contents, arg_name)
     dataset = user.data(batch_size, "eval", 0, 1)
@@ -172,8 +173,8 @@ def _evaluate_factory(spec: str, ckpt: str, contents, batch_size: int, callbacks
         scores = Evaluator(user.network, user.loss_fn, Validation(every=1)).score(dataset, LocalSums())
     except Exception as err:  # noqa: BLE001  (a shape the network does not take, or the data failed)
         cause = describe_exception(err).rstrip(".")
-        raise ArgumentValueError(f"evaluating the factory '{spec}' on its dataset({batch_size}, 'eval', 0, 1) failed: "
-                                 f"{cause}.") from err
+        raise ArgumentValueError("evaluating the factory '{spec}' on its dataset({batch_size2}, 'eval', 0, 1) failed: "
+                                 "{cause}.", spec=spec, batch_size2=batch_size, cause=cause) from err
     return EvalResult(accuracy=scores.get("accuracy"), loss=scores["loss"], batches=dataset.get_dataset_size())
 
 
@@ -198,14 +199,14 @@ def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> N
         fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
         if not fits:
             raise
-        raise CheckpointError(f"{err} Its parameters are those of the model '{fits[0]}' (the file does not record its "
-                              f"model): evaluate it as '{fits[0]}'.") from None
+        raise CheckpointError("{err} Its parameters are those of the model '{value}' (the file does not record its "
+                              "model): evaluate it as '{value2}'.", err=err, value=fits[0], value2=fits[0]) from None
 
 
 def _refuse_mnist_options(spec: str, data: Optional[str], num_samples: Optional[int]) -> None:
     """A factory's dataset() decides its evaluation data: the built-in models' MNIST options are refused with it."""
     for given, what in ((data, "data"), (num_samples, "num_samples")):
         if given is not None:
-            raise ArgumentValueError(f"the argument '{what}' applies to the built-in models' MNIST, but got "
-                                     f"{given!r} with the factory '{spec}', whose dataset() decides its evaluation "
-                                     f"data.")
+            raise ArgumentValueError("the argument '{what}' applies to the built-in models' MNIST, but got {given!r} "
+                                     "with the factory '{spec}', whose dataset() decides its evaluation data.",
+                                     what=what, given=given, spec=spec)

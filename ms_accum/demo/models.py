@@ -143,7 +143,8 @@ class CharTransformer(nn.Cell):
 
 def _check_heads(width: int, heads: int) -> None:
     if width % heads:
-        raise ArgumentValueError(f"the argument 'heads' must divide 'width' ({width}), but got {heads}.")
+        raise ArgumentValueError("{heads:subject} must divide 'width' ({width}), but got {heads2}.", width=width,
+                                 heads2=heads)
 
 
 class ConvNet(nn.Cell):

@@ -47,29 +47,31 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
     whole window"; the buffer must not divide it again.
     """
     if reduction == "weighted_mean":
-        raise ArgumentValueError(f"the argument 'reduction' must be 'mean' or 'sum' with structure='cached' "
-                                 f"(the window's one loss is its loss_fn's value on the whole window), but got "
-                                 f"'weighted_mean'.")
+        raise ArgumentValueError("{reduction:subject} must be 'mean' or 'sum' with {structure=} (the window's one "
+                                 "loss is its loss_fn's value on the whole window), but got 'weighted_mean'.",
+                                 structure='cached')
     check_cached_policy(policy)
     if skip_outliers is not None:
-        raise ArgumentValueError(f"the argument 'skip_outliers' must be None with structure='cached', but got "
-                                 f"{skip_outliers!r}: a micro-batch left out would still be in the loss that made the "
-                                 f"others' gradients, so the update would equal no large-batch step.")
+        raise ArgumentValueError("{skip_outliers:subject} must be None with {structure=}, but got {skip_outliers2!r}: "
+                                 "a micro-batch left out would still be in the loss that made the others' gradients, "
+                                 "so the update would equal no large-batch step.", skip_outliers2=skip_outliers,
+                                 structure='cached')
     if statistics or noise_scale:
-        raise ArgumentValueError(f"the arguments 'statistics' and 'noise_scale' must be False with structure='cached', "
-                                 f"but got statistics={statistics!r}, noise_scale={noise_scale!r}: a micro-batch's "
-                                 f"gradient here is its share of one window loss, not a gradient of a loss of its own, "
-                                 f"and its norm says nothing about the gradient noise.")
+        raise ArgumentValueError("the arguments {statistics} and {noise_scale} must be False with {structure=}, but "
+                                 "got {statistics=}, {noise_scale=}: a micro-batch's gradient here is its share of "
+                                 "one window loss, not a gradient of a loss of its own, and its norm says nothing "
+                                 "about the gradient noise.", statistics=statistics, noise_scale=noise_scale,
+                                 structure='cached')
     return CACHED_REDUCTION
 
 
 def check_cached_policy(policy: str) -> None:
     """Refuses ``"skip_microbatch"``, which no cached window can make exact."""
     if policy == "skip_microbatch":
-        raise ArgumentValueError(f"the argument 'policy' must be 'skip_window' with structure='cached', but got "
-                                 f"'skip_microbatch': every micro-batch's gradient is its share of the one window "
-                                 f"loss, in which its samples are the other samples' negatives, so no update without "
-                                 f"it equals a step on the remaining batch.")
+        raise ArgumentValueError("{policy:subject} must be 'skip_window' with {structure=}, but got "
+                                 "'skip_microbatch': every micro-batch's gradient is its share of the one window "
+                                 "loss, in which its samples are the other samples' negatives, so no update without "
+                                 "it equals a step on the remaining batch.", structure='cached')
 
 
 def check_loss_signature(loss_fn: nn.Cell) -> None:
@@ -77,9 +79,10 @@ def check_loss_signature(loss_fn: nn.Cell) -> None:
     try:
         inspect.signature(loss_fn.construct).bind(None, None)
     except (TypeError, ValueError):
-        raise ArgumentTypeError(f"the argument 'loss_fn' must take (outputs of the whole window, labels of "
-                                f"the whole window) with structure='cached', but its construct is "
-                                f"{type(loss_fn).__name__}{inspect.signature(loss_fn.construct)}.") from None
+        raise ArgumentTypeError("{loss_fn:subject} must take (outputs of the whole window, labels of the whole "
+                                "window) with {structure=}, but its construct is {name}{value}.",
+                                name=type(loss_fn).__name__, value=inspect.signature(loss_fn.construct),
+                                structure='cached') from None
 
 
 _SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))  # how MindSpore's random primitives name their two seeds
@@ -105,15 +108,16 @@ def check_same_masks(network: nn.Cell) -> None:
         return
     where, kind, _ = random_ops[0]
     if ms.get_context("mode") != ms.GRAPH_MODE:
-        raise ArgumentValueError(f"the argument 'network' must have no random ops drawing in their kernels in "
-                                 f"PyNative mode with structure='cached', but its cell '{where}' has a {kind}: both "
-                                 f"passes would share its kernel and draw other values. Use graph mode (with seeded "
-                                 f"ops), or drop the op.")
+        raise ArgumentValueError("{network:subject} must have no random ops drawing in their kernels in PyNative mode "
+                                 "with {structure=}, but its cell '{where}' has a {kind}: both passes would share its "
+                                 "kernel and draw other values. Use graph mode (with seeded ops), or drop the op.",
+                                 where=where, kind=kind, structure='cached')
     unseeded = [(name, kind) for name, kind, seeds in random_ops if not any(seeds)]
     if unseeded:
-        raise ArgumentValueError(f"the argument 'network' must have seeded random ops with structure='cached', but its "
-                                 f"cell '{unseeded[0][0]}' has an unseeded {unseeded[0][1]}: pass 2 would draw other "
-                                 f"values than pass 1. Give the op its seeds.")
+        raise ArgumentValueError("{network:subject} must have seeded random ops with {structure=}, but its cell "
+                                 "'{value}' has an unseeded {value2}: pass 2 would draw other values than pass 1. "
+                                 "Give the op its seeds.", value=unseeded[0][0], value2=unseeded[0][1],
+                                 structure='cached')
 
 
 class _CachedLossGrad(nn.Cell):
@@ -263,9 +267,9 @@ class TrainCachedWindowCell(nn.Cell):
             buffer = own_buffer(network, optimizer, buffer, policy, loss_scaler, CACHED_REDUCTION if buffer is None
                                 else None)
             if buffer.reduction.name != CACHED_REDUCTION or buffer.leaves_out or buffer.statistics.parameters():
-                raise ArgumentValueError(f"the argument 'buffer' must have reduction 'sum', no micro-batch left out "
-                                         f"and no statistics (the window's gradient is that of its one loss), but got "
-                                         f"reduction '{buffer.reduction.name}'.")
+                raise ArgumentValueError("{buffer:subject} must have reduction 'sum', no micro-batch left out and no "
+                                         "statistics (the window's gradient is that of its one loss), but got "
+                                         "reduction '{name}'.", name=buffer.reduction.name)
             # Both passes of a micro-batch then drop the same values, in either mode.
             dropout = dropout_streams(network) if dropout is None else check_isinstance(dropout, "dropout",
                                                                                          DropoutStreams)
@@ -313,16 +317,18 @@ class TrainCachedWindowCell(nn.Cell):
                 batch = inputs[0].shape[0]
                 shapes = [tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__ for f in fields]
                 if not all(isinstance(f, Tensor) and f.ndim >= 1 and f.shape[0] == batch for f in fields):
-                    raise ArgumentValueError(f"the argument 'network' must return Tensors whose first axis is "
-                                             f"its input's batch axis with structure='cached', so the window's outputs "
-                                             f"concatenate along it, but for {batch} samples it returned {shapes}.")
+                    raise ArgumentValueError("{network:subject} must return Tensors whose first axis is its input's "
+                                             "batch axis with {structure=}, so the window's outputs concatenate along "
+                                             "it, but for {batch} samples it returned {shapes}.", batch=batch,
+                                             shapes=shapes, structure='cached')
                 loss = self.loss_fn(out, inputs[-1])
             finally:
                 ms.set_context(mode=mode)
         if not isinstance(loss, Tensor) or loss.ndim != 0 and loss.size != 1:
             got = f"a Tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-            raise ArgumentValueError(f"the argument 'loss_fn' must return a scalar loss of the window's outputs with "
-                                     f"structure='cached', but for {inputs[0].shape[0]} samples it returned {got}.")
+            raise ArgumentValueError("{loss_fn:subject} must return a scalar loss of the window's outputs with "
+                                     "{structure=}, but for {value} samples it returned {got}.",
+                                     value=inputs[0].shape[0], got=got, structure='cached')
         self.fields = [(tuple(f.shape[1:]), f.dtype) for f in fields]  # pass 1's placeholders for `sens`
         self.checked = True
 

@@ -13,7 +13,8 @@ import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
 from ..core import _ops
-from .._validation import ArgumentValueError, check_isinstance, check_positive_float, check_positive_int, door
+from .._validation import (Argument, ArgumentValueError, check_isinstance, check_positive_float, check_positive_int,
+                           door)
 from ..core.buffer import AccumulationBuffer
 from ..core.dropout import DropoutStreams
 from ..core.guard import LossScaler, check_policy_fits, sparse_gradient_cell
@@ -26,8 +27,8 @@ def _check_buffer(buffer, optimizer: nn.Optimizer) -> AccumulationBuffer:
     check_isinstance(optimizer, "optimizer", nn.Optimizer)
     check_isinstance(buffer, "buffer", AccumulationBuffer)
     if len(buffer) != len(optimizer.parameters):
-        raise ArgumentValueError(f"the argument 'buffer' must hold one gradient per optimizer parameter "
-                                 f"({len(optimizer.parameters)}), but holds {len(buffer)}.")
+        raise ArgumentValueError("{buffer:subject} must hold one gradient per optimizer parameter ({value}), but "
+                                 "holds {value2}.", value=len(optimizer.parameters), value2=len(buffer))
     return buffer
 
 
@@ -35,10 +36,10 @@ def _check_reduction(buffer: AccumulationBuffer, reduction: Optional[str], arg_n
                      value=None) -> None:
     # The buffer's rule decides for every Cell on it; an argument may only repeat it.
     if reduction is not None and reduction != buffer.reduction.name:
-        raise ArgumentValueError(f"the argument '{arg_name}' must agree with the buffer's reduction "
-                                 f"('{buffer.reduction.name}') or be None, but got "
-                                 f"{reduction if value is None else value!r}: the AccumulationBuffer decides the "
-                                 f"reduction.")
+        raise ArgumentValueError("{arg_name:subject} must agree with the buffer's reduction ('{name}') or be "
+                                 "None, but got {value!r}: the AccumulationBuffer decides the reduction.",
+                                 arg_name=Argument(arg_name), name=buffer.reduction.name,
+                                 value=reduction if value is None else value)
 
 
 def own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[AccumulationBuffer], policy: str,
@@ -55,8 +56,8 @@ def own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[Accum
         return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                   reduction=reduction or "mean")
     if policy != "skip_window" or loss_scaler is not None:
-        raise ArgumentValueError("the arguments 'policy' and 'loss_scaler' belong to the buffer: pass them to the "
-                                 "AccumulationBuffer given as 'buffer', not here.")
+        raise ArgumentValueError("the arguments {policy} and {loss_scaler} belong to the buffer: pass them to the "
+                                 "AccumulationBuffer given as {buffer}, not here.")
     _check_reduction(buffer, reduction)
     buffer = _check_buffer(buffer, optimizer)
     if isinstance(loss_fn, nn.Cell):
@@ -85,7 +86,7 @@ class _MicroBatchCell(_BufferCell):
         super().__init__(_check_buffer(buffer, optimizer))
         self.network = check_isinstance(network, "network", nn.Cell)
         if not network.trainable_params():
-            raise ArgumentValueError("the argument 'network' must have trainable parameters, but got none.")
+            raise ArgumentValueError("{network:subject} must have trainable parameters, but got none.")
         sparse = sparse_gradient_cell(network)
         check_policy_fits(sparse, buffer.guard.policy, buffer.leaves_out)
         self.grads_norm = _ops.SparseGradsNorm() if sparse else _ops.DenseGradsNorm()  # for statistics

@@ -65,18 +65,19 @@ class UserModel:
         try:
             batch = self.sample(batch_size)
         except Exception as err:  # noqa: BLE001  (whatever the user's sample raises, it is theirs that failed)
-            raise ArgumentValueError(f"{where} failed: {describe_exception(err)}.") from err
+            raise ArgumentValueError("{where} failed: {value}.", where=where, value=describe_exception(err)) from err
         if not isinstance(batch, (tuple, list)) or not all(isinstance(value, (np.ndarray, Tensor)) for value in batch):
-            raise ArgumentValueError(f"{where} must return its columns, numpy arrays or Tensors (e.g. (data, label)), "
-                                     f"but returned {_kind(batch)}.")
+            raise ArgumentValueError("{where} must return its columns, numpy arrays or Tensors (e.g. (data, label)), "
+                                     "but returned {value}.", where=where, value=_kind(batch))
         wanted = columns_wanted(self.net_with_loss, len(batch))
         if wanted is not None:
-            raise ArgumentValueError(f"{where} must return the columns of {wanted}, but returned {len(batch)}.")
+            raise ArgumentValueError("{where} must return the columns of {wanted}, but returned {value}.",
+                                     where=where, wanted=wanted, value=len(batch))
         arrays = tuple(value.asnumpy() if isinstance(value, Tensor) else value for value in batch)
         if any(value.shape[:1] != (batch_size,) for value in arrays):
             shapes = ", ".join(str(value.shape) for value in arrays)
-            raise ArgumentValueError(f"{where} must return {batch_size} rows in each column, but returned arrays of "
-                                     f"shapes {shapes}.")
+            raise ArgumentValueError("{where} must return {batch_size2} rows in each column, but returned arrays of "
+                                     "shapes {shapes}.", where=where, batch_size2=batch_size, shapes=shapes)
         return arrays
 
     def data(self, batch_size: int, usage: str, shard_id: int, num_shards: int) -> Dataset:
@@ -91,27 +92,31 @@ class UserModel:
         """
         where = f"the factory '{self.spec}'"
         if self.dataset is None:
-            raise ArgumentValueError(f"{where} provides no data: return dataset(batch_size, usage, "
-                                     f"shard_id, num_shards) as its fifth item (docs/your-model.md).")
+            raise ArgumentValueError("{where} provides no data: return dataset(batch_size, usage, shard_id, "
+                                     "num_shards) as its fifth item (docs/your-model.md).", where=where)
         call = f"dataset({batch_size}, '{usage}', {shard_id}, {num_shards})"
         try:
             data = self.dataset(batch_size, usage, shard_id, num_shards)
         except Exception as err:  # noqa: BLE001
-            raise ArgumentValueError(f"{call} of {where} failed: {describe_exception(err)}.") from err
+            raise ArgumentValueError("{call} of {where} failed: {value}.", call=call, where=where,
+                                     value=describe_exception(err)) from err
         if not isinstance(data, Dataset):
-            raise ArgumentValueError(f"{call} of {where} must return a mindspore.dataset.Dataset, but "
-                                     f"returned {_kind(data)}.")
+            raise ArgumentValueError("{call} of {where} must return a mindspore.dataset.Dataset, but returned {value}.",
+                                     call=call, where=where, value=_kind(data))
         wanted = columns_wanted(self.net_with_loss, len(data.get_col_names()))
         if wanted is not None or data.get_batch_size() != batch_size:
-            raise ArgumentValueError(f"{call} of {where} must yield batches of {batch_size} of "
-                                     f"{'the columns of ' + wanted if wanted else 'its columns'}, but yields the "
-                                     f"columns {data.get_col_names()} in batches of {data.get_batch_size()}.")
+            raise ArgumentValueError("{call} of {where} must yield batches of {batch_size2} of {value}, but yields "
+                                     "the columns {value2} in batches of {value3}.", call=call, where=where,
+                                     batch_size2=batch_size,
+                                     value='the columns of ' + wanted if wanted else 'its columns',
+                                     value2=data.get_col_names(), value3=data.get_batch_size())
         if data.get_dataset_size() == 0:
             samples = self._samples(usage, shard_id, num_shards)
             held = f"holds {samples} sample(s), fewer than" if samples is not None else "holds less than"
             shard = "" if num_shards == 1 else f"(shard {shard_id} of {num_shards}) "
-            raise NoBatchError(f"{call} of {where} yields no batch: its '{usage}' split {shard}{held} one batch of "
-                               f"{batch_size}.", samples)
+            raise NoBatchError("{call} of {where} yields no batch: its '{usage}' split {shard}{held} one batch of "
+                               "{batch_size2}.", call=call, where=where, usage=usage, shard=shard, held=held,
+                               batch_size2=batch_size, samples=samples)
         return data
 
     def _samples(self, usage: str, shard_id: int, num_shards: int) -> Optional[int]:
@@ -150,37 +155,39 @@ def load_model(spec: str) -> UserModel:
     """
     module_name, _, function_name = DEMO_FACTORIES.get(spec, spec).partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
-        raise ArgumentValueError(f"the argument 'model' must be 'package.module:function' (a factory) or "
-                                 f"the name of a built-in model, but got '{spec}'.")
+        raise ArgumentValueError("{model:subject} must be 'package.module:function' (a factory) or the name of a "
+                                 "built-in model, but got '{spec}'.", spec=spec)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001  (whatever the user's module raises, it is their module that failed)
-        raise ArgumentValueError(f"the module '{module_name}' of the factory '{spec}' cannot be imported: "
-                                 f"{describe_exception(err)}.") from err
+        raise ArgumentValueError("the module '{module_name}' of the factory '{spec}' cannot be imported: {value}.",
+                                 module_name=module_name, spec=spec, value=describe_exception(err)) from err
     factory = getattr(module, function_name, None)
     if not callable(factory):
-        raise ArgumentValueError(f"the module '{module_name}' has no function '{function_name}' (the "
-                                 f"factory '{spec}').")
+        raise ArgumentValueError("the module '{module_name}' has no function '{function_name}' (the factory '{spec}').",
+                                 module_name=module_name, function_name=function_name, spec=spec)
     try:
         parts = factory()
     except Exception as err:  # noqa: BLE001
-        raise ArgumentValueError(f"the factory '{spec}' failed: {describe_exception(err)}.") from err
+        raise ArgumentValueError("the factory '{spec}' failed: {cause}.", spec=spec,
+                                 cause=describe_exception(err)) from err
     kinds = (("network", nn.Cell), ("loss_fn", (nn.Cell, type(None))), ("optimizer", nn.Optimizer))
     if not isinstance(parts, (tuple, list)) or len(parts) not in (4, 5):
-        raise ArgumentValueError(f"the factory '{spec}' must return (network, loss_fn, optimizer, sample) "
-                                 f"or (network, loss_fn, optimizer, sample, dataset), but returned {_kind(parts)}.")
+        raise ArgumentValueError("the factory '{spec}' must return (network, loss_fn, optimizer, sample) or (network, "
+                                 "loss_fn, optimizer, sample, dataset), but returned {value}.", spec=spec,
+                                 value=_kind(parts))
     for (what, kind), value in zip(kinds, parts):
         if not isinstance(value, kind):
             expected = "an nn.Cell or None" if what == "loss_fn" else f"an nn.{kind.__name__}"
-            raise ArgumentValueError(f"the factory '{spec}' must return {expected} as its {what}, "
-                                     f"but returned {_kind(value)}.")
+            raise ArgumentValueError("the factory '{spec}' must return {expected} as its {what}, but returned {value}.",
+                                     spec=spec, expected=expected, what=what, value=_kind(value))
     for position, what in ((3, "sample(batch_size) as its fourth item"),
                            (4, "dataset(batch_size, usage, shard_id, num_shards) as its fifth item")):
         if position < len(parts) and not callable(parts[position]):
-            raise ArgumentValueError(f"the factory '{spec}' must return {what}, but returned "
-                                     f"{_kind(parts[position])}.")
+            raise ArgumentValueError("the factory '{spec}' must return {what}, but returned {value}.", spec=spec,
+                                     what=what, value=_kind(parts[position]))
     user = UserModel(spec=spec, network=parts[0], loss_fn=parts[1], optimizer=parts[2], sample=parts[3],
                      dataset=parts[4] if len(parts) > 4 else None)
     _check_sample(user)
@@ -195,8 +202,9 @@ def _check_sample(user: UserModel) -> None:
     except Exception as err:  # noqa: BLE001  (whatever the user's network raises on its own samples)
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         dtypes = ", ".join(f"{value.dtype} {value.shape}" for value in batch)
-        raise ArgumentValueError(f"the network and loss of the factory '{user.spec}' do not take the batch "
-                                 f"its sample(2) returns ({dtypes}): {type(err).__name__}: {first}") from err
+        raise ArgumentValueError("the network and loss of the factory '{spec}' do not take the batch its sample(2) "
+                                 "returns ({dtypes}): {name}: {first}", spec=user.spec, dtypes=dtypes,
+                                 name=type(err).__name__, first=first) from err
 
 
 def _kind(value) -> str:

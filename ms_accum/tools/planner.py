@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_int,
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_int,
                            check_value_in, door)
 
 MIB = 2 ** 20
@@ -64,12 +64,12 @@ def parse_size(value: Union[str, int, float], arg_name: str = "memory") -> int:
     else:
         match = _SIZE.fullmatch(value) if isinstance(value, str) else None
         if match is None or match.group(2).lower() not in _UNITS:
-            raise ArgumentValueError(f"the argument '{arg_name}' must be a memory size such as '800MiB', "
-                                     f"'2GiB' or a number of bytes, but got {value!r}.")
+            raise ArgumentValueError("{arg_name:subject} must be a memory size such as '800MiB', '2GiB' or a "
+                                     "number of bytes, but got {value!r}.", arg_name=Argument(arg_name), value=value)
         size = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if not math.isfinite(size) or size < 1:
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a positive memory size, but got "
-                                 f"{value!r}.")
+        raise ArgumentValueError("{arg_name:subject} must be a positive memory size, but got {value!r}.",
+                                 arg_name=Argument(arg_name), value=value)
     return int(size)
 
 
@@ -144,13 +144,13 @@ def _checked_budget(global_batch: int, memory: Union[str, int, None], ranks: int
     check_positive_int(global_batch, "global_batch")
     check_positive_int(ranks, "ranks")
     if global_batch % ranks:
-        raise ArgumentValueError(f"the argument 'global_batch' must be divisible by 'ranks' ({ranks}), but got "
-                                 f"{global_batch}.")
+        raise ArgumentValueError("{global_batch:subject} must be divisible by {ranks} ({ranks2}), but got "
+                                 "{global_batch2}.", ranks2=ranks, global_batch2=global_batch)
     budget = None if memory is None else parse_size(memory, "memory") / MIB
     check_isinstance(structures, "structures", (list, tuple))
     if not structures:
-        raise ArgumentValueError(f"the argument 'structures' must name at least one structure, but got "
-                                 f"{structures!r}.")
+        raise ArgumentValueError("{structures:subject} must name at least one structure, but got {structures2!r}.",
+                                 structures2=structures)
     for structure in structures:
         check_value_in(structure, "structures", TIMED_STRUCTURES)
     check_value_in(device, "device", DEVICES)
@@ -197,19 +197,20 @@ def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output")
         ValueError: If `path` is a directory, or its directory does not exist or cannot be written.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a file path, but got {path!r} of type "
-                                f"{type(path).__name__}.")
+        raise ArgumentTypeError("{arg_name:subject} must be a file path, but got {path!r} of type {name}.",
+                                arg_name=Argument(arg_name), path=path, name=type(path).__name__)
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
-                                 f"got '{path}', a directory.")
+        raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got "
+                                 "'{path}', a directory.", arg_name=Argument(arg_name), path=path)
     existed = os.path.exists(path)
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as err:
-        raise ArgumentValueError(f"the argument '{arg_name}' must be a file path that can be written, but "
-                                 f"got '{path}': {err.strerror}.") from None
+        raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got "
+                                 "'{path}': {strerror}.", arg_name=Argument(arg_name), path=path,
+                                 strerror=err.strerror) from None
     if not existed:
         os.remove(path)
     return path
@@ -270,14 +271,15 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], gi
 
     first = run(sizes[0])
     if first.peak_mib is None:
-        raise ArgumentValueError(f"a micro-batch of {sizes[0]} sample(s) could not be trained: "
-                                 f"{first.error.rstrip('.')}.")
+        raise ArgumentValueError("a micro-batch of {value} sample(s) could not be trained: {value2}.", value=sizes[0],
+                                 value2=first.error.rstrip('.'))
     if first.peak_mib > limit:
         what = "the argument 'memory'" if given else "the device's free memory"
         raise ArgumentValueError(
-            f"{what} ({budget:.0f} MiB) is below the step of one micro-batch of {sizes[0]} sample(s), which peaked "
-            f"at {first.peak_mib:.0f} MiB: the smallest budget that works is "
-            f"{math.ceil(first.peak_mib / (1 - headroom))} MiB (with {headroom:.0%} kept free).")
+            "{what} ({budget:.0f} MiB) is below the step of one micro-batch of {value} sample(s), which peaked at "
+            "{peak_mib:.0f} MiB: the smallest budget that works is {value2} MiB (with {headroom:.0%} kept free).",
+            what=what, budget=budget, value=sizes[0], peak_mib=first.peak_mib,
+            value2=math.ceil(first.peak_mib / (1 - headroom)), headroom=headroom)
     if len(sizes) > 1:
         run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
     while True:
@@ -315,12 +317,12 @@ def _factory_spec(model: Union[str, Callable]) -> str:
         module = getattr(model, "__module__", None)
         qualname = getattr(model, "__qualname__", "")
         if module is None or not qualname.isidentifier():
-            raise ArgumentValueError(f"the argument 'model' must be a function defined at a module's top level (fresh "
-                                     f"processes import it), but got {model!r}.")
+            raise ArgumentValueError("{model:subject} must be a function defined at a module's top level (fresh "
+                                     "processes import it), but got {model2!r}.", model2=model)
         if module == "__main__":  # a script: its file's name is the module a fresh process imports
             path = getattr(sys.modules["__main__"], "__file__", None)
             if path is None:
-                raise ArgumentValueError("the argument 'model' is defined in an interactive session; fresh processes "
+                raise ArgumentValueError("{model:subject} is defined in an interactive session; fresh processes "
                                          "cannot import it. Give 'package.module:function' instead.")
             directory, module = os.path.split(os.path.splitext(os.path.abspath(path))[0])
             if directory not in sys.path:
@@ -328,8 +330,8 @@ def _factory_spec(model: Union[str, Callable]) -> str:
         return f"{module}{SEPARATOR}{qualname}"
     check_isinstance(model, "model", str)
     if model not in DEMO_FACTORIES and SEPARATOR not in model:
-        raise ArgumentValueError(f"the argument 'model' must be 'package.module:function' (a factory) or one of "
-                                 f"{sorted(DEMO_FACTORIES)}, but got '{model}'.")
+        raise ArgumentValueError("{model:subject} must be 'package.module:function' (a factory) or one of {value}, "
+                                 "but got '{model2}'.", value=sorted(DEMO_FACTORIES), model2=model)
     return model
 
 

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import mindspore as ms
 from mindspore import Parameter, log as ms_log, nn
 
-from .._validation import ArgumentTypeError, ArgumentValueError, door
+from .._validation import Setting, ArgumentTypeError, ArgumentValueError, MessageError, door
 from ..core.dropout import is_random_state
 
 # The layout of what ms_accum writes beside the parameters: 1, the first; 2, training states also record the position
@@ -28,7 +28,7 @@ _TMP_SUFFIX = ".tmp.ckpt"  # MindSpore appends ".ckpt" to any other name
 MetaValue = Union[int, float, str, bool]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MessageError, ValueError):
     """A checkpoint that cannot be read or does not fit the network; the message names the file (and no caller: the
     file, not the call, is at fault)."""
 
@@ -66,8 +66,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
     metadata = dict(metadata or {})
     for key, value in metadata.items():
         if not isinstance(value, (int, float, str, bool)):
-            raise ArgumentTypeError(f"the argument 'metadata' must map names to int, float, bool or str, but '{key}' "
-                                    f"is {type(value).__name__}.")
+            raise ArgumentTypeError("{metadata:subject} must map names to int, float, bool or str, but '{key}' is "
+                                    "{name}.", key=key, name=type(value).__name__)
     append = {_META_PREFIX + "format_version": FORMAT_VERSION}
     append.update({_META_PREFIX + key: value for key, value in metadata.items()})
     path = os.fspath(path)
@@ -83,8 +83,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
         os.chmod(tmp, CHECKPOINT_MODE)
         os.replace(tmp, path)
     except OSError as err:
-        raise CheckpointWriteError(f"'{name}' could not be written in '{directory}': {err.strerror or err}. No "
-                                   f"earlier file was changed.") from err
+        raise CheckpointWriteError("'{name}' could not be written in '{directory}': {value}. No earlier file was "
+                                   "changed.", name=name, directory=directory, value=err.strerror or err) from err
     finally:
         for leftover in (tmp, _mindspore_temporary(tmp)):
             if os.path.exists(leftover):
@@ -143,13 +143,14 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointError(f"Checkpoint '{path}' does not exist.")
+        raise CheckpointError("Checkpoint '{path}' does not exist.", path=path)
     try:
         # crc_check verifies the CRC where the file carries one; a file MindSpore wrote without one still loads.
         raw = ms.load_checkpoint(path, crc_check=True)
     except Exception as err:  # MindSpore raises ValueError or RuntimeError with C++ detail; the cause is one
-        raise CheckpointError(f"'{path}' is not a readable MindSpore checkpoint (truncated, corrupt or another "
-                              f"format): {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        raise CheckpointError("'{path}' is not a readable MindSpore checkpoint (truncated, corrupt or another "
+                              "format): {value}", path=path,
+                              value=str(err).splitlines()[0] if str(err) else type(err).__name__) from None
     params, metadata = {}, {}
     for name, value in raw.items():
         if name.startswith(_META_PREFIX):
@@ -158,8 +159,9 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
             params[name] = value
     version = metadata.pop("format_version", 0)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"Checkpoint '{path}' has ms_accum format {version!r}, newer than the format "
-                              f"{FORMAT_VERSION} this ms_accum reads: upgrade ms_accum to load it.")
+        raise CheckpointError("Checkpoint '{path}' has ms_accum format {version!r}, newer than the format "
+                              "{FORMAT_VERSION} this ms_accum reads: upgrade ms_accum to load it.", path=path,
+                              version=version, FORMAT_VERSION=FORMAT_VERSION)
     return params, metadata
 
 
@@ -202,8 +204,8 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
     params, metadata = load_checkpoint(path) if contents is None else contents
     for key, value in (expected or {}).items():
         if key in metadata and metadata[key] != value:
-            raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={metadata[key]!r}, but {key}={value!r} "
-                                  f"was asked for.")
+            raise CheckpointError("Checkpoint '{path}' was saved with {saved}, but {asked} was asked for.", path=path,
+                                  saved=Setting(key, metadata[key]), asked=Setting(key, value))
     own = {p.name: p for p in network.get_parameters()}
     params = {name: value for name, value in params.items() if not _is_training_state(name, value, own)}
     missing = sorted(name for name in set(own) - set(params) if not is_random_state(own[name]))
@@ -214,16 +216,19 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
             parts.append(f"missing parameter(s) {_names(missing)}")
         if extra:
             parts.append(f"unexpected parameter(s) {_names(extra)}")
-        raise CheckpointError(f"Checkpoint '{path}' does not fit {network_name}: {'; '.join(parts)}.")
+        raise CheckpointError("Checkpoint '{path}' does not fit {network_name}: {value}.", path=path,
+                              network_name=network_name, value='; '.join(parts))
     for name in sorted(set(own) & set(params)):
         if tuple(own[name].shape) != tuple(params[name].shape) or own[name].dtype != params[name].dtype:
-            raise CheckpointError(f"Checkpoint '{path}' does not fit {network_name}: parameter '{name}' has shape "
-                                  f"{tuple(params[name].shape)} and dtype {params[name].dtype} in the file but "
-                                  f"{tuple(own[name].shape)} and {own[name].dtype} in the network.")
+            raise CheckpointError("Checkpoint '{path}' does not fit {network_name}: parameter '{name}' has shape "
+                                  "{value} and dtype {dtype} in the file but {value2} and {dtype2} in the network.",
+                                  path=path, network_name=network_name, name=name, value=tuple(params[name].shape),
+                                  dtype=params[name].dtype, value2=tuple(own[name].shape), dtype2=own[name].dtype)
     not_loaded, _ = ms.load_param_into_net(network, params, strict_load=True)
     not_loaded = [name for name in not_loaded if name not in own or not is_random_state(own[name])]
     if strict and not_loaded:  # cannot happen after the checks above; kept so a MindSpore change cannot slip by
-        raise CheckpointError(f"Checkpoint '{path}' left parameter(s) {_names(not_loaded)} unloaded.")
+        raise CheckpointError("Checkpoint '{path}' left parameter(s) {value} unloaded.", path=path,
+                              value=_names(not_loaded))
     return metadata
 
 

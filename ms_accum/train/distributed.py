@@ -44,8 +44,8 @@ def distributed_launch(environ: Optional[Mapping[str, str]] = None) -> Optional[
         return None
     text = environ["MS_WORKER_NUM"]
     if not text.isdigit() or int(text) <= 0:
-        raise ArgumentValueError(f"the environment variable 'MS_WORKER_NUM' must be a positive int, but got "
-                                 f"'{text}'.")
+        raise ArgumentValueError("the environment variable 'MS_WORKER_NUM' must be a positive int, but got '{text}'.",
+                                 text=text)
     return int(text)
 
 
@@ -113,8 +113,8 @@ def check_same_on_all_ranks(value: int, what: str) -> int:
     """
     values = gather_ints(value)
     if len(set(values)) > 1:
-        raise ArgumentValueError(f"{what} must be the same on every rank, but got {values} on ranks 0 to "
-                                 f"{len(values) - 1}.")
+        raise ArgumentValueError("{what} must be the same on every rank, but got {values} on ranks 0 to {value}.",
+                                 what=what, values=values, value=len(values) - 1)
     return value
 
 

@@ -8,7 +8,7 @@ from mindspore import nn
 from mindspore.dataset import Dataset
 
 from .._choices import AUTO_STRUCTURE, STRUCTURES
-from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
+from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
 from ..core.buffer import AccumulationBuffer
 from ..core.columns import with_loss
 from ..core.dropout import dropout_streams, warn_uncovered
@@ -121,7 +121,7 @@ class GradientAccumulation:
         reduction = window_reduction(loss_fn, window.reduction)
         reduction = kind.refuse(network, loss_fn, reduction, self.guard, measure)
         if measure.noise_scale and reduction == "sum":
-            raise ArgumentValueError("the argument 'noise_scale' needs the window's mean (reduction 'mean' or "
+            raise ArgumentValueError("{noise_scale:subject} needs the window's mean (reduction 'mean' or "
                                      "'weighted_mean'), but got reduction 'sum'.")
         self.parallel = data_parallel_info()  # None when stand-alone
         sharded = _sharded(check_isinstance(shard_optimizer, "shard_optimizer", bool), self.parallel, optimizer)
@@ -173,8 +173,9 @@ class GradientAccumulation:
                 given["reduction"] = options["window"].reduction
             for arg_name, value in given.items():
                 if value is not None:
-                    raise ArgumentValueError(f"the argument '{arg_name}' comes from the plan "
-                                             f"('{getattr(plan, arg_name)}'), but it was also given: '{value}'.")
+                    raise ArgumentValueError("{arg_name:subject} comes from the plan ('{value}'), but it was "
+                                             "also given: '{value2}'.", arg_name=Argument(arg_name),
+                                             value=getattr(plan, arg_name), value2=value)
         window = options.pop("window", None) or WindowOptions()
         executor = cls(network, loss_fn, optimizer, structure=plan.structure,
                        window=WindowOptions(plan.reduction, window.clip_norm, window.buffer_dtype), **options)
@@ -260,13 +261,13 @@ class GradientAccumulation:
         """`mini_steps`, or the plan's K; a plan also fixes the micro-batch."""
         if self.plan is None:
             if mini_steps is None:
-                raise ArgumentTypeError("the argument 'mini_steps' must be a positive int (only an executor built "
-                                        "by GradientAccumulation.from_plan takes its plan's), but got None.")
+                raise ArgumentTypeError("{mini_steps:subject} must be a positive int (only an executor built by "
+                                        "GradientAccumulation.from_plan takes its plan's), but got None.")
             return mini_steps
         if isinstance(train_dataset, Dataset) and train_dataset.get_batch_size() != self.plan.batch_size:
-            raise ArgumentValueError(f"the argument 'train_dataset' must yield the plan's micro-batches of "
-                                     f"{self.plan.batch_size} samples, but its batch size is "
-                                     f"{train_dataset.get_batch_size()}.")
+            raise ArgumentValueError("{train_dataset:subject} must yield the plan's micro-batches of {batch_size2} "
+                                     "samples, but its batch size is {value}.", batch_size2=self.plan.batch_size,
+                                     value=train_dataset.get_batch_size())
         return self.plan.accumulate_step if mini_steps is None else mini_steps
 
 
@@ -274,7 +275,7 @@ def _validation(eval_dataset: Optional[Dataset], eval_every) -> Optional[Tuple[D
     """`train_process`'s held-out data and when to score it, checked."""
     if eval_dataset is None:
         if eval_every is not None:
-            raise ArgumentValueError("the argument 'eval_every' needs 'eval_dataset', but 'eval_dataset' is None.")
+            raise ArgumentValueError("{eval_every:subject} needs {eval_dataset}, but {eval_dataset} is None.")
         return None
     check_isinstance(eval_dataset, "eval_dataset", Dataset)
     if isinstance(eval_every, Validation):
@@ -302,5 +303,5 @@ def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer) -> None:
     own = {id(p) for p in network.get_parameters()}
     for param in optimizer.parameters:
         if id(param) not in own:
-            raise ArgumentValueError(f"the argument 'optimizer' must update Parameters of 'network', but "
-                                     f"'{param.name}' is not one of them (an optimizer built over another network?).")
+            raise ArgumentValueError("{optimizer:subject} must update Parameters of {network}, but '{name}' is not "
+                                     "one of them (an optimizer built over another network?).", name=param.name)

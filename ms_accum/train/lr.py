@@ -95,12 +95,13 @@ class SamplesLR(LearningRateSchedule):
         if isinstance(schedule, type):  # callable, but calling it would build one, with the samples as its argument
             made = ("an instance of it, e.g. " + f"{schedule.__name__}(...)"
                     if issubclass(schedule, LearningRateSchedule) else "an instance or a function")
-            raise ArgumentTypeError(f"the argument 'schedule' must be a LearningRateSchedule or a callable "
-                                    f"lr(samples), but got the class {schedule.__module__}.{schedule.__qualname__}: "
-                                    f"give {made}.")
+            raise ArgumentTypeError("{schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
+                                    "got the class {module}.{qualname}: give {made}.", module=schedule.__module__,
+                                    qualname=schedule.__qualname__, made=made)
         if not callable(schedule):
-            raise ArgumentTypeError(f"the argument 'schedule' must be a LearningRateSchedule or a callable "
-                                    f"lr(samples), but got {schedule!r} of type {type(schedule).__name__}.")
+            raise ArgumentTypeError("{schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
+                                    "got {schedule2!r} of type {name}.", schedule2=schedule,
+                                    name=type(schedule).__name__)
         self.schedule = schedule
         self._of_tensor = isinstance(schedule, LearningRateSchedule)
         self.samples = 0
@@ -119,8 +120,8 @@ class SamplesLR(LearningRateSchedule):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             # Found when built and whenever the rate is updated (by the executor's train_process too): either way
             # SamplesLR's own argument is at fault, so its name is fixed.
-            raise ArgumentValueError(f"the schedule must give a finite learning rate, but at {samples} samples it "
-                                     f"gave {value!r}.").named("SamplesLR")
+            raise ArgumentValueError("the schedule must give a finite learning rate, but at {samples} samples it gave "
+                                     "{value!r}.", samples=samples, value=value).named("SamplesLR")
         return float(value)
 
     def construct(self, global_step):

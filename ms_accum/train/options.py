@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from .._choices import OUTLIER_WARMUP, POLICIES, REDUCTIONS
-from .._validation import (ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance,
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance,
                            check_positive_float, check_positive_int, check_value_in, door)
 
 
@@ -156,8 +156,8 @@ class Checkpoints:
     @door("Checkpoints")
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
-            raise ArgumentTypeError(f"the argument 'ckpt_dir' must be a directory path, but got {self.directory!r} "
-                                    f"of type {type(self.directory).__name__}.")
+            raise ArgumentTypeError("{ckpt_dir:subject} must be a directory path, but got {directory!r} of type "
+                                    "{name}.", directory=self.directory, name=type(self.directory).__name__)
         check_isinstance(self.name, "ckpt_name", str)
         for arg_name in ("save_every", "keep_last"):
             if getattr(self, arg_name) is not None:
@@ -237,7 +237,8 @@ def with_deprecated(given: Dict[str, Any], deprecated: Dict[str, Any], allowed: 
         if option == "checkpoints" and fields.get("directory", "") is None:
             if any(fields.get(name) not in (None, False) for name in ("save_every", "resume")):
                 needs = "save_every" if fields.get("save_every") is not None else "resume"
-                raise ArgumentValueError(f"the argument '{needs}' needs 'ckpt_dir', but 'ckpt_dir' is None.")
+                raise ArgumentValueError("{needs:subject} needs {ckpt_dir}, but {ckpt_dir} is None.",
+                                         needs=Argument(needs))
             result[option] = None
             continue
         if fields:

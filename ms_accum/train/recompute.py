@@ -10,7 +10,7 @@ from typing import Iterable, List
 
 from mindspore import nn
 
-from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, door
+from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, door
 
 
 @door("recompute_cells")
@@ -41,14 +41,15 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], arg_name: str = "nam
     check_isinstance(network, "network", nn.Cell)
     cells = {path: cell for path, cell in network.cells_and_names() if path}
     if isinstance(names, str):  # a str is iterable too: its letters are no cell paths
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a list of cell paths, e.g. ['{names}'], but "
-                                f"got the str '{names}'.")
+        raise ArgumentTypeError("{arg_name:subject} must be a list of cell paths, e.g. ['{names}'], but got "
+                                "the str '{names2}'.", arg_name=Argument(arg_name), names=names, names2=names)
     names = list(names)
     for name in names:
         check_isinstance(name, arg_name, str)
         if name not in cells:
-            raise ArgumentValueError(f"the argument '{arg_name}' must hold sub-cells of the network, but got "
-                                     f"'{name}'; valid paths: {sorted(cells)}.")
+            raise ArgumentValueError("{arg_name:subject} must hold sub-cells of the network, but got '{name}'; "
+                                     "valid paths: {value}.", arg_name=Argument(arg_name), name=name,
+                                     value=sorted(cells))
     for name in names:
         cells[name].recompute()
     return names

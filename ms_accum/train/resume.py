@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
+from .._validation import Layout, Message, Setting
 from ..core.dropout import is_random_state
 
 from .schedule import AccumulationSchedule, pairs_text
@@ -82,12 +83,14 @@ class StateCheckpoints:
         contents = load_checkpoint(path)
         meta = contents[1]
         if meta.get("kind") != STATE_KIND:
-            raise CheckpointError(f"Checkpoint '{path}' holds no training state to resume from (it was not saved "
-                                  f"with 'save_every').")
+            raise CheckpointError("Checkpoint '{path}' holds no training state to resume from (it was not saved with "
+                                  "{save_every}).", path=path)
         for key in _SAME:
             if meta.get(key) != self.run[key]:
-                raise CheckpointError(f"Checkpoint '{path}' was saved with {key}={meta.get(key)!r}, but this run has "
-                                      f"{key}={self.run[key]!r}: resuming would not continue the same training.")
+                raise CheckpointError("Checkpoint '{path}' was saved with {saved}, but this run has {this}: resuming "
+                                      "would not continue the same training.", path=path,
+                                      saved=Setting(key, meta.get(key)),
+                                      this=Setting(key, self.run[key]))
         # Files of format 1 lack the per-rank batch size and world size: theirs were this run's, or it is refused.
         saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size",
                                                            "global_micro_batch") if key in meta}}
@@ -105,8 +108,8 @@ class StateCheckpoints:
             _check_global_batch(path, saved, self.run)
         _check_epoch_samples(path, saved, self.run)
         if meta["epoch"] > epochs:
-            raise CheckpointError(f"Checkpoint '{path}' is at epoch {meta['epoch']}, beyond this run's {epochs} "
-                                  f"epochs.")
+            raise CheckpointError("Checkpoint '{path}' is at epoch {value}, beyond this run's {epochs} epochs.",
+                                  path=path, value=meta['epoch'], epochs=epochs)
         params = {_BUFFER_PREFIX + name[len(_OLD_BUFFER_PREFIX):] if name.startswith(_OLD_BUFFER_PREFIX) else name:
                   value for name, value in contents[0].items()}
         load_into(self.state, path, strict=True, contents=(params, meta))
@@ -155,11 +158,11 @@ class StateCheckpoints:
         for point in points:
             a, b = _at(theirs, point), _at(mine, point)
             if a != b:
-                raise CheckpointError(f"Checkpoint '{path}' was saved by a run whose global batch schedule "
-                                      f"(samples consumed: global batch) is {saved}, but this run's is "
-                                      f"{self.run['global_batches']}: from {point} samples consumed the saved run's "
-                                      f"global batch is {a}, this run's {b}; resuming would not continue the same "
-                                      f"training.")
+                raise CheckpointError("Checkpoint '{path}' was saved by a run whose global batch schedule (samples "
+                                      "consumed: global batch) is {saved}, but this run's is {value}: from {point} "
+                                      "samples consumed the saved run's global batch is {a}, this run's {b}; resuming "
+                                      "would not continue the same training.", path=path, saved=saved,
+                                      value=self.run['global_batches'], point=point, a=a, b=b)
 
     def window_closed(self, position: Position, stopping: bool = False) -> None:
         """Saves the state when `position.step` is due, or the run is `stopping` early (and prunes old files)."""
@@ -186,12 +189,14 @@ class StateCheckpoints:
             return save_checkpoint(save_obj, path, metadata)
         except CheckpointWriteError as err:
             newest = find_latest(self.ckpt_dir, self.ckpt_name)
-            where = (f"the newest complete training state is '{os.path.basename(newest)}': resume=True (the CLI's "
-                     f"--resume) continues from it" if newest else
-                     f"'{self.ckpt_dir}' holds no complete training state of '{self.ckpt_name}' yet")
             # Unnamed: train_process, the only one to save states and what the user ran, names it at its door.
-            error = CheckpointWriteError(f"{err.detail} {where[0].upper()}{where[1:]}.")
-            error.unwritten, error.newest = err.detail, newest  # for a caller that says how to resume in its terms
+            if newest:
+                error = CheckpointWriteError("{unwritten} The newest complete training state is '{newest}': {resume=} "
+                                             "continues from it.", unwritten=err, newest=os.path.basename(newest),
+                                             resume=True)
+            else:
+                error = CheckpointWriteError("{unwritten} '{directory}' holds no complete training state of '{name}' "
+                                             "yet.", unwritten=err, directory=self.ckpt_dir, name=self.ckpt_name)
             raise error from err.__cause__
 
 
@@ -229,25 +234,29 @@ def _per_batch(run: Dict[str, MetaValue]) -> int:
 
 def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
     """Refuses a resume whose fixed global batch per update differs from the saved run's."""
-    def describe(layout):
-        return (f"mini_steps={layout['mini_steps']} x batch_size={layout['rank_batch_size']} x "
-                f"{layout['world_size']} rank(s)")
+    def layout(run):
+        return Layout(int(run["mini_steps"]), int(run["rank_batch_size"]), int(run["world_size"]))
 
     saved_batch, batch = int(saved["mini_steps"]) * _per_batch(saved), int(run["mini_steps"]) * _per_batch(run)
     if saved_batch != batch:
-        keeps = (f"mini_steps={saved_batch // _per_batch(run)} keeps it" if saved_batch % _per_batch(run) == 0 else
-                 f"no mini_steps keeps it with batch_size={run['rank_batch_size']} on {run['world_size']} rank(s), as "
-                 f"{saved_batch} is not a multiple of {_per_batch(run)}")
-        raise CheckpointError(f"Checkpoint '{path}' was saved with a global batch of {saved_batch} samples per "
-                              f"update ({describe(saved)}), but this run has {batch} ({describe(run)}): resuming "
-                              f"would not continue the same training; {keeps}.")
+        if saved_batch % _per_batch(run) == 0:
+            keeps = Message("{mini_steps=} keeps it", mini_steps=saved_batch // _per_batch(run))
+        else:
+            keeps = Message("no {mini_steps} keeps it with {batch_size=} on {ranks} rank(s), as {saved} is not a "
+                            "multiple of {per_batch}", batch_size=int(run["rank_batch_size"]),
+                            ranks=run["world_size"], saved=saved_batch, per_batch=_per_batch(run))
+        raise CheckpointError("Checkpoint '{path}' was saved with a global batch of {saved_batch} samples per update "
+                              "({saved}), but this run has {batch} ({this}): resuming would not continue the same "
+                              "training; {keeps}.", path=path, saved_batch=saved_batch, saved=layout(saved),
+                              batch=batch, this=layout(run), keeps=keeps)
 
 
 def _check_epoch_samples(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
     """Refuses a resume whose samples per epoch differ from the saved run's."""
     saved_epoch, epoch = int(saved["num_batches"]) * _per_batch(saved), int(run["num_batches"]) * _per_batch(run)
     if saved_epoch != epoch:
-        raise CheckpointError(f"Checkpoint '{path}' was saved by a run reading {saved_epoch} samples an epoch "
-                              f"({saved['num_batches']} batches of {_per_batch(saved)} over all ranks), but this run "
-                              f"reads {epoch} ({run['num_batches']} batches of {_per_batch(run)}): resuming would not "
-                              f"continue the same training.")
+        raise CheckpointError("Checkpoint '{path}' was saved by a run reading {saved_epoch} samples an epoch ({value} "
+                              "batches of {value2} over all ranks), but this run reads {epoch2} ({value3} batches of "
+                              "{value4}): resuming would not continue the same training.", path=path,
+                              saved_epoch=saved_epoch, value=saved['num_batches'], value2=_per_batch(saved),
+                              epoch2=epoch, value3=run['num_batches'], value4=_per_batch(run))

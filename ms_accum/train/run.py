@@ -71,7 +71,7 @@ class Run:
             # Every window closes with a collective: a rank with fewer batches would leave the others waiting.
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
         if num_batches <= 0:
-            raise ArgumentValueError("the argument 'train_dataset' must not be empty, but it has no batches.")
+            raise ArgumentValueError("{train_dataset:subject} must not be empty, but it has no batches.")
         if self.schedule.fixed is not None and self.schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
             warnings.warn(f"For '{NAME}', 'mini_steps' ({self.schedule.fixed}) is larger than an epoch's "
@@ -101,10 +101,10 @@ class Run:
         self.last_step = self.position.step + sum(size == k or self.partial_window == "apply" for k, size, _ in planned)
         if executor.noise_scale is not None and executor.parallel is None and self.largest == 1:
             given = self.schedule.fixed or "a schedule that is 1 in every window of this run"
-            raise ArgumentValueError(f"the argument 'mini_steps' must be at least 2 in some window with "
-                                     f"noise_scale=True on one rank: the noise scale compares the micro-batch's "
-                                     f"gradient with the window's, and with one micro-batch per window they are one "
-                                     f"batch size, but got {given}.")
+            raise ArgumentValueError("{mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
+                                     "one rank: the noise scale compares the micro-batch's gradient with the "
+                                     "window's, and with one micro-batch per window they are one batch size, but got "
+                                     "{given}.", given=given, noise_scale=True)
         guard = executor.buffer.guard
         self.result = TrainResult(dropped_windows=self.position.dropped_windows, resumed_from=resumed_from,
                                   skipped_windows=int(guard.skipped_windows.asnumpy()),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple, Union
 
-from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_int, door
+from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_positive_int, door
 
 ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
 
@@ -103,11 +103,11 @@ def parse_schedule(text: str, arg_name: str = "text") -> dict:
     for item in text.split(","):
         start, colon, k = item.strip().partition(":")
         if not colon or not start.strip().isdigit() or not k.strip().lstrip("-").isdigit():
-            raise ArgumentValueError(f"the argument '{arg_name}' must be comma-separated samples:K pairs such as "
-                                     f"'0:2,4096:4', but got '{text}'.")
+            raise ArgumentValueError("{arg_name:subject} must be comma-separated samples:K pairs such as "
+                                     "'0:2,4096:4', but got '{text}'.", arg_name=Argument(arg_name), text=text)
         if int(start) in pairs:
-            raise ArgumentValueError(f"the argument '{arg_name}' must give each threshold once, but got "
-                                     f"{int(start)} twice in '{text}'.")
+            raise ArgumentValueError("{arg_name:subject} must give each threshold once, but got {value} twice "
+                                     "in '{text}'.", arg_name=Argument(arg_name), value=int(start), text=text)
         pairs[int(start)] = int(k)
     _check_table(pairs, arg_name)
     return pairs
@@ -146,13 +146,14 @@ def rampup(start: int, increment: int, samples_per_increment: int, global_batch:
                             ("global_batch", global_batch), ("batch_size", batch_size)):
         check_positive_int(value, arg_name)
     if global_batch < start or (global_batch - start) % increment:
-        raise ArgumentValueError(f"the argument 'global_batch' must be 'start' ({start}) plus a whole number of "
-                                 f"'increment' ({increment}), but got {global_batch}.")
+        raise ArgumentValueError("{global_batch:subject} must be 'start' ({start}) plus a whole number of 'increment' "
+                                 "({increment}), but got {global_batch2}.", start=start, increment=increment,
+                                 global_batch2=global_batch)
     schedule = {}
     for i, batch in enumerate(range(start, global_batch + 1, increment)):
         if batch % batch_size:
-            raise ArgumentValueError(f"every global batch of the ramp must be divisible by 'batch_size' "
-                                     f"({batch_size}), but {batch} is not.")
+            raise ArgumentValueError("every global batch of the ramp must be divisible by {batch_size} "
+                                     "({batch_size2}), but {batch} is not.", batch_size2=batch_size, batch=batch)
         schedule[i * samples_per_increment] = batch // batch_size
     return schedule
 
@@ -161,11 +162,12 @@ def _check_table(schedule: dict, arg_name: str) -> List[Tuple[int, int]]:
     """`schedule`, a ``{samples: K}`` dict, as its sorted ``(samples, K)`` pairs, checked."""
     table = sorted(schedule.items()) if all(isinstance(key, int) for key in schedule) else None
     if not schedule or table is None or any(isinstance(key, bool) for key in schedule):
-        raise ArgumentTypeError(f"the argument '{arg_name}' must be a positive int, a dict from samples consumed "
-                                f"(ints, the first 0) to K, or a callable K(samples), but got {schedule!r}.")
+        raise ArgumentTypeError("{arg_name:subject} must be a positive int, a dict from samples consumed "
+                                "(ints, the first 0) to K, or a callable K(samples), but got {schedule2!r}.",
+                                arg_name=Argument(arg_name), schedule2=schedule)
     if list(schedule) != [start for start, _ in table] or table[0][0] != 0:
-        raise ArgumentValueError(f"the thresholds of '{arg_name}' must start at 0 and increase, but got "
-                                 f"{list(schedule)}.")
+        raise ArgumentValueError("the thresholds of {arg_name} must start at 0 and increase, but got {value}.",
+                                 arg_name=Argument(arg_name), value=list(schedule))
     for start, k in table:
         check_positive_int(k, f"{arg_name}[{start}]")
     return table

@@ -21,9 +21,9 @@ class Cached(Structure):
     def refuse(cls, network: nn.Cell, loss_fn: nn.Cell, reduction: str, guard: GuardOptions,
                statistics: StatisticsOptions) -> str:
         if loss_fn is None:
-            raise ArgumentValueError("the argument 'loss_fn' must be the loss of the whole window's outputs with "
-                                     "structure='cached', but got None: gradient caching runs the loss apart from the "
-                                     "network.")
+            raise ArgumentValueError("{loss_fn:subject} must be the loss of the whole window's outputs with "
+                                     "{structure=}, but got None: gradient caching runs the loss apart from the "
+                                     "network.", structure='cached')
         check_loss_signature(loss_fn)
         reduction = check_cached_options(reduction, guard.policy, statistics.norms, statistics.noise_scale,
                                          statistics.skip_outliers)
