@@ -30,9 +30,13 @@ class Words:
         """The argument `name` given `value`."""
         return f"{name}={value!r}"
 
-    def unset(self) -> str:
-        """What a setting must be to be left out: ``must {unset} with ...``."""
-        return "be None"
+    def unset(self, value: Any) -> str:
+        """What a setting must be to be left out, `value` in the library (``None``, ``False``)."""
+        return f"be {value}"
+
+    def aside(self, text: str) -> str:
+        """A remark for library users only (the command line leaves it out)."""
+        return text
 
     def layout(self, k: int, batch: int, ranks: int) -> str:
         """A training state's window: K micro-batches of `batch` samples on each of `ranks` ranks."""
@@ -50,7 +54,8 @@ class Message:
     - ``{name=}``: the argument `name` set to ``values[name]``;
     - ``{key}``, ``{key!r}``, ``{key:spec}``: the value ``values[key]``, formatted; a value with a ``render(words)``
       method (another message, a `Layout`) is rendered in the same words;
-    - ``{_unset}``: what a setting must be to be left out ("be None"; the command line says "not be given").
+    - ``{_none}``, ``{_false}``: what a setting must be to be left out ("be None", "be False"; the command line
+      says "not be given").
 
     So a message's wording can change freely: no reader parses it (the command line renders the same data).
     """
@@ -91,8 +96,8 @@ class Message:
         return "".join(text)
 
     def _field(self, field: str, spec: str, conversion: Optional[str], words: Words) -> str:
-        if field == "_unset":
-            return words.unset()
+        if field in ("_none", "_false"):
+            return words.unset(None if field == "_none" else False)
         if field.endswith("="):
             return words.setting(field[:-1], self.values[field[:-1]])
         if field not in self.values:
@@ -125,6 +130,16 @@ class Setting:
 
     def render(self, words: Words) -> str:
         return words.setting(self.name, self.value)
+
+
+class Aside:
+    """A remark inside a message for library users only, e.g. a method to call (`Words.aside`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def render(self, words: Words) -> str:
+        return words.aside(self.text)
 
 
 class Layout:

@@ -52,12 +52,12 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
                                  structure='cached')
     check_cached_policy(policy)
     if skip_outliers is not None:
-        raise ArgumentValueError("{skip_outliers:subject} must be None with {structure=}, but got {skip_outliers2!r}: "
+        raise ArgumentValueError("{skip_outliers:subject} must {_none} with {structure=}, but got {skip_outliers2!r}: "
                                  "a micro-batch left out would still be in the loss that made the others' gradients, "
                                  "so the update would equal no large-batch step.", skip_outliers2=skip_outliers,
                                  structure='cached')
     if statistics or noise_scale:
-        raise ArgumentValueError("the arguments {statistics} and {noise_scale} must be False with {structure=}, but "
+        raise ArgumentValueError("the arguments {statistics} and {noise_scale} must {_false} with {structure=}, but "
                                  "got {statistics=}, {noise_scale=}: a micro-batch's gradient here is its share of "
                                  "one window loss, not a gradient of a loss of its own, and its norm says nothing "
                                  "about the gradient noise.", statistics=statistics, noise_scale=noise_scale,

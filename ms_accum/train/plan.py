@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 
 from .._choices import DEMO_FACTORIES, DEVICES, REDUCTIONS, STRUCTURES
 from .._compat import renamed_keyword
-from .._validation import ArgumentValueError, door
+from .._validation import ArgumentValueError, Aside, door
 
 
 def network_fingerprint(network: Any) -> dict:
@@ -264,14 +264,14 @@ class Plan:
             with open(path, encoding="utf-8") as handle:
                 values = json.load(handle)
         except (OSError, ValueError) as err:
-            raise ArgumentValueError("the file '{path}' is not a plan written by 'ms-accum plan --output' or "
-                                     "Plan.save: {err}", path=path, err=err) from err
+            raise ArgumentValueError("the file '{path}' is not a plan written by 'ms-accum plan --output'{aside}: "
+                                     "{err}", path=path, err=err, aside=Aside(" or Plan.save")) from err
         required = {f.name for f in dataclasses.fields(cls)} - _OPTIONAL
         if not isinstance(values, dict) or required - set(_renamed(values)):
             held = sorted(values) if isinstance(values, dict) else type(values).__name__
-            raise ArgumentValueError("the file '{path}' is not a plan written by 'ms-accum plan --output' or "
-                                     "Plan.save: a plan must hold {value}, but got {held}.", path=path,
-                                     value=sorted(required), held=held)
+            raise ArgumentValueError("the file '{path}' is not a plan written by 'ms-accum plan --output'{aside}: "
+                                     "a plan must hold {value}, but got {held}.", aside=Aside(" or Plan.save"),
+                                     path=path, value=sorted(required), held=held)
         return cls.from_dict(values, path)
 
     def __str__(self) -> str:

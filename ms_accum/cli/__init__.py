@@ -1,0 +1,76 @@
+"""`ms-accum`: train LeNet5, the MLP or your own model with gradient accumulation, evaluate checkpoints, verify that
+accumulation equals the large batch, and plan the micro-batch and K for a global batch within a memory budget.
+
+    ms-accum train --model lenet5 --accumulate-step 4 --batch-size 32 --epochs 3 --ckpt-dir ckpt
+    ms-accum eval --ckpt ckpt/lenet5.ckpt [--json]
+    ms-accum verify --model lenet5 --accumulate-step 4 --batch-size 32 [--json]
+    ms-accum verify --model mypackage.models:build --accumulate-step 4 --batch-size 8   (your own model)
+    ms-accum plan --model mypackage.models:build --global-batch 256 --memory 2GiB --output plan.json
+    ms-accum train --plan plan.json   (the plan's model, B, K and structure)
+    ms-accum eval --ckpt ckpt/mypackage_models_build.ckpt   (on the factory's own evaluation data)
+    msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
+
+Your model is a factory, ``package.module:function`` (`ms_accum.tools.factory`, docs/your-model.md).
+Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
+per micro-batch, the windows are all-reduced, and only rank 0 prints, plots, saves and evaluates.
+
+Errors are one line on stderr (exit 2 for a bad command line, 1 for anything else: bad data, checkpoints, a factory,
+or a failure while training), never a traceback, and they name flags, files and commands, not the library's classes.
+MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
+
+The package holds a module per command (its arguments and its `run`), `arguments` (the argument types a script's own
+argparse may use too: `positive_int`, `positive_float`, ...) and `errors` (how a failure becomes one line).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import List, Optional
+
+from .. import runtime  # noqa: F401  (imported with the package, before MindSpore: oneDNN's CPU ISA is capped)
+from . import evaluate, plan, train, train_arguments, verify
+from .arguments import non_negative_float, non_negative_int, positive_float, positive_int
+from .errors import FLAGS, CliError, error_line, warning_printer
+
+__all__ = ["main", "build_parser", "positive_int", "positive_float", "non_negative_int", "non_negative_float",
+           "FLAGS", "CliError", "error_line"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: a sub-command per task, each with its own options."""
+    parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (train_arguments, evaluate, verify, plan):
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the `ms-accum` console script; returns the exit status. Whatever fails, the command ends with
+    one line on stderr (`error_line`), never a traceback."""
+    args = build_parser().parse_args(argv)
+    # MindSpore's log: critical only, so an error stays one line (a graph that fails to compile also logs it as an
+    # ERROR, with its C++ stack); set GLOG_v to see more.
+    os.environ.setdefault("GLOG_v", "4")
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = warning_printer(args)
+            for spelling in getattr(args, "old_spellings", ()):  # said to the user: not a DeprecationWarning
+                print(f"ms-accum {args.command}: warning: {spelling} is deprecated; use --accumulate-step.",
+                      file=sys.stderr)
+            summary = {"train": train, "eval": evaluate, "verify": verify, "plan": plan}[args.command].run(args)
+    except KeyboardInterrupt:
+        print(f"ms-accum {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001  (every failure is one line)
+        done = getattr(err, "summary", None)
+        if args.json and done is not None:  # what the command did before it failed: the checkpoint `train` saved
+            print(json.dumps(done))
+        print(f"ms-accum {args.command}: error: {error_line(err, args)}", file=sys.stderr)
+        return 1
+    if args.json and summary is not None:
+        print(json.dumps(summary))
+    return 1 if summary is not None and summary.get("passed") is False else 0

@@ -1,0 +1,125 @@
+"""The command line's argument types and the arguments several commands share (public: a script's own argparse can
+take `positive_int` and the others, as the tutorials do)."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Optional
+
+from .._choices import DEMO_FACTORIES, DEVICES
+from .._validation import door
+from .errors import CliError
+
+MODEL_NAMES = tuple(DEMO_FACTORIES)
+OPTIMIZERS = ("momentum", "sgd", "adam")
+# The model, micro-batch, K and structure when the command line does not say. `train` leaves them None until
+# `apply_plan` has read its plan (--plan), which says them too.
+DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_step": 4, "structure": "auto"}
+
+
+def _number(kind, positive: bool, what: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, but got '{text}'") from None
+        if (kind is float and not math.isfinite(value)) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"must be {what}, but got {text}")
+        return value
+    return parse
+
+
+positive_int = _number(int, True, "a positive int")
+
+
+non_negative_int = _number(int, False, "a non-negative int")
+
+
+positive_float = _number(float, True, "a positive float")
+
+
+non_negative_float = _number(float, False, "a non-negative float")
+
+
+def model_or_factory(text: str) -> str:
+    """A built-in model's name, or a factory's ``package.module:function`` (`ms_accum.tools.factory`)."""
+    if text in MODEL_NAMES or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or package.module:function (a "
+                                     f"factory returning network, loss, optimizer and sample), but got '{text}'")
+
+
+class _OldSpelling(argparse.Action):
+    """An option that also answers to its deprecated spelling (`ms_accum.deprecation`): `main` warns of each used."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if option_string != self.option_strings[0]:
+            namespace.old_spellings = getattr(namespace, "old_spellings", []) + [option_string]
+
+
+def accumulate_schedule(text: str) -> dict:
+    """``samples:K,...`` as a dict (`ms_accum.train.schedule.parse_schedule`)."""
+    from ..train.schedule import parse_schedule
+    try:
+        with door("ms-accum train"):
+            return parse_schedule(text, "--accumulate-schedule")
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def memory_size(text: str) -> int:
+    """Bytes of a size such as 800MiB or 2GiB (`ms_accum.tools.planner.parse_size`)."""
+    from ..tools.planner import parse_size
+    try:
+        with door("ms-accum plan"):
+            return parse_size(text, "--memory")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", metavar="DIR", help="MNIST directory (default: $MS_ACCUM_MNIST, else "
+                                                      "./datasets/MNIST_Data)")
+    parser.add_argument("--device", choices=DEVICES, default="CPU")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, planned: bool = False) -> None:
+    """What `train` and `verify` share: the model (a built-in one or your own), K, B, the optimizer and the seed.
+    `planned` (`train`): the model, K and B stay None unless given, for `apply_plan` to fill in."""
+    default = dict.fromkeys(DEFAULTS) if planned else DEFAULTS
+    add_model_argument(parser, default["model"], DEFAULTS["model"])
+    parser.add_argument("--accumulate-step", "--accumulate-steps", type=positive_int, action=_OldSpelling,
+                        default=default["accumulate_step"], metavar="K",
+                        help=f"K, micro-batches per optimizer step (default {DEFAULTS['accumulate_step']})")
+    parser.add_argument("--batch-size", type=positive_int, default=default["batch_size"], metavar="B",
+                        help=f"{batch_help} (default {DEFAULTS['batch_size']})")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
+    parser.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
+    parser.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
+
+
+def add_model_argument(parser: argparse.ArgumentParser, default: Optional[str], shown: str) -> None:
+    """--model, `default` when not given, which its help calls `shown`."""
+    parser.add_argument("--model", type=model_or_factory, default=default, metavar="{lenet5,mlp,MODULE:FUNCTION}",
+                        help=f"a built-in model, or your factory returning (network, loss, optimizer, sample[, "
+                             f"dataset]), whose optimizer and data are used as they are (docs/your-model.md; default "
+                             f"{shown})")
+
+
+def add_fallback_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--download", action="store_true", help="download MNIST if it is not found")
+    parser.add_argument("--synthetic-fallback", action="store_true",
+                        help="if MNIST is neither found nor downloadable, generate a synthetic MNIST-format set")
+
+
+def refuse_with_factory(args: argparse.Namespace, factory: bool, names) -> None:
+    """A factory brings its own optimizer and data: the flags that would set them are refused, not ignored."""
+    given = [name for name in names if getattr(args, name, None) not in (None, False)]
+    if factory and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise CliError(f"{flag} applies to the built-in models, but --model is the factory '{args.model}', whose "
+                       f"optimizer and data are its own (change them in the factory).")

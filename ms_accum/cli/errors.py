@@ -1,0 +1,113 @@
+"""What a command says when something fails or warns: one line, in its own terms.
+
+The library's errors and warnings are `ms_accum._validation.Message`s: data naming the arguments they are about. A
+command renders them in `CliWords`, which say each argument by its flag (`FLAGS`), so no message's wording is an
+interface: reword one and the command line follows (tests/test_cli_errors.py).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any, Optional
+
+from .._validation import ArgumentError, Message, MessageError, Words, describe_exception, first_paragraph
+
+# Each library argument the command line sets, and its flag.
+FLAGS = {"mini_steps": "--accumulate-step", "accumulate_step": "--accumulate-step", "batch_size": "--batch-size",
+         "partial_window": "--partial-window", "data_seed": "--seed", "seed": "--seed", "save_every": "--save-every",
+         "keep_last": "--keep-last", "resume": "--resume", "noise_scale": "--noise-scale", "epoch": "--epochs",
+         "statistics": "--statistics", "skip_outliers": "--skip-outliers", "outlier_warmup": "--outlier-warmup",
+         "stop_on_nonfinite": "--stop-on-nonfinite", "clip_norm": "--clip-norm", "policy": "--policy",
+         "structure": "--structure", "recompute": "--recompute", "ckpt_dir": "--ckpt-dir", "model": "--model",
+         "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
+         "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard",
+         "shard_optimizer": "--shard-optimizer"}
+# What a factory returned, by the library's name for it: an error about it names the factory's part.
+FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
+
+
+class CliWords(Words):
+    """The library's messages in a command's terms: arguments by their flags, a factory's parts as the factory's,
+    a training state's window as the flags that give it, and no remark meant for library users."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.flags = {**FLAGS, **({"batch_size": "--eval-batch-size"} if args.command == "eval" else {})}
+        model = getattr(args, "model", None) or ""
+        self.factory = model if ":" in model else None
+
+    def name(self, name: str) -> str:
+        return f"'{self.flags.get(name, name)}'"
+
+    def subject(self, name: str) -> str:
+        if self.factory is not None and name in FACTORY_PARTS:
+            return f"the {FACTORY_PARTS[name]} of the factory '{self.factory}'"
+        return super().subject(name)
+
+    def setting(self, name: str, value: Any) -> str:
+        flag = self.flags.get(name)
+        if flag is None:
+            return super().setting(name, value)
+        if value is True or value is False or value is None:
+            return flag if value else f"no {flag}"
+        return f"{flag} {value}"
+
+    def unset(self, value: Any) -> str:
+        return "not be given"
+
+    def aside(self, text: str) -> str:
+        return ""
+
+    def layout(self, k: int, batch: int, ranks: int) -> str:  # --batch-size is the global micro-batch
+        return f"--accumulate-step {k} x --batch-size {batch * ranks}" + (f" over {ranks} workers" if ranks > 1 else "")
+
+
+class CliError(MessageError):
+    """A failure the user can fix, in the command's own terms; printed as one line. Without `values`, `message` is
+    said as it is (no fields). `summary`: what the command did before it failed (the checkpoint `train` saved),
+    printed with --json."""
+
+    def __init__(self, message: str, summary: Optional[dict] = None, **values: Any) -> None:
+        super().__init__(message if values else message.replace("{", "{{").replace("}", "}}"), **values)
+        self.summary = summary
+
+
+def error_line(err: BaseException, args: argparse.Namespace) -> str:
+    """`err` as the one line the command prints, in its terms (`CliWords`): an argument refused is named after the
+    command the user ran; the tool's own errors say what they say; anything else is its type and first paragraph,
+    with the error a MindSpore data pipeline wraps, and what the command was doing when it happened (`during`)."""
+    from ..train.records import NonFiniteError
+    if isinstance(err, MessageError):
+        text = first_paragraph(err.render(CliWords(args)))
+        return f"For 'ms-accum {args.command}', {text}" if isinstance(err, ArgumentError) else text
+    if isinstance(err, NonFiniteError) and err.window:
+        return f"{err.window}; stopped, as --stop-on-nonfinite asks."
+    what = getattr(err, "ms_accum_during", None)
+    return describe_exception(err) + (f" (while {what})" if what else "")
+
+
+def smaller_batch(err, args: argparse.Namespace, flag: str, world: int = 1) -> str:
+    """A split that yields no batch (`ms_accum._validation.NoBatchError`): its message, and the flag that asks for
+    batches it holds."""
+    most = f" of at most {err.samples * world}" if err.samples else " smaller"
+    return f"{error_line(err, args)} Pass a {flag}{most}."
+
+
+@contextlib.contextmanager
+def during(what: str):
+    """Marks an error that is not the tool's own with what the command was doing (`error_line` says it)."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001  (only marked, and raised again)
+        if not hasattr(err, "ms_accum_during"):
+            with contextlib.suppress(AttributeError, TypeError):
+                err.ms_accum_during = what
+        raise
+
+
+def warning_printer(args: argparse.Namespace):
+    """`warnings.showwarning` for a command: a warning is one line in its terms, ``ms-accum train: warning: ...``."""
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001  (warnings' signature)
+        text = message.render(CliWords(args)) if isinstance(message, Message) else str(message)
+        print(f"ms-accum {args.command}: warning: {first_paragraph(text)}", file=sys.stderr)
+    return show

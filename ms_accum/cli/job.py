@@ -1,0 +1,135 @@
+"""What `train` trains, and where: the launcher's ranks, the plan, a built-in model on MNIST or a factory's own."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import runtime
+from .._validation import NoBatchError, door
+from .arguments import DEFAULTS
+from .errors import CliError, smaller_batch
+from .mnist import find_data, optimizer_settings
+
+@dataclass
+class Job:
+    """What `train` trains: the network, loss, optimizer and dataset, where the data came from, and how the result is
+    evaluated."""
+
+    network: object
+    loss_fn: object
+    optimizer: object
+    dataset: object
+    ckpt_name: str
+    source: str  # the data, as the summary names it
+    synthetic: bool
+    settings: dict  # recorded in the checkpoint: the optimizer and where the data is
+    reads: str = ""  # what this rank reads, as an error names it
+    held_out: object = None  # batch size -> this rank's shard of the held-out data, for --eval-every
+
+
+def launcher_world_size(args: argparse.Namespace) -> Optional[int]:
+    """msrun's worker count, or None without a launcher; checked against the arguments before anything starts.
+
+    Every check here gives the same answer in every process msrun started, the scheduler included, so a bad
+    command line stops them all (a scheduler that stops alone leaves the workers waiting for it).
+    """
+    from ..train.distributed import distributed_launch
+    world = distributed_launch()
+    if world is None:
+        if args.distributed:
+            raise CliError("distributed mode requested without a launcher: start it with msrun, e.g. 'msrun "
+                           "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True "
+                           "$(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are not set).")
+        return None
+    if args.batch_size % world:
+        raise CliError(f"For 'ms-accum train', the argument '--batch-size' (the global micro-batch) must be "
+                       f"divisible by the world size {world}, but got {args.batch_size}.")
+    return world
+
+
+def join_launcher(args: argparse.Namespace):
+    """Checks msrun's launch against the arguments, sets the device, and joins msrun's data-parallel group; returns
+    the group (`ms_accum.train.distributed.init_data_parallel`), or None without a launcher."""
+    launched = launcher_world_size(args) is not None
+    runtime.set_device(args.device)
+    if not launched:
+        return None
+    # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be written
+    # before it.
+    from ..train.distributed import init_data_parallel
+    return init_data_parallel()
+
+
+def demo_job(args: argparse.Namespace, parallel, world: int) -> Job:
+    """LeNet5 or the MLP on MNIST (found, downloaded or generated), with the optimizer of the command line."""
+    from mindspore import nn
+    from ..demo.data import dataset_for
+    from ..demo.evaluation import recorded_data_dir
+    from ..demo.models import build_model, make_optimizer
+    data_dir, synthetic = find_data(args, None if parallel is None else parallel.rank)
+    settings = optimizer_settings(args)
+    network = build_model(args.model)
+    shards, num_samples = {}, args.num_samples
+    if parallel is not None:
+        # Same seed on every rank: one shuffle of the whole set, cut into disjoint shards. num_samples counts
+        # per shard in MindSpore's DistributedSampler (measured), so each worker takes its share, rounded up.
+        shards = {"num_shards": world, "shard_id": parallel.rank}
+        num_samples = None if num_samples is None else -(-num_samples // world)
+    try:
+        with door("ms-accum train"):
+            dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
+                                  seed=args.seed, num_samples=num_samples, **shards)
+    except NoBatchError as err:
+        given = f" of --num-samples {args.num_samples}" if args.num_samples else ""
+        per = f" per worker ({world})" if world > 1 else ""
+        raise CliError(f"For 'ms-accum train', the {err.samples} training image(s){given}{per} in "
+                       f"{os.path.abspath(data_dir)} hold no micro-batch of {args.batch_size // world}: pass a "
+                       f"--batch-size of at most {err.samples * world}.") from err
+    return Job(network=network, loss_fn=nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                optimizer=make_optimizer(settings, network.trainable_params()), dataset=dataset, ckpt_name=args.model,
+                source=os.path.abspath(data_dir), synthetic=synthetic,
+                reads=f"the MNIST training images in {os.path.abspath(data_dir)}",
+                settings={**settings, "data_dir": recorded_data_dir(data_dir, args.ckpt_dir), "synthetic": synthetic},
+                held_out=lambda size: dataset_for(args.model, data_dir, size, usage="test", **shards))
+
+
+def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
+    """Your factory's network, loss and optimizer (as it built them) on its own training data, this rank's shard."""
+    from ..tools.factory import load_model
+    call = (args.batch_size // world, "train", 0 if parallel is None else parallel.rank, world)
+    try:
+        with door("ms-accum train"):
+            user = load_model(args.model)
+            dataset = user.data(*call)
+    except NoBatchError as err:
+        raise CliError(smaller_batch(err, args, "--batch-size", world)) from err
+    return Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
+                ckpt_name=re.sub(r"\W", "_", args.model), source=f"the data of {args.model}", synthetic=False,
+                settings={"optimizer": type(user.optimizer).__name__},
+                reads=f"dataset{call} of the factory '{args.model}'",
+                held_out=lambda size: user.data(size, "eval", call[2], world))
+
+
+def apply_plan(args: argparse.Namespace):
+    """Fills the model, batch size, K and structure from --plan (refusing flags that contradict it), else from
+    DEFAULTS; returns the plan, or None without one."""
+    if args.accumulate_schedule is not None and (args.accumulate_step is not None or args.plan is not None):
+        raise CliError("--accumulate-schedule sets K: give it without --accumulate-step or --plan.")
+    if args.plan is None:
+        for name, value in DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return None
+    from ..train.plan import Plan
+    plan = Plan.load(args.plan)
+    planned = {"model": plan.model, "batch_size": plan.batch_size * plan.ranks,
+               "accumulate_step": plan.accumulate_step, "structure": plan.structure}
+    for name, value in planned.items():
+        given = getattr(args, name)
+        if given is not None and given != value:
+            raise CliError(f"--{name.replace('_', '-')} {given} contradicts the plan {args.plan}, which says {value}.")
+        setattr(args, name, value)
+    return plan
