@@ -50,7 +50,8 @@ class Message:
     """
     Text as data: a `template` whose fields name arguments, rendered by `render` in a reader's `Words`. A field is
 
-    - ``{name}``: a reference to the argument `name` (``{name:subject}``: as a sentence's subject, "the argument ...");
+    - ``{name}``: a reference to the argument `name` (``{name:subject}``: as a sentence's subject, "the argument ...";
+      ``{name:name}``: a reference even when `name` has a value, for ``{name=}``);
     - ``{name=}``: the argument `name` set to ``values[name]``;
     - ``{key}``, ``{key!r}``, ``{key:spec}``: the value ``values[key]``, formatted; a value with a ``render(words)``
       method (another message, a `Layout`) is rendered in the same words;
@@ -67,10 +68,11 @@ class Message:
     def arguments(self) -> Tuple[str, ...]:
         """The arguments the message is about, in the order it names them."""
         names = []
-        for field, _spec, _conversion in self._fields():
+        for field, spec, _conversion in self._fields():
             value = self.values.get(field)
             name = (field[:-1] if field.endswith("=") else value.name if isinstance(value, (Argument, Setting))
-                    else None if field in self.values or field.startswith("_") else field)
+                    else field if spec in ("name", "subject") or field not in self.values and field[:1] != "_"
+                    else None)
             if name is not None and name not in names:
                 names.append(name)
         return tuple(names)
@@ -100,7 +102,7 @@ class Message:
             return words.unset(None if field == "_none" else False)
         if field.endswith("="):
             return words.setting(field[:-1], self.values[field[:-1]])
-        if field not in self.values:
+        if field not in self.values or spec in ("name", "subject"):  # a value may be an argument's too: {x=}
             return words.subject(field) if spec == "subject" else words.name(field)
         value = self.values[field]
         if isinstance(value, Argument):

@@ -114,7 +114,7 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
     assert summary["outliers"] == [] and summary["skipped_micro_batches"] == 0
     assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-steps", "2"]) == 1
     assert capsys.readouterr().err == ("ms-accum train: error: --accumulate-schedule sets K: give it without "
-                                       "--accumulate-steps or --plan.\n")
+                                       "--accumulate-step or --plan.\n")
     with pytest.raises(SystemExit) as bad:
         cli.main(argv + ["--accumulate-schedule", "256:2,0:1"])
     assert bad.value.code == 2
@@ -167,7 +167,7 @@ def test_verify_names_adam_magnifying_rounding_on_real_mnist(capsys):
 def test_verify_needs_k_times_b_images(synthetic, capsys):
     assert cli.main(["verify", "--accumulate-steps", "64", "--batch-size", "32", "--data", synthetic]) == 1
     assert capsys.readouterr().err == (
-        f"ms-accum verify: error: For 'ms-accum verify', --accumulate-steps 64 x --batch-size 32 needs 2048 training "
+        f"ms-accum verify: error: For 'ms-accum verify', --accumulate-step 64 x --batch-size 32 needs 2048 training "
         f"images, but {os.path.abspath(synthetic)} holds 1024.\n")
 
 
@@ -358,7 +358,7 @@ def test_a_full_disk_ends_with_one_line_naming_the_file_and_the_state_to_resume(
     assert full.stderr.strip().splitlines()[-1] == (
         f"ms-accum train: error: For 'ms-accum train', 'lenet5-000000006.ckpt' could not be written in "
         f"'{small_file_system}': No space left on device. No earlier file was changed. The newest complete training "
-        f"state is 'lenet5-000000004.ckpt': the same command with --resume continues from it.")
+        f"state is 'lenet5-000000004.ckpt': --resume continues from it.")
     kept = sorted(os.listdir(small_file_system))
     assert kept == ["lenet5-000000002.ckpt", "lenet5-000000004.ckpt"]  # intact, and no temporary file left
     # The states it kept continue the run: copied where there is room, --resume goes on from step 4.

@@ -51,7 +51,7 @@ def tokens(monkeypatch):
 
 def test_a_newcomers_model_is_evaluated_in_its_own_micro_batches_or_as_asked(tokens, tmp_path, capsys):
     # 128 evaluation samples: the 256 that evaluation used to ask for were no batch at all.
-    assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-steps", "2",
+    assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-step", "2",
                      "--ckpt-dir", str(tmp_path), "--json", "--quiet"]) == 0
     trained = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert trained["batches"] == 128 // 16 and 0 <= trained["accuracy"] <= 1
@@ -63,14 +63,14 @@ def test_a_newcomers_model_is_evaluated_in_its_own_micro_batches_or_as_asked(tok
     for flag in ("--eval-batch-size", "--batch-size"):  # eval's 0.2 spelling of it still works
         assert cli.main(["eval", "--ckpt", ckpt, flag, "32", "--json", "--quiet"]) == 0
         assert json.loads(capsys.readouterr().out.splitlines()[-1])["batches"] == 4
-    assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-steps", "2",
+    assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-step", "2",
                      "--eval-batch-size", "64", "--ckpt-dir", str(tmp_path / "again"), "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["batches"] == 2
 
 
 @pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_an_evaluation_that_cannot_run_is_one_line_and_train_still_reports_its_checkpoint(tmp_path):
-    common = ["--batch-size", "16", "--accumulate-steps", "2", "--ckpt-dir", str(tmp_path), "--json", "--quiet"]
+    common = ["--batch-size", "16", "--accumulate-step", "2", "--ckpt-dir", str(tmp_path), "--json", "--quiet"]
     out = run_cli("train", "--model", "tokens:build", "--eval-batch-size", "256", *common, cwd=tmp_path)
     ckpt = str(tmp_path / "tokens_build.ckpt")
     assert out.returncode == 1 and one_line(out.stderr) == (
@@ -148,7 +148,7 @@ def files(tmp_path_factory):
     windows, the newest two kept) and its checkpoint, plans and a checkpoint of the MLP as MindSpore saves it."""
     root = tmp_path_factory.mktemp("walk")
     data = make_synthetic_mnist(str(root / "data"), num_train=256, num_test=64)
-    assert cli.main(["train", "--model", "mlp", "--batch-size", "8", "--accumulate-steps", "2", "--data", data,
+    assert cli.main(["train", "--model", "mlp", "--batch-size", "8", "--accumulate-step", "2", "--data", data,
                      "--ckpt-dir", str(root / "ck"), "--save-every", "4", "--no-eval", "--quiet"]) == 0
     Plan("mlp", 16, 2, 4, 2, "fused", "mean", 10.0, 20.0, 20.0, 1.0, 2.0, "CPU").save(str(root / "ranks.json"))
     Plan("mlp", 16, 1, 8, 2, "fused", "mean", 10.0, 20.0, 20.0, 1.0, 2.0, "CPU", [],
@@ -161,27 +161,27 @@ MLP_RUN = ["--model", "mlp", "--batch-size", "8", "--quiet", "--no-eval"]
 NOISE = ("a micro-batch's gradient here is its share of one window loss, not a gradient of a loss of its own, and its "
          "norm says nothing about the gradient noise.")
 WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said)
-    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "3", "--ckpt-dir", "{ck}", "--resume"],
-     "Checkpoint '{state}' was saved with a global batch of 16 samples per update (--accumulate-steps 2 x --batch-size "
-     "8), but this run has 24 (--accumulate-steps 3 x --batch-size 8): resuming would not continue the same training; "
-     "--accumulate-steps 2 keeps it."),
-    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "2", "--ckpt-dir", "{ck}", "--resume",
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-step", "3", "--ckpt-dir", "{ck}", "--resume"],
+     "Checkpoint '{state}' was saved with a global batch of 16 samples per update (--accumulate-step 2 x --batch-size "
+     "8), but this run has 24 (--accumulate-step 3 x --batch-size 8): resuming would not continue the same training; "
+     "--accumulate-step 2 keeps it."),
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-step", "2", "--ckpt-dir", "{ck}", "--resume",
       "--partial-window", "drop"],
      "Checkpoint '{state}' was saved with --partial-window apply, but this run has --partial-window drop: resuming "
      "would not continue the same training."),
-    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "2", "--ckpt-dir", "{ck}", "--resume", "--seed",
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-step", "2", "--ckpt-dir", "{ck}", "--resume", "--seed",
       "3"],
      "Checkpoint '{state}' was saved with --seed 0, but this run has --seed 3: resuming would not continue the same "
      "training."),
-    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "2", "--ckpt-dir", "{ck}", "--resume",
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-step", "2", "--ckpt-dir", "{ck}", "--resume",
       "{ck}/mlp.ckpt"],
      "Checkpoint '{ck}/mlp.ckpt' holds no training state to resume from (it was not saved with '--save-every')."),
     (["train", *MLP_RUN, "--data", "{data}", "--accumulate-schedule", "0:2,64:4", "--ckpt-dir", "{ck}", "--resume"],
      "Checkpoint '{state}' was saved by a run whose global batch schedule (samples consumed: global batch) is 0:16, "
      "but this run's is 0:16,64:32: from 64 samples consumed the saved run's global batch is 16, this run's 32; "
      "resuming would not continue the same training."),
-    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-steps", "1", "--noise-scale", "--ckpt-dir", "{root}/n"],
-     "For 'ms-accum train', the argument '--accumulate-steps' must be at least 2 in some window with --noise-scale on "
+    (["train", *MLP_RUN, "--data", "{data}", "--accumulate-step", "1", "--noise-scale", "--ckpt-dir", "{root}/n"],
+     "For 'ms-accum train', the argument '--accumulate-step' must be at least 2 in some window with --noise-scale on "
      "one rank: the noise scale compares the micro-batch's gradient with the window's, and with one micro-batch per "
      "window they are one batch size, but got 1."),
     (["train", "--data", "{data}", "--plan", "{root}/missing.json", "--ckpt-dir", "{root}/p"],
@@ -207,7 +207,7 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
     (["train", "--model", "tokens:build", "--batch-size", "1024", "--ckpt-dir", "{root}/t", "--quiet"],
      "For 'ms-accum train', dataset(1024, 'train', 0, 1) of the factory 'tokens:build' yields no batch: its 'train' "
      "split holds 512 sample(s), fewer than one batch of 1024. Pass a --batch-size of at most 512."),
-    (["train", "--model", "tokens:diverging", "--batch-size", "16", "--accumulate-steps", "2", "--stop-on-nonfinite",
+    (["train", "--model", "tokens:diverging", "--batch-size", "16", "--accumulate-step", "2", "--stop-on-nonfinite",
       "--ckpt-dir", "{root}/t", "--quiet"],
      "epoch 1 step 2: the window's gradient or loss is not finite, so it was skipped (parameters unchanged; 1 "
      "window(s) skipped so far); stopped, as --stop-on-nonfinite asks."),
@@ -217,8 +217,8 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
      "not set)."),
     (["eval", "--ckpt", "{root}/mlp.ckpt", "--model", "lenet5", "--data", "{data}", "--quiet"],
      "Checkpoint '{root}/mlp.ckpt' was saved with --model mlp, but --model lenet5 was asked for."),
-    (["verify", "--model", "mlp", "--batch-size", "32", "--accumulate-steps", "16", "--data", "{data}", "--quiet"],
-     "For 'ms-accum verify', --accumulate-steps 16 x --batch-size 32 needs 512 training images, but {data} holds "
+    (["verify", "--model", "mlp", "--batch-size", "32", "--accumulate-step", "16", "--data", "{data}", "--quiet"],
+     "For 'ms-accum verify', --accumulate-step 16 x --batch-size 32 needs 512 training images, but {data} holds "
      "256."),
     (["verify", "--model", "tokens:per_sample_loss", "--batch-size", "4", "--quiet"],
      "For 'ms-accum verify', the loss_fn of the factory 'tokens:per_sample_loss' must reduce the batch to a scalar, "
@@ -243,9 +243,9 @@ def test_every_error_the_command_line_prints_names_flags_files_and_commands(argv
 
 def test_a_warning_and_a_full_disk_are_told_in_the_command_s_terms(files, tmp_path, capsys, monkeypatch):
     run = ["train", *MLP_RUN, "--data", files["data"], "--ckpt-dir", str(tmp_path)]
-    assert cli.main(run + ["--accumulate-steps", "64"]) == 0  # 32 batches an epoch: one partial window
+    assert cli.main(run + ["--accumulate-step", "64"]) == 0  # 32 batches an epoch: one partial window
     line = cli_error(capsys.readouterr().err)
-    assert line == ("ms-accum train: warning: '--accumulate-steps' (64) is larger than an epoch's 32 batches: every "
+    assert line == ("ms-accum train: warning: '--accumulate-step' (64) is larger than an epoch's 32 batches: every "
                     "window is partial and is applied at the end of the epoch.")
     assert_in_command_terms(line, "train")
     replace = os.replace
@@ -257,11 +257,11 @@ def test_a_warning_and_a_full_disk_are_told_in_the_command_s_terms(files, tmp_pa
     monkeypatch.setattr(os, "replace", no_room_for_step_4)
     full = tmp_path / "full"
     run[run.index("--ckpt-dir") + 1] = str(full)
-    assert cli.main(run + ["--accumulate-steps", "2", "--save-every", "2"]) == 1
+    assert cli.main(run + ["--accumulate-step", "2", "--save-every", "2"]) == 1
     line = cli_error(capsys.readouterr().err)
     assert line == (f"ms-accum train: error: For 'ms-accum train', 'mlp-000000004.ckpt' could not be written in "
                     f"'{full}': No space left on device. No earlier file was changed. The newest complete training "
-                    f"state is 'mlp-000000002.ckpt': the same command with --resume continues from it.")
+                    f"state is 'mlp-000000002.ckpt': --resume continues from it.")
     assert_in_command_terms(line, "train")
     assert os.listdir(full) == ["mlp-000000002.ckpt"]  # and no temporary file left
 

@@ -27,8 +27,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_int,
-                           check_value_in, door)
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, check_isinstance,
+                           check_positive_int, check_value_in, door)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -274,7 +274,7 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], gi
         raise ArgumentValueError("a micro-batch of {value} sample(s) could not be trained: {value2}.", value=sizes[0],
                                  value2=first.error.rstrip('.'))
     if first.peak_mib > limit:
-        what = "the argument 'memory'" if given else "the device's free memory"
+        what = Message("{memory:subject}") if given else "the device's free memory"
         raise ArgumentValueError(
             "{what} ({budget:.0f} MiB) is below the step of one micro-batch of {value} sample(s), which peaked at "
             "{peak_mib:.0f} MiB: the smallest budget that works is {value2} MiB (with {headroom:.0%} kept free).",
@@ -351,7 +351,7 @@ class _Trials:
         reduction its loss needs (kept for `run`), the device's free memory and the network's fingerprint."""
         out = self._child(["check", self.spec, self.device])
         if "error" in out:
-            raise ValueError(out["error"])  # the trial's message, already named after `plan`
+            raise ArgumentValueError("{error}", error=out["error"])  # the trial's message, named at `plan`'s door
         self.reduction = out["reduction"]
         return out
 
@@ -509,7 +509,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 batch_size, accumulate_step, structure, reduction = args.rest
                 out = _child_trial(args.spec, int(batch_size), int(accumulate_step), structure, reduction)
     except (ValueError, TypeError, RuntimeError, MemoryError) as err:
-        out = {"error": str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}
+        text = (err.render() if isinstance(err, Message) else str(err)).strip()  # unnamed: `plan` names it
+        out = {"error": text.splitlines()[0] if text else type(err).__name__}
     print(json.dumps(out), flush=True)
 
 
