@@ -102,11 +102,11 @@ class Message:
             return words.unset(None if field == "_none" else False)
         if field.endswith("="):
             return words.setting(field[:-1], self.values[field[:-1]])
-        if field not in self.values or spec in ("name", "subject"):  # a value may be an argument's too: {x=}
-            return words.subject(field) if spec == "subject" else words.name(field)
-        value = self.values[field]
+        value = self.values.get(field)
         if isinstance(value, Argument):
             return value.render(words, spec)
+        if field not in self.values or spec in ("name", "subject"):  # a value may be an argument's too: {x=}
+            return words.subject(field) if spec == "subject" else words.name(field)
         if hasattr(value, "render"):
             return value.render(words)
         if isinstance(value, BaseException):
@@ -189,6 +189,19 @@ class ArgumentError(MessageError):
     def __str__(self) -> str:
         text = self.render()
         return text if self.caller is None else f"For '{self.caller}', {text}"
+
+
+class ArgumentWarning(Message, UserWarning):
+    """A warning about arguments, as data: `caller` is the public function the user called, said in front as for an
+    `ArgumentError`; a command line renders the `Message` in its own words."""
+
+    def __init__(self, caller: str, template: str, **values: Any) -> None:
+        Message.__init__(self, template, **values)
+        UserWarning.__init__(self, template)
+        self.caller = caller
+
+    def __str__(self) -> str:
+        return f"For '{self.caller}', {self.render()}"
 
 
 class ArgumentTypeError(ArgumentError, TypeError):

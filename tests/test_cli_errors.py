@@ -279,3 +279,44 @@ def test_an_error_the_tool_did_not_foresee_is_one_line_saying_what_the_command_w
     assert cli.main(["verify", "--model", "mlp", "--data", files["data"]]) == 1
     assert capsys.readouterr().err == (f"ms-accum verify: error: MemoryError: cannot allocate the decoded images "
                                        f"(while reading the MNIST training images in {files['data']})\n")
+
+
+def test_a_reworded_library_message_is_followed_by_the_command_line(files, tmp_path, capsys, monkeypatch):
+    """Errors are data: the command line renders the arguments a message names, whatever the wording around them.
+    The library's check is replaced by one that words the same refusal otherwise; the line follows it, in flags."""
+    import ms_accum.train.structures.cached as cached
+    from ms_accum._validation import ArgumentValueError
+
+    def reworded(reduction, policy, statistics, noise_scale, skip_outliers):
+        if skip_outliers is not None:
+            raise ArgumentValueError("a reworded refusal: {structure=} leaves out nothing, so {skip_outliers} ({z}) "
+                                     "must {_none}; {resume=} is fine.", structure="cached", z=skip_outliers,
+                                     resume=True)
+        return reduction
+
+    monkeypatch.setattr(cached, "check_cached_options", reworded)
+    run = ["train", *MLP_RUN, "--data", files["data"], "--ckpt-dir", str(tmp_path), "--structure", "cached",
+           "--skip-outliers", "3"]
+    assert cli.main(run) == 1
+    assert cli_error(capsys.readouterr().err) == (
+        "ms-accum train: error: For 'ms-accum train', a reworded refusal: --structure cached leaves out nothing, so "
+        "'--skip-outliers' (3.0) must not be given; --resume is fine.")
+    with pytest.raises(ArgumentValueError) as refused:
+        reworded("mean", "skip_window", False, False, 3.0)
+    assert str(refused.value) == ("a reworded refusal: structure='cached' leaves out nothing, so 'skip_outliers' "
+                                  "(3.0) must be None; resume=True is fine.")
+    assert refused.value.arguments == ("structure", "skip_outliers", "resume")
+
+
+def test_no_regular_expression_reads_a_message():
+    """The command line renders messages from their data: no module of `ms_accum.cli` imports `re`, and the library
+    builds no message by substituting into another's text."""
+    import ast
+    import pathlib
+    package = pathlib.Path(cli.__file__).parent
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names} | {node.module for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom) and node.module}
+        assert "re" not in imported, path

@@ -54,8 +54,7 @@ class _OldSpelling(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
-        if option_string != self.option_strings[0]:
-            namespace.old_spellings = getattr(namespace, "old_spellings", []) + [option_string]
+        namespace.old_spellings = getattr(namespace, "old_spellings", []) + [option_string]
 
 
 def accumulate_schedule(text: str) -> dict:
@@ -91,9 +90,10 @@ def add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, pla
     `planned` (`train`): the model, K and B stay None unless given, for `apply_plan` to fill in."""
     default = dict.fromkeys(DEFAULTS) if planned else DEFAULTS
     add_model_argument(parser, default["model"], DEFAULTS["model"])
-    parser.add_argument("--accumulate-step", "--accumulate-steps", type=positive_int, action=_OldSpelling,
-                        default=default["accumulate_step"], metavar="K",
+    parser.add_argument("--accumulate-step", type=positive_int, default=default["accumulate_step"], metavar="K",
                         help=f"K, micro-batches per optimizer step (default {DEFAULTS['accumulate_step']})")
+    parser.add_argument("--accumulate-steps", type=positive_int, dest="accumulate_step", action=_OldSpelling,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=positive_int, default=default["batch_size"], metavar="B",
                         help=f"{batch_help} (default {DEFAULTS['batch_size']})")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,7 +106,8 @@ def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
     except NoBatchError as err:
         raise CliError(smaller_batch(err, args, "--batch-size", world)) from err
     return Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
-                ckpt_name=re.sub(r"\W", "_", args.model), source=f"the data of {args.model}", synthetic=False,
+                ckpt_name="".join(c if c.isalnum() else "_" for c in args.model), source=f"the data of {args.model}",
+                synthetic=False,
                 settings={"optimizer": type(user.optimizer).__name__},
                 reads=f"dataset{call} of the factory '{args.model}'",
                 held_out=lambda size: user.data(size, "eval", call[2], world))

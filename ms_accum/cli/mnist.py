@@ -41,8 +41,9 @@ def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
     if rank is not None:
         root = os.path.join(root, f"rank{rank}")
     if not rank:  # no launcher, or rank 0: one notice per job
-        print(f"ms-accum: MNIST is not available ({reason.render(CliWords(args)).rstrip('.')}). Falling back to {SYNTHETIC_NOTE}, "
-              f"generated in {root}: its accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
+        said = reason.render(CliWords(args)).rstrip(".")
+        print(f"ms-accum: MNIST is not available ({said}). Falling back to {SYNTHETIC_NOTE}, generated in {root}: its "
+              f"accuracy says nothing about MNIST.", file=sys.stderr, flush=True)
     return make_synthetic_mnist(root, *FALLBACK_SIZES), True
 
 

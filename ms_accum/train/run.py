@@ -12,7 +12,8 @@ from mindspore import nn
 from mindspore.dataset import Dataset, config as ds_config
 
 from .._choices import PARTIAL_WINDOWS
-from .._validation import ArgumentValueError, check_isinstance, check_positive_int, check_value_in, check_writable_dir
+from .._validation import (ArgumentValueError, ArgumentWarning, check_isinstance, check_positive_int, check_value_in,
+                           check_writable_dir)
 from ..core.columns import check_columns
 from ..core.statistics import NoiseScale
 from .distributed import check_same_on_all_ranks, gather_ints
@@ -74,8 +75,9 @@ class Run:
             raise ArgumentValueError("{train_dataset:subject} must not be empty, but it has no batches.")
         if self.schedule.fixed is not None and self.schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
-            warnings.warn(f"For '{NAME}', 'mini_steps' ({self.schedule.fixed}) is larger than an epoch's "
-                          f"{num_batches} batches: every window is partial and is {done} at the end of the epoch.",
+            warnings.warn(ArgumentWarning(NAME, "{mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
+                                          "window is partial and is {done} at the end of the epoch.",
+                                          k=self.schedule.fixed, batches=num_batches, done=done),
                           stacklevel=5)  # this, Run, train_process, its door, the user
         return num_batches
 
