@@ -192,16 +192,15 @@ class ArgumentError(MessageError):
 
 
 class ArgumentWarning(Message, UserWarning):
-    """A warning about arguments, as data: `caller` is the public function the user called, said in front as for an
-    `ArgumentError`; a command line renders the `Message` in its own words."""
+    """A warning about arguments, as data: a command line renders the `Message` in its own words. (Unlike an error it
+    names no door: the warning's line, the user's call, says where.)"""
 
-    def __init__(self, caller: str, template: str, **values: Any) -> None:
+    def __init__(self, template: str, **values: Any) -> None:
         Message.__init__(self, template, **values)
         UserWarning.__init__(self, template)
-        self.caller = caller
 
     def __str__(self) -> str:
-        return f"For '{self.caller}', {self.render()}"
+        return self.render()
 
 
 class ArgumentTypeError(ArgumentError, TypeError):

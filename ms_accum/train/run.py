@@ -75,7 +75,7 @@ class Run:
             raise ArgumentValueError("{train_dataset:subject} must not be empty, but it has no batches.")
         if self.schedule.fixed is not None and self.schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
-            warnings.warn(ArgumentWarning(NAME, "{mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
+            warnings.warn(ArgumentWarning("{mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
                                           "window is partial and is {done} at the end of the epoch.",
                                           k=self.schedule.fixed, batches=num_batches, done=done),
                           stacklevel=5)  # this, Run, train_process, its door, the user
