@@ -24,7 +24,6 @@ from .schedule import AccumulationSchedule
 from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
 
-NAME = "GradientAccumulation.train_process"  # what its warnings say the user called
 
 
 class Run:
