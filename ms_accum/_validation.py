@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import string
 from typing import Any, Iterable, Optional, Tuple, Type, Union
 
@@ -243,7 +242,7 @@ def describe_exception(err: BaseException) -> str:
     traceback it quotes (a data pipeline's map function that raised)."""
     text = str(err).strip()
     head = first_paragraph(text)
-    causes = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line.strip())]
+    causes = [line.strip() for line in text.splitlines() if _is_exception_line(line.strip())]
     cause = f" {causes[-1]}" if causes and causes[-1] not in head else ""
     return f"{type(err).__name__}: {head or '(no message)'}{cause}"
 
@@ -258,7 +257,10 @@ def first_paragraph(text: str) -> str:
     return " ".join(lines)
 
 
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: .*)?$")  # the last line of a Python traceback
+def _is_exception_line(line: str) -> bool:
+    """Whether `line` is the last line of a Python traceback: ``package.SomeError`` or ``SomeError: message``."""
+    name = line.partition(": ")[0]
+    return name.endswith(("Error", "Exception")) and all(part.isidentifier() for part in name.split("."))
 
 
 def _type_name(value: Any) -> str:
