@@ -31,7 +31,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
 
-from ._choices import DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
+from ._choices import CHECKPOINT_FORMATS, DEMO_FACTORIES, DEVICES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from . import runtime  # imported with the package, before MindSpore: oneDNN's CPU ISA is capped
 from ._validation import ArgumentError, NoBatchError, describe_exception, door, first_paragraph
 
@@ -155,6 +155,9 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--save-every", type=positive_int, metavar="N",
                        help="save the whole training state every N optimizer steps, to resume from")
     train.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N training states")
+    train.add_argument("--ckpt-format", choices=CHECKPOINT_FORMATS, default="ckpt",
+                       help="the checkpoints' format: MindSpore's ckpt (default) or safetensors (MindFormers 2, "
+                            "Hugging Face tools); --resume and eval read either")
     train.add_argument("--resume", nargs="?", const=True, metavar="FILE",
                        help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
                             "there is none); the end result equals the uninterrupted run's")
@@ -166,7 +169,8 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
                        help="score the held-out data (MNIST's test set, a factory's 'eval' split) every N optimizer "
                             "steps and after the last: in the output, --json and the loss plot")
     train.add_argument("--keep-best", choices=("loss", "accuracy"),
-                       help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt")
+                       help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt (or "
+                            ".safetensors)")
     train.add_argument("--tensorboard", metavar="DIR",
                        help="write each step's loss, learning rate, K, gradient norm, noise scale and validation "
                             "for TensorBoard into DIR (needs pip install 'ms_accum[tensorboard]')")
@@ -561,7 +565,7 @@ def _checkpoints(args: argparse.Namespace, job: _Job, world: int, main: bool):
     metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
                 "seed": args.seed, "world_size": world, **job.settings}
     return Checkpoints(directory=ckpt_dir, name=job.ckpt_name, save_every=args.save_every, keep_last=args.keep_last,
-                       metadata=metadata, resume=args.resume)
+                       metadata=metadata, resume=args.resume, format=args.ckpt_format)
 
 
 def _train(args: argparse.Namespace, executor, job: _Job, checkpoints, validation: dict, board, label: str,
