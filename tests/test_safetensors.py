@@ -13,8 +13,9 @@ from safetensors.numpy import load_file
 
 from ms_accum import GradientAccumulation, cli
 from ms_accum.demo.data import make_synthetic_mnist
-from ms_accum.train.checkpoint import (CheckpointError, find_latest, list_checkpoints, load_checkpoint, load_into,
-                                       prune, save_checkpoint)
+from ms_accum.train import checkpoint
+from ms_accum.train.checkpoint import (CheckpointError, CheckpointWriteError, find_latest, list_checkpoints,
+                                       load_checkpoint, load_into, prune, save_checkpoint)
 from ms_accum.train.options import QUIET, Checkpoints, LogOptions
 from conftest import cli_error, params_of, raises_exactly
 
@@ -104,6 +105,22 @@ def test_the_newest_readable_state_of_either_format_is_found_and_pruned(tmp_path
     assert find_latest(str(tmp_path), "run") == str(tmp_path / "run-000000002.ckpt")
     assert prune(str(tmp_path), "run", 1) == [str(tmp_path / "run-000000001.safetensors"),
                                               str(tmp_path / "run-000000002.ckpt")]
+
+
+def test_a_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    path = str(tmp_path / "a.safetensors")
+    save_checkpoint(nn.Dense(4, 3), path, {"step": 1})
+
+    def full_disk(source, target):
+        target.write(source.read(10))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.shutil, "copyfileobj", full_disk)  # while the metadata is added to the header
+    with raises_exactly(CheckpointWriteError, f"For 'save_checkpoint', 'a.safetensors' could not be written in "
+                                              f"'{tmp_path}': No space left on device. No earlier file was changed."):
+        save_checkpoint(nn.Dense(4, 3), path, {"step": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path)[1] == {"step": 1} and os.listdir(tmp_path) == ["a.safetensors"]
 
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "header"])

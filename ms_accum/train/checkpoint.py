@@ -88,7 +88,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
                 ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
             else:
                 # MindSpore's safetensors writer stores append_dict's strings as arrays that safetensors refuses, and
-                # computes no CRC of bfloat16 (docs/mindspore.md, "Safetensors"): the metadata goes into the header.
+                # computes no CRC of bfloat16 (docs/mindspore.md, "Safetensors checkpoints"): the metadata goes into
+                # the header.
                 ms.save_checkpoint(save_obj, written, format="safetensors", crc_check=not _holds_bfloat16(save_obj))
                 _copy_with_metadata(written, tmp, append)
         with open(tmp, "rb+") as handle:
