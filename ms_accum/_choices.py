@@ -16,6 +16,9 @@ STRUCTURES = ("auto",) + TIMED_STRUCTURES + ("cached",)
 AUTO_STRUCTURE = "three_graphs"
 # An epoch's last window, when K does not divide its batches: applied as the mean over what it holds, or dropped.
 PARTIAL_WINDOWS = ("apply", "drop")
+# The checkpoint files' formats, told apart by their extension: MindSpore's own, and safetensors (MindFormers 2,
+# Hugging Face tools).
+CHECKPOINT_FORMATS = ("ckpt", "safetensors")
 # Micro-batches taken into the running statistics before `skip_outliers` judges any.
 OUTLIER_WARMUP = 100
 # The demo networks a command names by a short name, each a factory (``package.module:function``, see

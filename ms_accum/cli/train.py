@@ -126,7 +126,7 @@ def _checkpoints(args: argparse.Namespace, job: Job, world: int, main: bool):
     metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
                 "seed": args.seed, "world_size": world, **job.settings}
     return Checkpoints(directory=ckpt_dir, name=job.ckpt_name, save_every=args.save_every, keep_last=args.keep_last,
-                       metadata=metadata, resume=args.resume)
+                       metadata=metadata, resume=args.resume, format=args.ckpt_format)
 
 
 def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation: dict, board, label: str,

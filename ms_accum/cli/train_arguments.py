@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._choices import OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
+from .._choices import CHECKPOINT_FORMATS, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from .arguments import DEFAULTS, accumulate_schedule, add_data_arguments, add_fallback_arguments, \
     add_training_arguments, non_negative_int, positive_float, positive_int
 
@@ -69,6 +69,9 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--save-every", type=positive_int, metavar="N",
                        help="save the whole training state every N optimizer steps, to resume from")
     train.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N training states")
+    train.add_argument("--ckpt-format", choices=CHECKPOINT_FORMATS, default="ckpt",
+                       help="the checkpoints' format: MindSpore's ckpt (default) or safetensors (MindFormers 2, "
+                            "Hugging Face tools); --resume and eval read either")
     train.add_argument("--resume", nargs="?", const=True, metavar="FILE",
                        help="continue from FILE, or from the newest training state in --ckpt-dir (a fresh start if "
                             "there is none); the end result equals the uninterrupted run's")
@@ -80,7 +83,8 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
                        help="score the held-out data (MNIST's test set, a factory's 'eval' split) every N optimizer "
                             "steps and after the last: in the output, --json and the loss plot")
     train.add_argument("--keep-best", choices=("loss", "accuracy"),
-                       help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt")
+                       help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt (or "
+                            ".safetensors)")
     train.add_argument("--tensorboard", metavar="DIR",
                        help="write each step's loss, learning rate, K, gradient norm, noise scale and validation "
                             "for TensorBoard into DIR (needs pip install 'ms_accum[tensorboard]')")

@@ -1,21 +1,26 @@
-"""Checkpoints: MindSpore's own `.ckpt` format, written atomically, with metadata, loaded strictly.
+"""Checkpoints: MindSpore's own `.ckpt` format or safetensors, written atomically, with metadata, loaded strictly.
 
 `mindspore.save_checkpoint` writes straight into the target file, so a crash mid-save leaves a torn file. Here a
 save goes to a temporary file beside it, synced, then `os.replace`s the target (atomic on POSIX). The newest
 checkpoint of a run is found by listing the directory and skipping unreadable files, never through a pointer file.
-Metadata travels inside the file (`append_dict`) under ``ms_accum.``-prefixed keys, apart from parameter names.
+Metadata travels inside the file under ``ms_accum.``-prefixed keys, apart from parameter names: in a `.ckpt` as
+entries of its own (`append_dict`), in a `.safetensors` file as the header's string metadata, each value as JSON.
+The extension tells the formats apart, as it does for MindSpore (`mindspore.load_checkpoint_async`).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import mindspore as ms
 from mindspore import Parameter, log as ms_log, nn
 
-from .._validation import Setting, ArgumentTypeError, ArgumentValueError, MessageError, door
+from .._choices import CHECKPOINT_FORMATS
+from .._validation import ArgumentTypeError, ArgumentValueError, MessageError, Setting, door
 from ..core.dropout import is_random_state
 
 # The layout of what ms_accum writes beside the parameters: 1, the first; 2, training states also record the position
@@ -24,7 +29,7 @@ from ..core.dropout import is_random_state
 FORMAT_VERSION = 2
 _META_PREFIX = "ms_accum."
 _TMP_PREFIX = "."
-_TMP_SUFFIX = ".tmp.ckpt"  # MindSpore appends ".ckpt" to any other name
+_HEADER_LENGTH = 8  # a safetensors file opens with its header's length, a little-endian uint64
 MetaValue = Union[int, float, str, bool]
 
 
@@ -51,7 +56,8 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
         save_obj (Union[nn.Cell, list]): What `mindspore.save_checkpoint` accepts: a Cell or a list of
             ``{"name": str, "data": Tensor}``.
         path (str): Target file; its directory must exist. An existing file is replaced only once the new one
-            is complete on disk.
+            is complete on disk. A name ending in ``.safetensors`` is written as safetensors, any other as a
+            MindSpore `.ckpt`.
         metadata (dict, optional): ints, floats, bools or strings stored beside the parameters.
 
     Returns:
@@ -72,10 +78,20 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
     append.update({_META_PREFIX + key: value for key, value in metadata.items()})
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}{_TMP_SUFFIX}")
+    file_format = checkpoint_format(path)
+    # MindSpore appends the format's extension to any other name.
+    tmp = os.path.join(directory, f"{_TMP_PREFIX}{name}.tmp.{file_format}")
+    written = tmp if file_format == "ckpt" else os.path.join(directory, f"{_TMP_PREFIX}{name}.raw.safetensors")
     try:
         with _quiet_mindspore_log():  # its CRITICAL line would name our temporary file; the error below says more
-            ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
+            if file_format == "ckpt":
+                ms.save_checkpoint(save_obj, tmp, append_dict=append, crc_check=True)
+            else:
+                # MindSpore's safetensors writer stores append_dict's strings as arrays that safetensors refuses, and
+                # computes no CRC of bfloat16 (docs/mindspore.md, "Safetensors checkpoints"): the metadata goes into
+                # the header.
+                ms.save_checkpoint(save_obj, written, format="safetensors", crc_check=not _holds_bfloat16(save_obj))
+                _copy_with_metadata(written, tmp, append)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         # MindSpore writes its files read-only for their owner (0400); readable by the group, a file that rank 0
@@ -86,17 +102,49 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
         raise CheckpointWriteError("'{name}' could not be written in '{directory}': {value}. No earlier file was "
                                    "changed.", name=name, directory=directory, value=err.strerror or err) from err
     finally:
-        for leftover in (tmp, _mindspore_temporary(tmp)):
+        for leftover in {tmp, written, _mindspore_temporary(written)}:
             if os.path.exists(leftover):
                 os.remove(leftover)
     _fsync_dir(directory)
     return path
 
 
+def checkpoint_format(path: str) -> str:
+    """The format of the checkpoint `path`, by its extension: ``"safetensors"`` or ``"ckpt"`` (any other name)."""
+    return "safetensors" if os.fspath(path).endswith(".safetensors") else "ckpt"
+
+
 def _mindspore_temporary(path: str) -> str:
-    # mindspore.save_checkpoint writes `path` with its ".ckpt" replaced by ".tmp" first, and leaves that file behind
+    # mindspore.save_checkpoint writes `path` with its extension replaced by ".tmp" first, and leaves that file behind
     # when the write fails.
     return os.path.splitext(path)[0] + ".tmp"
+
+
+def _holds_bfloat16(save_obj: Union[nn.Cell, list]) -> bool:
+    tensors = save_obj.get_parameters() if isinstance(save_obj, nn.Cell) else (entry["data"] for entry in save_obj)
+    return any(tensor.dtype == ms.bfloat16 for tensor in tensors)
+
+
+def _safetensors_header(handle) -> dict:
+    """The JSON header of the safetensors file open in `handle`, which is left at the first tensor's bytes."""
+    length = int.from_bytes(handle.read(_HEADER_LENGTH), "little")
+    if length > os.fstat(handle.fileno()).st_size:
+        raise ValueError("its header is longer than the file")
+    return json.loads(handle.read(length))
+
+
+def _copy_with_metadata(source: str, target: str, metadata: Dict[str, MetaValue]) -> None:
+    """Copies the safetensors file `source` to `target` with `metadata` added to its header's string metadata (where
+    Hugging Face tools and `safetensors.safe_open(...).metadata()` read it), each value as JSON: ints, floats, bools
+    and strings come back as they were. The tensors' bytes are copied as they are; their offsets count from the end
+    of the header."""
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        header = _safetensors_header(src)
+        header.setdefault("__metadata__", {}).update({key: json.dumps(value) for key, value in metadata.items()})
+        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % 8)  # the tensors stay 8-byte aligned, as safetensors' own writer keeps them
+        dst.write(len(text).to_bytes(_HEADER_LENGTH, "little") + text)
+        shutil.copyfileobj(src, dst)
 
 
 @contextlib.contextmanager
@@ -131,7 +179,8 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
     Reads a checkpoint, checking its CRC.
 
     Args:
-        path (str): The `.ckpt` file.
+        path (str): The `.ckpt` or `.safetensors` file (told apart by the extension). A safetensors file is checked
+            against MindSpore's CRC where it carries one (MindSpore writes none for bfloat16).
 
     Returns:
         tuple (params, metadata): the parameters by name, and the metadata written by `save_checkpoint`
@@ -145,8 +194,14 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
     if not os.path.isfile(path):
         raise CheckpointError("Checkpoint '{path}' does not exist.", path=path)
     try:
-        # crc_check verifies the CRC where the file carries one; a file MindSpore wrote without one still loads.
-        raw = ms.load_checkpoint(path, crc_check=True)
+        if checkpoint_format(path) == "ckpt":
+            # crc_check verifies the CRC where the file carries one; a file MindSpore wrote without one still loads.
+            raw = ms.load_checkpoint(path, crc_check=True)
+        else:
+            with open(path, "rb") as handle:
+                stored = _safetensors_header(handle).get("__metadata__") or {}
+            raw = ms.load_checkpoint(path, format="safetensors", crc_check="crc_num" in stored)
+            raw.update({key: json.loads(value) for key, value in stored.items() if key.startswith(_META_PREFIX)})
     except Exception as err:  # MindSpore raises ValueError or RuntimeError with C++ detail; the cause is one
         raise CheckpointError("'{path}' is not a readable MindSpore checkpoint (truncated, corrupt or another "
                               "format): {value}", path=path,
@@ -166,7 +221,7 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
 
 
 def _python_value(value) -> MetaValue:
-    # append_dict stores numbers as 0-d Parameters and strings as str.
+    # append_dict stores numbers as 0-d Parameters and strings as str; a safetensors header, values as they were.
     if isinstance(value, (str, int, float, bool)):
         return value
     array = value.asnumpy()
@@ -246,16 +301,18 @@ def _names(names: Iterable[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def checkpoint_path(directory: str, prefix: str, step: int) -> str:
-    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.ckpt`` (sorts by name and step)."""
-    return os.path.join(directory, f"{prefix}-{step:09d}.ckpt")
+def checkpoint_path(directory: str, prefix: str, step: int, file_format: str = "ckpt") -> str:
+    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.{file_format}`` (sorts by name and
+    step)."""
+    return os.path.join(directory, f"{prefix}-{step:09d}.{file_format}")
 
 
 def list_checkpoints(directory: str, prefix: str) -> List[Tuple[int, str]]:
-    """(step, path) of every ``{prefix}-{step}.ckpt`` in `directory`, oldest first; temporary files excluded."""
+    """(step, path) of every ``{prefix}-{step}.ckpt`` and ``{prefix}-{step}.safetensors`` in `directory`, oldest
+    first (of one step, the `.ckpt` first); temporary files excluded."""
     if not os.path.isdir(directory):
         return []
-    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)\.ckpt$")
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)\.(?:{'|'.join(CHECKPOINT_FORMATS)})$")
     found = []
     for name in os.listdir(directory):
         match = pattern.match(name)

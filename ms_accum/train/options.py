@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
-from .._choices import OUTLIER_WARMUP, POLICIES, REDUCTIONS
+from .._choices import CHECKPOINT_FORMATS, OUTLIER_WARMUP, POLICIES, REDUCTIONS
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance,
                            check_positive_float, check_positive_int, check_value_in, door)
 
@@ -124,13 +124,14 @@ class Checkpoints:
     Where `train_process` saves, how often, and what it resumes from.
 
     With `save_every`, the whole training state (parameters, optimizer state, the accumulation buffer and counters,
-    the position in the data) is saved every `save_every` optimizer steps to ``{directory}/{name}-{step:09d}.ckpt``;
-    a run killed at any point and resumed ends bit-identical to the uninterrupted one (docs/resume.md).
+    the position in the data) is saved every `save_every` optimizer steps to ``{directory}/{name}-{step:09d}.ckpt``
+    (``.safetensors`` with ``format="safetensors"``); a run killed at any point and resumed ends bit-identical to the
+    uninterrupted one (docs/resume.md).
 
     Args:
         directory (str): Where checkpoints are saved. Default: ``"ckpt"``.
-        name (str): File name of the final checkpoint (the network only), without ``.ckpt``; also the prefix of the
-            training-state files. Default: ``"gradient_accumulation"``.
+        name (str): File name of the final checkpoint (the network only), without its extension; also the prefix of
+            the training-state files. Default: ``"gradient_accumulation"``.
         save_every (int, optional): Save the training state every this many optimizer steps. Default: ``None``, only
             the final checkpoint.
         keep_last (int, optional): Keep only the newest `keep_last` training-state files; ``None`` keeps them all. A
@@ -140,10 +141,12 @@ class Checkpoints:
         metadata (dict, optional): Extra values stored in the checkpoints (ints, floats, strings).
         resume (Union[bool, str], optional): ``True`` resumes from the newest readable training-state file in
             `directory` (and starts afresh if there is none); a path resumes from that file. Default: ``None``.
+        format (str): The files' format: ``"ckpt"``, MindSpore's own, or ``"safetensors"``, which MindFormers 2 and
+            Hugging Face tools read too. Resuming reads either, whatever `format` says. Default: ``"ckpt"``.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `save_every` or `keep_last` is not positive.
+        ValueError: If `save_every` or `keep_last` is not positive, or `format` is unknown.
     """
 
     directory: Union[str, "os.PathLike"] = "ckpt"
@@ -152,6 +155,7 @@ class Checkpoints:
     keep_last: Optional[int] = 2
     metadata: Optional[dict] = None
     resume: Union[bool, str, "os.PathLike", None] = None
+    format: str = "ckpt"
 
     @door("Checkpoints")
     def __post_init__(self) -> None:
@@ -166,6 +170,7 @@ class Checkpoints:
             check_isinstance(self.metadata, "metadata", dict)
         if self.resume is not None:
             check_isinstance(self.resume, "resume", (bool, str, os.PathLike))
+        check_value_in(self.format, "format", CHECKPOINT_FORMATS)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ _SAME = ("partial_window", "data_seed")
 
 class StateCheckpoints:
     """
-    The training-state files of one run, ``{ckpt_dir}/{ckpt_name}-{step:09d}.ckpt``.
+    The training-state files of one run, ``{ckpt_dir}/{ckpt_name}-{step:09d}.{file_format}``.
 
     Each file holds `state` (a `TrainingState`), the `Position` and `run`, the settings a resumed run must share. It
     is written when a window has just closed; its zero buffer is saved too, so loading never leaves a stale one.
@@ -45,14 +45,16 @@ class StateCheckpoints:
         writes (bool): Whether this process writes (rank 0 in data parallel; every rank reads). Default: ``True``.
         schedule (AccumulationSchedule, optional): The run's K; its global batches are in `run`, and where they changed
             is saved too. Default: ``None``.
+        file_format (str): ``"ckpt"`` or ``"safetensors"``, the files written; resuming reads either. Default:
+            ``"ckpt"``.
     """
 
     def __init__(self, state: nn.Cell, ckpt_dir: Optional[str], ckpt_name: str, run: Dict[str, MetaValue],
                  metadata: Optional[Dict[str, MetaValue]] = None, save_every: Optional[int] = None,
                  keep_last: Optional[int] = None, writes: bool = True,
-                 schedule: Optional[AccumulationSchedule] = None) -> None:
+                 schedule: Optional[AccumulationSchedule] = None, file_format: str = "ckpt") -> None:
         self.state, self.ckpt_dir, self.ckpt_name, self.run = state, ckpt_dir, ckpt_name, run
-        self.schedule = schedule
+        self.schedule, self.file_format = schedule, file_format
         # Where K changed so far, [(samples consumed, global batch)] (all that older files recorded).
         self.history: List[Tuple[int, int]] = []
         # Every window opened so far, as runs of evenly spaced openings [start, global batch, count] (windows at start,
@@ -173,7 +175,7 @@ class StateCheckpoints:
         contents = self.state.contents()
         if not self.writes:
             return
-        self.save(contents, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step),
+        self.save(contents, checkpoint_path(self.ckpt_dir, self.ckpt_name, position.step, self.file_format),
                   {**self.metadata, **asdict(position), "samples": position.batch * _per_batch(self.run),
                    "batch_history": pairs_text(self.history),
                    "batch_windows": ",".join(f"{start}:{batch}:{count}" for start, batch, count in self.windows),

@@ -50,7 +50,7 @@ class Run:
         given = checkpoints or Checkpoints()
         self.states = StateCheckpoints(executor.state, None if checkpoints is None else os.fspath(given.directory),
                                        given.name, settings, given.metadata, given.save_every, given.keep_last,
-                                       executor.writes, schedule)
+                                       executor.writes, schedule, given.format)
         self.log = WindowLog(log.every, log.verbose and executor.writes, log.on_step,
                              executor.guard.stop_on_nonfinite, executor.guard.loss_scaler is not None)
         self.position, self.result, self.largest = Position(), TrainResult(), 1
@@ -148,7 +148,8 @@ class Run:
             self.states.save(self.executor.network, self._best_path(), {"step": record.step, **record.validation})
 
     def _best_path(self) -> str:
-        return os.path.join(os.fspath(self.checkpoints.directory), f"{self.checkpoints.name}-best.ckpt")
+        given = self.checkpoints
+        return os.path.join(os.fspath(given.directory), f"{given.name}-best.{given.format}")
 
     def _extra(self) -> dict:
         """More of the run's state, saved with every training-state file."""
@@ -167,7 +168,7 @@ class Run:
             given = self.checkpoints
             meta = {"epoch": self.epoch, "step": self.position.step, "mini_steps": self.schedule.fixed or 0,
                     "global_batches": self.settings["global_batches"], **(given.metadata or {})}
-            path = os.path.join(os.fspath(given.directory), f"{given.name}.ckpt")
+            path = os.path.join(os.fspath(given.directory), f"{given.name}.{given.format}")
             self.result.checkpoint = self.states.save(network, path, meta)
         return self.result
 

@@ -29,7 +29,8 @@ class Validation:
         metrics (dict, optional): More scores, name -> `mindspore.train.Metric` (e.g. ``{"f1": F1()}``), each updated
             with the network's output and the labels of every batch. Default: ``None``.
         keep_best (str, optional): Keep the network whose score of this name is best (the lowest ``"loss"``, else the
-            highest) in ``{directory}/{name}-best.ckpt`` of the run's `Checkpoints`. Default: ``None``.
+            highest) in ``{directory}/{name}-best.ckpt`` (or ``.safetensors``, the `format`) of the run's
+            `Checkpoints`. Default: ``None``.
 
     Raises:
         TypeError: If an argument has the wrong type.
