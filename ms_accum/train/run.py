@@ -22,7 +22,7 @@ from .options import Checkpoints, GuardOptions, LogOptions, StatisticsOptions
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule
-from .structures.base import Parts, WindowResult
+from .structures import Parts, WindowResult
 from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
 
@@ -40,7 +40,8 @@ class Run:
         parts (Parts): What the executor trains (the network, its loss, the optimizer, the buffer).
         state (nn.Cell): The training state its files hold (`Closer.training_state`).
         parallel (DataParallelInfo): This rank and the number of ranks; None stand-alone.
-        guard (GuardOptions), statistics (StatisticsOptions): The executor's options.
+        guard (GuardOptions): The executor's, for a window that is not finite.
+        statistics (StatisticsOptions): The executor's, for what is measured (the noise scale is the run's own).
         epoch, dataset, schedule, partial_window, checkpoints, log, validation: `train_process`'s arguments.
     """
 
