@@ -13,6 +13,7 @@ from mindspore import Tensor, amp, nn
 from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, \
     TrainOptim
 from ms_accum.core.statistics import NoiseScale
+from ms_accum.train.options import QUIET, Checkpoints
 from conftest import raises_exactly
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,6 +237,28 @@ def test_noise_scale_needs_two_batch_sizes_and_a_mean():
     with raises_exactly(TypeError, "For 'GradientAccumulation', the argument 'statistics' must be bool, but got 'yes' "
                                    "of type str."):
         GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), statistics="yes")
+
+
+def test_the_noise_scale_is_each_runs_own_and_a_resumed_run_continues_it(tmp_path):
+    # Learning rate 0 holds the parameters, so every run sees the same gradients: a second run of the same executor
+    # starts its own estimate (the first run's estimates again), and a run resumed from a training state saved after
+    # window 3 continues the estimate saved with it (the uninterrupted run's estimates, exactly).
+    net, x, y, _ = regression_problem(96, 12.0)
+
+    def train(model, checkpoints):
+        data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4)
+        return [record.noise_scale for record in model.train_process(1, data, 4, checkpoints=checkpoints,
+                                                                     log=QUIET).steps]
+
+    def executor():
+        return GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.0), noise_scale=True)
+
+    model = executor()
+    first = train(model, Checkpoints(tmp_path, save_every=3, keep_last=None))
+    assert len(first) == 6 and first[3:] != [None] * 3
+    assert train(model, None) == first
+    saved = os.path.join(tmp_path, "gradient_accumulation-000000003.ckpt")
+    assert train(executor(), Checkpoints(tmp_path / "resumed", resume=saved)) == first[3:]
 
 
 def test_noise_scale_estimator_by_hand():

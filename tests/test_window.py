@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, amp, nn
 
 from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainForwardBackward, TrainOptim, TrainWindowCell
-from ms_accum.graphs.cells import HostSteppedAccumulationCell, _StepWindow
+from ms_accum.graphs.cells import HostSteppedAccumulationCell, _CheckWindow, _StepWindow
 from ms_accum.graphs.window import HostSteppedWindowCell
 from conftest import make_optimizer, raises_exactly
 
@@ -298,3 +298,30 @@ def test_the_executors_cells_leave_the_step_to_the_host_and_equal_the_public_one
         assert optimizer_state(reference).keys() and all(
             np.array_equal(a, b) for a, b in zip(optimizer_state(reference).values(),
                                                  optimizer_state(hosted_opt).values()))
+
+
+@pytest.mark.parametrize("cls", [HostSteppedWindowCell, HostSteppedAccumulationCell])
+def test_the_executors_cells_built_not_to_check_leave_the_window_to_the_host(cls):
+    # checks=False (the executor in data parallel, where the host reduces the buffer first): the graph holds no check,
+    # its verdict is False and the window stays open and undivided; the host's check and step then equal the public
+    # Cell's window.
+    _, kwargs = CASES["clip_scaled"]
+    (reference, reference_opt), _ = twins(**kwargs)
+    net = small_net()
+    opt = make_optimizer("momentum", net.trainable_params())
+    cell = cls(with_loss(net), opt, K, checks=False, **kwargs).set_train()
+    check, step = _CheckWindow(cell.buffer, kwargs["clip_norm"]).set_train(), _StepWindow(opt, cell.buffer).set_train()
+    x, y = windows()
+    for w in range(WINDOWS):
+        reference(Tensor(x[w]), Tensor(y[w]))
+        calls = [cell(Tensor(x[w]), Tensor(y[w]))] if cls is HostSteppedWindowCell else [
+            cell(Tensor(x[w, k]), Tensor(y[w, k])) for k in range(K)]
+        assert not any(bool(verdict.asnumpy()) for _, verdict in calls)
+        assert int(cell.buffer.mini_step.asnumpy()) == K  # still open: nothing checked, stepped or cleared
+        assert bool(check().asnumpy())
+        step()
+        assert_buffer_empty(cell)
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(reference_opt), params_of(opt)))
+    with pytest.raises(TypeError, match="'checks'"):
+        bad = small_net()
+        cls(with_loss(bad), make_optimizer("momentum", bad.trainable_params()), K, checks=1)

@@ -429,7 +429,7 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
     r"""
     `TrainAccumulationCell` without the optimizer: every K-th call ends with the buffer's `check` instead of its
     `close`, and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
-    ``"fused"`` structure). With `checks` set to False no call checks: the host reduces and checks the window itself
+    ``"fused"`` structure). With ``checks=False`` no call checks: the host reduces and checks the window itself
     (the executor in data parallel, `ms_accum.core.parallel.CountSums`).
 
     An optimizer in a graph after the backward costs memory: with the network's weights in a branch that follows the
@@ -437,7 +437,9 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
     optimizer in a graph after the backward). Closing on the host costs one more launch per window.
 
     Args:
-        The same as `TrainAccumulationCell`'s.
+        The same as `TrainAccumulationCell`'s, and:
+        checks (bool): Whether the K-th call checks the window; ``False``: the host does (the executor decides where,
+            `ms_accum.train.structures.Structure.checks_in_graph`). Default: ``True``.
 
     Inputs:
         The same as `TrainAccumulationCell`'s.
@@ -445,14 +447,16 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
     Outputs:
         Tuple of `TrainAccumulationCell`'s output and a bool Tensor: after the K-th micro-batch, whether the window may
         be applied (exactly one of the buffer's `step`, if True, or `TrainClear` must follow before the next call);
-        before it, False.
+        before it, or with ``checks=False``, False.
     """
 
     loss_arg = "loss_fn"  # the executor's: it was given the loss
-    checks = True  # False: the host checks the window (the executor's data parallel, `Closer.checks_in_graph`)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
+        with door(type(self).__name__):
+            check_isinstance(checks, "checks", bool)
         super().__init__(*args, **kwargs)
+        self.checks = checks  # a graph constant: the graph holds the check, or not
         self.unchecked = Tensor(False)  # the verdict of a call that does not close the window
 
     def construct(self, *inputs):

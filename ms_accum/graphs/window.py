@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from .._validation import ArgumentValueError, check_positive_int, door
+from .._validation import ArgumentValueError, check_isinstance, check_positive_int, door
 from .cells import TrainAccumulationCell
 
 
@@ -122,7 +122,7 @@ class HostSteppedWindowCell(TrainWindowCell):
     r"""
     `TrainWindowCell` without the optimizer: one graph call trains the stacked window and makes it ready (the buffer's
     `check`), and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
-    ``"window"`` structure). With `checks` set to False the call does not check (its verdict is False): the host
+    ``"window"`` structure). With ``checks=False`` the call does not check (its verdict is False): the host
     reduces and checks the window itself (the executor in data parallel, `ms_accum.core.parallel.CountSums`).
 
     An optimizer in the graph after the backward costs memory: with the network's weights in a graph that follows the
@@ -131,21 +131,25 @@ class HostSteppedWindowCell(TrainWindowCell):
     synchronisation the executor does not make anyway.
 
     Args:
-        The same as `TrainWindowCell`'s.
+        The same as `TrainWindowCell`'s, and:
+        checks (bool): Whether the call checks the window; ``False``: the host does (the executor decides where,
+            `ms_accum.train.structures.Structure.checks_in_graph`). Default: ``True``.
 
     Inputs:
         The same as `TrainWindowCell`'s.
 
     Outputs:
         Tuple of `TrainWindowCell`'s output and a bool Tensor, whether the window may be applied: exactly one of the
-        buffer's `step` (if True) or `TrainClear` must follow before the next call.
+        buffer's `step` (if True) or `TrainClear` must follow before the next call. With ``checks=False``, False.
     """
 
     loss_arg = "loss_fn"  # the executor's: it was given the loss
-    checks = True  # False: the host checks the window (the executor's data parallel, `Closer.checks_in_graph`)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
+        with door(type(self).__name__):
+            check_isinstance(checks, "checks", bool)
         super().__init__(*args, **kwargs)
+        self.checks = checks  # a graph constant: the graph holds the check, or not
         self.unchecked = Tensor(False)  # the verdict when the host checks
 
     def construct(self, *inputs):

@@ -14,9 +14,7 @@ from ..core.columns import with_loss
 from ..core.dropout import dropout_streams, warn_uncovered
 from ..core.losses import window_reduction
 from ..core.parallel import DataParallelInfo, data_parallel_info
-from ..core.statistics import NoiseScale
 from ..runtime import check_cpu_kernels
-from .lr import SamplesLR
 from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions,
                       with_deprecated)
 from .plan import Plan
@@ -125,14 +123,12 @@ class GradientAccumulation:
                                      "'weighted_mean'), but got reduction 'sum'.")
         self.parallel = data_parallel_info()  # None when stand-alone
         sharded = _sharded(check_isinstance(shard_optimizer, "shard_optimizer", bool), self.parallel, optimizer)
-        self.writes = self.parallel is None or self.parallel.is_main  # rank 0 alone prints and saves
         if recompute is not None:
             warnings.warn("the keyword 'recompute' is deprecated; call "
                           "ms_accum.train.recompute.recompute_cells(network, names) first.", DeprecationWarning,
                           stacklevel=3)
             recompute_cells(network, recompute, arg_name="recompute")
-        self.statistics = measure.measured  # whether the gradient norms are measured
-        self.noise_scale = NoiseScale() if measure.noise_scale else None  # the estimator, `ms_accum.core.statistics`
+        self.measure, self.statistics = measure, measure.measured  # and whether the gradient norms are measured
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=self.guard.policy,
                                          loss_scaler=self.guard.loss_scaler, reduction=reduction,
                                          dtype=window.buffer_dtype, statistics=self.statistics,
@@ -142,11 +138,9 @@ class GradientAccumulation:
                       self.dropout, "network" if loss_fn is None else "loss_fn")
         closer = ShardedCloser(parts, self.parallel) if sharded else Closer(parts)
         self._structure: Structure = kind(parts, closer)
-        self.state = closer.training_state(parts)  # what training-state files hold
+        self.parts, self.state = parts, closer.training_state(parts)  # what it trains; what training-state files hold
         self.network, self.loss_fn = network, loss_fn
         self.plan: Optional[Plan] = None  # the Plan it was built from (`from_plan`), if any
-        rate = getattr(optimizer, "learning_rate", None)
-        self.samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
         self._structure_name = AUTO_STRUCTURE if structure == "auto" else structure
 
     @classmethod
@@ -191,7 +185,7 @@ class GradientAccumulation:
 
     def runner(self, largest: int) -> Structure:
         """The executor's structure (`ms_accum.train.structures`), ready for windows of up to `largest` micro-batches:
-        its `train_window` trains one window on the executor's buffer and says whether it was applied."""
+        its `run` trains one window on the executor's buffer and returns its `WindowResult`."""
         self._structure.prepare(largest)
         return self._structure
 
@@ -240,8 +234,8 @@ class GradientAccumulation:
         """
         options = with_deprecated({"checkpoints": checkpoints, "log": log}, deprecated, ("checkpoints", "log"))
         schedule = AccumulationSchedule(self._mini_steps(mini_steps, train_dataset), arg_name="mini_steps")
-        run = Run(self, epoch, train_dataset, schedule, partial_window, options["checkpoints"], options["log"],
-                  _validation(eval_dataset, eval_every))
+        run = Run(self.parts, self.state, self.parallel, self.guard, self.measure, epoch, train_dataset, schedule,
+                  partial_window, options["checkpoints"], options["log"], _validation(eval_dataset, eval_every))
         self._structure.reset()  # start from an empty window whatever happened before
         windows = run.start()
         structure = self.runner(run.largest)  # built once, for the largest K; shorter windows run through it too
@@ -252,8 +246,8 @@ class GradientAccumulation:
                     continue
                 run.open(opened_at, k)
                 with door("GradientAccumulation", final=True):  # a graph's refusal is about the executor's arguments
-                    trained = structure.train_window(window, size)
-                if run.close(k, *trained):
+                    trained = structure.run(window, size)
+                if run.close(k, trained):
                     break
         return run.finish(self.network)
 

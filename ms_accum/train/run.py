@@ -15,31 +15,51 @@ from .._choices import PARTIAL_WINDOWS
 from .._validation import (ArgumentValueError, ArgumentWarning, check_isinstance, check_positive_int, check_value_in,
                            check_writable_dir)
 from ..core.columns import check_columns
+from ..core.parallel import DataParallelInfo
 from ..core.statistics import NoiseScale
 from .distributed import check_same_on_all_ranks, gather_ints
-from .options import Checkpoints, LogOptions
+from .lr import SamplesLR
+from .options import Checkpoints, GuardOptions, LogOptions, StatisticsOptions
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
 from .schedule import AccumulationSchedule
+from .structures import Parts, WindowResult
 from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
 
 
 
 class Run:
-    """One run of `executor` over `dataset`, every argument checked before anything compiles.
+    """One run over `dataset` of what the executor trains, every argument checked before anything compiles; it holds
+    the run's own state: its position, records, noise-scale estimate and best score.
 
     `start` resumes, if asked, and returns the windows; for each, `open` and `close` (or `drop`) keep the position,
     the records, the log and the training-state files; `finish` saves the final checkpoint.
+
+    Args:
+        parts (Parts): What the executor trains (the network, its loss, the optimizer, the buffer).
+        state (nn.Cell): The training state its files hold (`Closer.training_state`).
+        parallel (DataParallelInfo): This rank and the number of ranks; None stand-alone.
+        guard (GuardOptions): The executor's, for a window that is not finite.
+        statistics (StatisticsOptions): The executor's, for what is measured (the noise scale is the run's own).
+        epoch, dataset, schedule, partial_window, checkpoints, log, validation: `train_process`'s arguments.
     """
 
-    def __init__(self, executor, epoch: int, dataset: Dataset, schedule: AccumulationSchedule, partial_window: str,
-                 checkpoints: Optional[Checkpoints], log: LogOptions,
+    def __init__(self, parts: Parts, state: nn.Cell, parallel: Optional[DataParallelInfo], guard: GuardOptions,
+                 statistics: StatisticsOptions, epoch: int, dataset: Dataset, schedule: AccumulationSchedule,
+                 partial_window: str, checkpoints: Optional[Checkpoints], log: LogOptions,
                  validation: Optional[Tuple[Dataset, Validation]] = None) -> None:
-        self.executor, self.epoch, self.dataset, self.schedule = executor, epoch, dataset, schedule
+        self.parts, self.state, self.parallel, self.guard = parts, state, parallel, guard
+        self.buffer = parts.buffer
+        self.measured = statistics.measured  # whether the gradient norms are measured
+        self.writes = parallel is None or parallel.is_main  # rank 0 alone prints and saves
+        rate = getattr(parts.optimizer, "learning_rate", None)
+        self.samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
+        # The run's own estimate (`ms_accum.core.statistics`), continued by its resumed runs (`start`).
+        self.noise_scale = NoiseScale() if statistics.noise_scale else None
+        self.epoch, self.dataset, self.schedule = epoch, dataset, schedule
         self.partial_window, self.checkpoints = partial_window, checkpoints
         self.num_batches = self._check(checkpoints)
-        parallel = executor.parallel
         # Global samples in one micro-batch of every rank; the ranks' micro-batches may differ in size.
         self.per_batch = (dataset.get_batch_size() if parallel is None else sum(gather_ints(dataset.get_batch_size())))
         settings = {"mini_steps": schedule.fixed or 0, "global_batches": schedule.global_batches(self.per_batch),
@@ -48,26 +68,26 @@ class Run:
                     "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch}
         self.settings = settings
         given = checkpoints or Checkpoints()
-        self.states = StateCheckpoints(executor.state, None if checkpoints is None else os.fspath(given.directory),
+        self.states = StateCheckpoints(state, None if checkpoints is None else os.fspath(given.directory),
                                        given.name, settings, given.metadata, given.save_every, given.keep_last,
-                                       executor.writes, schedule, given.format)
-        self.log = WindowLog(log.every, log.verbose and executor.writes, log.on_step,
-                             executor.guard.stop_on_nonfinite, executor.guard.loss_scaler is not None)
+                                       self.writes, schedule, given.format)
+        self.log = WindowLog(log.every, log.verbose and self.writes, log.on_step, guard.stop_on_nonfinite,
+                             guard.loss_scaler is not None)
         self.position, self.result, self.largest = Position(), TrainResult(), 1
         self.eval_dataset, self.evaluator = (None, None) if validation is None else (
-            validation[0], Evaluator(executor.network, executor.loss_fn, validation[1]))
-        self.verbose = log.verbose and executor.writes
+            validation[0], Evaluator(parts.network, parts.loss_fn, validation[1]))
+        self.verbose = log.verbose and self.writes
 
     def _check(self, checkpoints: Optional[Checkpoints]) -> int:
         """The arguments that only a run can check; returns the epoch's batch count."""
         check_positive_int(self.epoch, "epoch")
         check_isinstance(self.dataset, "train_dataset", Dataset)
         check_value_in(self.partial_window, "partial_window", PARTIAL_WINDOWS)
-        if checkpoints is not None and self.executor.writes:
+        if checkpoints is not None and self.writes:
             check_writable_dir(checkpoints.directory, "ckpt_dir")
-        check_columns(self.executor.state.network, self.dataset.get_col_names())
+        check_columns(self.state.network, self.dataset.get_col_names())
         num_batches = self.dataset.get_dataset_size()
-        if self.executor.parallel is not None:
+        if self.parallel is not None:
             # Every window closes with a collective: a rank with fewer batches would leave the others waiting.
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
         if num_batches <= 0:
@@ -83,30 +103,28 @@ class Run:
     def start(self) -> Iterator[Tuple[int, int, Iterator, int]]:
         """Resumes (if asked) and works out every window's K before anything trains (a callable's bad value fails
         here); returns the windows, `(K, size, micro-batches, samples consumed when it opens)`."""
-        executor = self.executor
         resume = None if self.checkpoints is None else self.checkpoints.resume
         self.position, resumed_from = self.states.resume(resume, self.epoch)
-        if executor.noise_scale is not None:  # a run's own estimate, continued by its resumed runs
-            executor.noise_scale = NoiseScale()
-            executor.noise_scale.load(self.states.resumed)
+        if self.noise_scale is not None:
+            self.noise_scale.load(self.states.resumed)
         if self.evaluator is not None:  # the best score so far, continued by resumed runs
             self.evaluator.best = float(self.states.resumed.get("best_score", math.nan))
             if not math.isnan(self.evaluator.best) and os.path.isfile(self._best_path()):
                 self.result.best_checkpoint = self._best_path()
         self.states.extra = self._extra
-        if executor.parallel is not None and resume not in (None, False):
+        if self.parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
         planned = list(_planned_windows(self.epoch, self.num_batches, self.schedule, self.per_batch, self.position))
         self.largest = max((k for k, _, _ in planned), default=1)
         # The run's last step, scored before `on_step` sees it: every window from here on but the dropped ones.
         self.last_step = self.position.step + sum(size == k or self.partial_window == "apply" for k, size, _ in planned)
-        if executor.noise_scale is not None and executor.parallel is None and self.largest == 1:
+        if self.noise_scale is not None and self.parallel is None and self.largest == 1:
             given = self.schedule.fixed or "a schedule that is 1 in every window of this run"
             raise ArgumentValueError("{mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
                                      "one rank: the noise scale compares the micro-batch's gradient with the "
                                      "window's, and with one micro-batch per window they are one batch size, but got "
                                      "{given}.", given=given, noise_scale=True)
-        guard = executor.buffer.guard
+        guard = self.buffer.guard
         self.result = TrainResult(dropped_windows=self.position.dropped_windows, resumed_from=resumed_from,
                                   skipped_windows=int(guard.skipped_windows.asnumpy()),
                                   skipped_micro_batches=int(guard.skipped_micro_batches.asnumpy()))
@@ -122,14 +140,14 @@ class Run:
     def open(self, opened_at: int, k: int) -> None:
         """A window of K opens after `opened_at` global samples."""
         self.states.window_opened(opened_at, k)
-        if self.executor.samples_lr is not None:
-            self.executor.samples_lr.update(opened_at)
+        if self.samples_lr is not None:
+            self.samples_lr.update(opened_at)
 
-    def close(self, k: int, losses: list, norms: list, samples: list, applied: bool) -> bool:
-        """A window of K trained: its record made, scored when due, logged and kept; its training state saved when
+    def close(self, k: int, trained: WindowResult) -> bool:
+        """A window of K `trained`: its record made, scored when due, logged and kept; its training state saved when
         due. Returns whether the run stops here (`on_step` returned True: early stopping)."""
         self.position.step += 1
-        record, figures = self._record(losses, norms, samples, applied, k)
+        record, figures = self._record(trained, k)
         if self.evaluator is not None and self.evaluator.due(self.position.step, self.position.step == self.last_step):
             self._score(record)
         stop = bool(self.log.window(record, figures, self.result))
@@ -139,13 +157,13 @@ class Run:
 
     def _score(self, record: StepRecord) -> None:
         """The validation scores after `record`'s window, in it; the best network saved when it improved."""
-        record.validation = self.evaluator.score(self.eval_dataset, self.executor.buffer.reducer)
+        record.validation = self.evaluator.score(self.eval_dataset, self.buffer.reducer)
         if self.verbose:
             scores = " ".join(f"{name} {value:.6f}" for name, value in record.validation.items())
             print(f"epoch: {record.epoch} step: {record.step} validation {scores}", flush=True)
-        if self.evaluator.improved(record.validation) and self.checkpoints is not None and self.executor.writes:
+        if self.evaluator.improved(record.validation) and self.checkpoints is not None and self.writes:
             self.result.best_checkpoint = self._best_path()
-            self.states.save(self.executor.network, self._best_path(), {"step": record.step, **record.validation})
+            self.states.save(self.parts.network, self._best_path(), {"step": record.step, **record.validation})
 
     def _best_path(self) -> str:
         given = self.checkpoints
@@ -153,7 +171,7 @@ class Run:
 
     def _extra(self) -> dict:
         """More of the run's state, saved with every training-state file."""
-        extra = {} if self.executor.noise_scale is None else self.executor.noise_scale.state()
+        extra = {} if self.noise_scale is None else self.noise_scale.state()
         if self.evaluator is not None and not math.isnan(self.evaluator.best):
             extra["best_score"] = self.evaluator.best
         return extra
@@ -164,7 +182,7 @@ class Run:
         last = self.result.steps[-1] if self.result.steps else None
         if self.evaluator is not None and last is not None and last.validation is None:
             self._score(last)
-        if self.checkpoints is not None and self.executor.writes:
+        if self.checkpoints is not None and self.writes:
             given = self.checkpoints
             meta = {"epoch": self.epoch, "step": self.position.step, "mini_steps": self.schedule.fixed or 0,
                     "global_batches": self.settings["global_batches"], **(given.metadata or {})}
@@ -172,27 +190,26 @@ class Run:
             self.result.checkpoint = self.states.save(network, path, meta)
         return self.result
 
-    def _record(self, losses: list, norms: list, samples: list, applied: bool, k: int):
+    def _record(self, trained: WindowResult, k: int):
         """The window's `StepRecord`, added to the result, and the figures it was made of."""
-        executor, position, result = self.executor, self.position, self.result
-        buffer = executor.buffer
-        window = WindowFigures(buffer.reduction, buffer.reducer, losses, norms, samples)
+        position, result, buffer, applied = self.position, self.result, self.buffer, trained.applied
+        window = WindowFigures(buffer.reduction, buffer.reducer, trained.outputs, trained.statistics, trained.samples)
         result.skipped_windows += int(not applied)
         if buffer.leaves_out:  # read back only what can change: the window's verdict was the one value it needed
             result.skipped_micro_batches = int(buffer.guard.skipped_micro_batches.asnumpy())
-        window_sq_norm = float(buffer.statistics.window_sq_norm.asnumpy()) if executor.statistics else np.nan
+        window_sq_norm = float(buffer.statistics.window_sq_norm.asnumpy()) if self.measured else np.nan
         noise = None
-        if executor.noise_scale is not None and applied and window.has_two_batch_sizes():
-            noise = executor.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
+        if self.noise_scale is not None and applied and window.has_two_batch_sizes():
+            noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
                                                 window.weight)
-        outliers = [position.batch - len(losses) + int(i) for i in window.left_out_indices]
+        outliers = [position.batch - len(trained.outputs) + int(i) for i in window.left_out_indices]
         record = StepRecord(
-            epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(losses),
+            epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(trained.outputs),
             samples=window.samples, skipped=not applied, loss_scale=self._loss_scale(),
             accumulate_step=k,
             samples_consumed=_samples_read(position.epoch, position.batch, self.num_batches, self.per_batch),
             grad_norm=float(np.sqrt(window_sq_norm)),
-            micro_batch_grad_norms=window.micro_batch_norms() if executor.statistics else [], noise_scale=noise,
+            micro_batch_grad_norms=window.micro_batch_norms() if self.measured else [], noise_scale=noise,
             outliers=outliers)
         result.steps.append(record)
         result.outliers += [(position.epoch, batch) for batch in outliers]
@@ -200,5 +217,5 @@ class Run:
 
     def _loss_scale(self) -> float:
         """The loss scale after the window: 1 without a scaler, and then never read back."""
-        scaler = self.executor.guard.loss_scaler
-        return 1.0 if scaler is None else float(self.executor.buffer.guard.loss_scale.asnumpy())
+        scaler = self.guard.loss_scaler
+        return 1.0 if scaler is None else float(self.buffer.guard.loss_scale.asnumpy())

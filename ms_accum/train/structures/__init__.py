@@ -9,9 +9,9 @@ import importlib
 from typing import Type
 
 from ..._choices import AUTO_STRUCTURE
-from .base import Closer, Parts, Structure
+from .base import Closer, Parts, Structure, WindowResult
 
-__all__ = ["Closer", "Parts", "Structure", "structure_class"]
+__all__ = ["Closer", "Parts", "Structure", "WindowResult", "structure_class"]
 
 
 def structure_class(name: str) -> Type[Structure]:

@@ -1,9 +1,9 @@
-"""What every structure shares: the parts it trains (`Parts`), how a window is closed (`Closer`), and the protocol
-a structure implements (`Structure`)."""
+"""What every structure shares: the parts it trains (`Parts`), how a window is closed (`Closer`), what a window trained
+returns (`WindowResult`), and the protocol a structure implements (`Structure`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence
 
 from mindspore import Tensor, nn
 
@@ -35,6 +35,24 @@ class Parts:
     loss_arg: str = "loss_fn"  # the argument that gave the loss, which a loss that does not fit is said to be
 
 
+@dataclass(frozen=True)
+class WindowResult:
+    """One window trained and closed, as every structure's `run` returns it, one entry per micro-batch trained.
+
+    Attributes:
+        outputs (list): Each micro-batch's network output: its loss (under ``"weighted_mean"``, `(loss, weight)`).
+        statistics (list): Each micro-batch's ``(squared gradient norm, left out)`` as float64 values; `UNMEASURED`
+            with statistics off.
+        samples (list[int]): Each micro-batch's sample count.
+        applied (bool): Whether the optimizer stepped (False: the window was skipped as not finite).
+    """
+
+    outputs: List
+    statistics: List
+    samples: List[int]
+    applied: bool
+
+
 class Closer:
     """Closes the window the buffer holds: the `check` graph makes it ready in place (reduced over the ranks, divided,
     unscaled, clipped) and returns the guard's verdict; the host reads it and launches the `step` graph or, for a window
@@ -42,9 +60,9 @@ class Closer:
 
     In data parallel the buffer is first all-reduced in buckets of a few MiB, each in its own launch, so one bucket's
     reduced copies are alive at a time (`ms_accum.core.parallel.CountSums`); a structure's graph then leaves the check
-    to the closer (`checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`), and so is
-    what a training-state file holds (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each rank's
-    part."""
+    to the closer (`Structure.checks_in_graph`). How the optimizer steps is the closer's alone (`step_cell`, `apply`),
+    and so is what a training-state file holds (`training_state`): `ms_accum.train.sharding.ShardedCloser` steps each
+    rank's part."""
 
     def __init__(self, parts: Parts) -> None:
         self.buffer = parts.buffer
@@ -54,11 +72,6 @@ class Closer:
         self.check = _CheckWindow(parts.buffer, parts.clip_norm).set_train()
         self.step = self.step_cell(parts).set_train()
         self.clear = TrainClear(parts.buffer).set_train()
-
-    @property
-    def checks_in_graph(self) -> bool:
-        """Whether a structure's graph may check the window itself: not when the host reduces the buffer first."""
-        return self.reduce is None
 
     def step_cell(self, parts: Parts) -> nn.Cell:
         """The graph that steps the optimizer on the window `check` accepted, and closes it."""
@@ -107,9 +120,14 @@ class Structure:
         closer (Closer): How it closes a window.
     """
 
+    can_check = False  # whether its graph can check a window itself (True: "fused", "window")
+
     def __init__(self, parts: Parts, closer: Closer) -> None:
         self.parts, self.closer = parts, closer
         self.split = parts.buffer.statistics.split
+        # Where a window is checked, decided here once and given to the Cells: in the structure's graph when it can,
+        # unless the host reduces the buffer first (data parallel: the closer reduces it in buckets, then checks).
+        self.checks_in_graph = self.can_check and not parts.buffer.reduced_on_host
 
     @classmethod
     def refuse(cls, network: nn.Cell, loss_fn: nn.Cell, reduction: str, guard: GuardOptions,
@@ -125,22 +143,20 @@ class Structure:
         """Empties the buffer's window, whatever it holds, before a run."""
         self.closer.clear()
 
-    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        """The outputs of the `size` micro-batches of `window` (each with its statistics when they are measured), and
-        whether the optimizer stepped."""
+    def run(self, window: MicroBatches, size: int) -> WindowResult:
+        """Trains the `size` micro-batches of `window` and closes it."""
         raise NotImplementedError
 
-    def train_window(self, window: MicroBatches, size: int) -> Tuple[List, List, List[int], bool]:
-        """Trains the `size` micro-batches of `window` and closes it: `(their outputs, their statistics (squared
-        gradient norm, left out; `UNMEASURED` with statistics off), their sample counts, whether it was applied)`."""
-        samples: List[int] = []
-        outputs, applied = self.run(_noting_sizes(window, samples), size)
+    def result(self, outputs: Sequence, samples: List[int], applied: bool) -> WindowResult:
+        """The window's result from its Cells' `outputs` (each with its statistics when they are measured)."""
         outputs = [self.split(output) for output in outputs]
-        return ([out for out, _ in outputs], [UNMEASURED if stat is None else values(stat) for _, stat in outputs],
-                samples, applied)
+        return WindowResult([out for out, _ in outputs],
+                            [UNMEASURED if stat is None else values(stat) for _, stat in outputs], samples, applied)
 
 
-def _noting_sizes(window: MicroBatches, samples: List[int]) -> MicroBatches:
+def noting_sizes(window: MicroBatches, samples: List[int]) -> Iterator[Sequence[Tensor]]:
+    """The micro-batches of `window`, each one's sample count appended to `samples` as it is read (lazily: the host
+    reads the next batch while the device runs)."""
     for inputs in window:
         samples.append(inputs[0].shape[0])
         yield inputs

@@ -1,14 +1,14 @@
 """``"cached"``: gradient caching, for a loss that couples the samples of a batch (docs/cached.md)."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List
 
 from mindspore import nn
 
 from ...graphs.cached import TrainCachedWindowCell, check_cached_options, check_loss_signature, check_same_masks
 from ..._validation import ArgumentValueError
 from ..options import GuardOptions, StatisticsOptions
-from .base import Closer, MicroBatches, Parts, Structure
+from .base import Closer, MicroBatches, Parts, Structure, WindowResult, noting_sizes
 
 
 class Cached(Structure):
@@ -35,10 +35,11 @@ class Cached(Structure):
         self.cell = TrainCachedWindowCell(parts.network, parts.loss_fn, parts.optimizer, parts.clip_norm,
                                           buffer=parts.buffer, dropout=parts.dropout).set_train()
 
-    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        micro_batches = list(window)
+    def run(self, window: MicroBatches, size: int) -> WindowResult:
+        samples: List[int] = []
+        micro_batches = list(noting_sizes(window, samples))
         loss = self.cell.accumulate_window(micro_batches)
-        return [loss] * len(micro_batches), self.closer.close()
+        return self.result([loss] * len(micro_batches), samples, self.closer.close())
 
 
 STRUCTURE = Cached

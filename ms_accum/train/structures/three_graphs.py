@@ -1,10 +1,10 @@
 """``"three_graphs"``, the default: the tutorial's three graphs, with the window's choice made on the host."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List
 
 from ...graphs.cells import TrainForwardBackward
-from .base import Closer, MicroBatches, Parts, Structure
+from .base import Closer, MicroBatches, Parts, Structure, WindowResult, noting_sizes
 
 
 class ThreeGraphs(Structure):
@@ -17,9 +17,10 @@ class ThreeGraphs(Structure):
         self.forward_backward = TrainForwardBackward(parts.net_with_loss, parts.optimizer, parts.buffer).set_train()
         self.forward_backward.loss_arg = parts.loss_arg
 
-    def run(self, window: MicroBatches, size: int) -> Tuple[List, bool]:
-        outputs = [self.forward_backward(*inputs) for inputs in window]
-        return outputs, self.closer.close()
+    def run(self, window: MicroBatches, size: int) -> WindowResult:
+        samples: List[int] = []
+        outputs = [self.forward_backward(*inputs) for inputs in noting_sizes(window, samples)]
+        return self.result(outputs, samples, self.closer.close())
 
 
 STRUCTURE = ThreeGraphs
