@@ -105,7 +105,8 @@ TABLE: Dict[str, Deprecation] = {
                            "TrainCachedWindowCell": "graphs", "AccumulationBuffer": "core",
                            "LossOnly": "core"}.items()},
     # --- The executor's keywords of 0.2 and 0.3, replaced by option objects in 0.3: removed in 2.0.0. ---
-    **{executor_key(keyword): _executor_keyword(option, field) for keyword, (option, field) in EXECUTOR_KEYWORDS.items()},
+    **{executor_key(keyword): _executor_keyword(option, field)
+       for keyword, (option, field) in EXECUTOR_KEYWORDS.items()},
     "ms_accum.GradientAccumulation(recompute=...)": Deprecation(
         "call ms_accum.recompute_cells(network, names) before building the executor", "0.3.0", "2.0.0"),
 }

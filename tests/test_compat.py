@@ -20,9 +20,9 @@ TOP_LEVEL = ["AccumulationBuffer", "Accumulator", "CharTransformer", "Equivalenc
              "init_data_parallel", "plan", "recompute_cells", "replace_batchnorm", "scale_lr", "verify_equivalence"]
 
 # 0.2's modules (its private `_ops` too).
-MODULES = ["_ops", "accumulator", "buffer", "causes", "cells", "checkpoint", "data", "evaluation", "executor", "factory",
-           "guard", "losses", "lr", "models", "norm", "parallel", "planner", "recompute", "resume", "runtime",
-           "schedule", "statistics", "verify", "window"]
+MODULES = ["_ops", "accumulator", "buffer", "causes", "cells", "checkpoint", "data", "evaluation", "executor",
+           "factory", "guard", "losses", "lr", "models", "norm", "parallel", "planner", "recompute", "resume",
+           "runtime", "schedule", "statistics", "verify", "window"]
 
 
 def test_each_top_level_name_of_0_2_is_at_the_top_or_says_where_it_went():
