@@ -39,11 +39,6 @@ class Deprecation(NamedTuple):
     removed_in: str
 
 
-def _moved_module(new: str, also: str = "") -> Deprecation:
-    return Deprecation(f"import '{new}'{also}", "0.3.0", "1.0.0")
-
-
-
 # The executor's keywords of 0.2 and 0.3, which 0.3 moved into option objects: keyword -> (option, its field).
 # `ms_accum.train.options.with_deprecated` moves them.
 EXECUTOR_KEYWORDS: Dict[str, Tuple[str, str]] = {
@@ -59,20 +54,24 @@ EXECUTOR_KEYWORDS: Dict[str, Tuple[str, str]] = {
     "log_every": ("log", "every"), "verbose": ("log", "verbose"), "on_step": ("log", "on_step"),
 }
 
-_OPTIONS = {"window": "WindowOptions", "guard": "GuardOptions", "statistics": "StatisticsOptions",
-            "checkpoints": "Checkpoints", "log": "LogOptions"}
+# Each option: its class, and the executor's method that takes it.
+_OPTIONS = {"window": ("WindowOptions", ""), "guard": ("GuardOptions", ""),
+            "statistics": ("StatisticsOptions", ""), "checkpoints": ("Checkpoints", ".train_process"),
+            "log": ("LogOptions", ".train_process")}
 
 
 def executor_key(keyword: str) -> str:
     """The table's key of the executor's deprecated `keyword`: a keyword of its constructor or of `train_process`."""
-    option = EXECUTOR_KEYWORDS[keyword][0]
-    return (f"ms_accum.GradientAccumulation({keyword}=...)" if option in ("window", "guard", "statistics") else
-            f"ms_accum.GradientAccumulation.train_process({keyword}=...)")
+    return f"ms_accum.GradientAccumulation{_OPTIONS[EXECUTOR_KEYWORDS[keyword][0]][1]}({keyword}=...)"
 
 
-def _executor_keyword(option: str, field: str) -> Deprecation:
-    call = "GradientAccumulation" if option in ("window", "guard", "statistics") else "train_process"
-    return Deprecation(f"use {call}({option}={_OPTIONS[option]}({field}=...))", "0.3.0", "2.0.0")
+def _moved_into_option(keyword: str) -> Deprecation:
+    option, field = EXECUTOR_KEYWORDS[keyword]
+    return Deprecation(f"use {option}={_OPTIONS[option][0]}({field}=...)", "0.3.0", "2.0.0")
+
+
+def _moved_module(new: str, also: str = "") -> Deprecation:
+    return Deprecation(f"import '{new}'{also}", "0.3.0", "1.0.0")
 
 
 TABLE: Dict[str, Deprecation] = {
@@ -88,7 +87,7 @@ TABLE: Dict[str, Deprecation] = {
         "LeNet5": "demo", "MLP": "demo", "CharTransformer": "demo", "EvalResult": "demo", "evaluate": "demo",
         "evaluate_checkpoint": "demo", "TrainingState": "graphs", "scale_lr": "train"}.items()},
     "ms_accum.executor.windows_per_epoch": Deprecation(
-        "use ms_accum.train.windows.count_windows(num_batches, 1, K, 1, partial_window)", "0.3.0", "1.0.0"),
+        "use ms_accum.train.count_windows(num_batches, 1, K, 1, partial_window)", "0.3.0", "1.0.0"),
     "ms_accum.statistics.harmonic_mean": Deprecation("use len(w) / sum(1 / x for x in w)", "0.3.0", "1.0.0"),
     "ms_accum.factory.builtin_model": Deprecation("use ms_accum.tools.load_model", "0.3.0", "1.0.0"),
     **{f"ms_accum.train.{owner}(accumulate_steps=...)": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
@@ -96,17 +95,16 @@ TABLE: Dict[str, Deprecation] = {
     **{f"ms_accum.train.{owner}.accumulate_steps": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
        for owner in ("StepRecord", "Plan", "Trial")},
     # --- 0.3's dropout seeding, replaced by the streams without a release that warned: removed in 1.0.0. ---
-    **{f"ms_accum.core.dropout.{name}": Deprecation("use ms_accum.core.DropoutStreams(network).drawing()", None,
-                                                    "1.0.0")
+    **{f"ms_accum.core.dropout.{name}": Deprecation(
+        "use ms_accum.core.DropoutStreams(network).drawing()", None, "1.0.0")
        for name in ("seed_dropout", "seed_dropout_on_cpu", "seeded_ops")},
-    # --- The inner Cells, top-level in 0.3; a script that builds them imports ms_accum.graphs or ms_accum.core. ---
+    # --- The inner Cells and the buffer, top-level in 0.2 and 0.3; a script that builds them imports their layer. ---
     **{f"ms_accum.{name}": Deprecation(f"import it from 'ms_accum.{layer}'", None, "1.0.0")
        for name, layer in {"TrainAccumulationCell": "graphs", "TrainWindowCell": "graphs",
                            "TrainCachedWindowCell": "graphs", "AccumulationBuffer": "core",
                            "LossOnly": "core"}.items()},
     # --- The executor's keywords of 0.2 and 0.3, replaced by option objects in 0.3: removed in 2.0.0. ---
-    **{executor_key(keyword): _executor_keyword(option, field)
-       for keyword, (option, field) in EXECUTOR_KEYWORDS.items()},
+    **{executor_key(keyword): _moved_into_option(keyword) for keyword in EXECUTOR_KEYWORDS},
     "ms_accum.GradientAccumulation(recompute=...)": Deprecation(
         "call ms_accum.recompute_cells(network, names) before building the executor", "0.3.0", "2.0.0"),
 }

@@ -1,5 +1,6 @@
 """The deprecation table (`ms_accum.deprecation`): every entry well formed, nothing outliving its removal version,
-every deprecation warning the package gives taken from the table, and the table's warning pointing at the user's line."""
+every deprecation warning the package gives taken from the table, and the table's warning pointing at the user's
+line."""
 import ast
 import importlib
 import inspect
@@ -81,7 +82,8 @@ def test_no_import_hook():
 def test_only_the_table_warns_of_a_deprecation():
     """No module but `ms_accum.deprecation` uses `DeprecationWarning` in its code, so every deprecation warning has
     its text and its removal version from the table."""
-    using = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in PACKAGE.rglob("*.py") if path.name != "deprecation.py"
+    using = [f"{path.relative_to(ROOT)}:{node.lineno}"
+             for path in PACKAGE.rglob("*.py") if path.name != "deprecation.py"
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Name) and node.id in ("DeprecationWarning", "PendingDeprecationWarning")]
     assert not using, using
@@ -111,9 +113,9 @@ def test_the_executor_keywords_warn_with_the_table_text_at_the_users_line():
         with_deprecated({}, {"clip_norm": 1.0, "on_step": None}, ("window", "log"))
     assert [str(w.message) for w in caught] == [
         "'ms_accum.GradientAccumulation(clip_norm=...)' is deprecated since ms_accum 0.3.0 and will be removed in "
-        "2.0.0; use GradientAccumulation(window=WindowOptions(clip_norm=...)).",
+        "2.0.0; use window=WindowOptions(clip_norm=...).",
         "'ms_accum.GradientAccumulation.train_process(on_step=...)' is deprecated since ms_accum 0.3.0 and will be "
-        "removed in 2.0.0; use train_process(log=LogOptions(on_step=...))."]
+        "removed in 2.0.0; use log=LogOptions(on_step=...)."]
     network = nn.SequentialCell([nn.Dense(2, 2)])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,6 +1,7 @@
-"""What a script imports is at the top: every code block of README.md and docs/*.md and every tutorial imports ms_accum's
-names from ``ms_accum`` itself or from a layer's package (``ms_accum.core``, ``.graphs``, ``.train``, ``.tools``,
-``.demo``, and the command's ``ms_accum.cli``), never from a module inside one, and only names that package exports."""
+"""What a script imports is at the top: every code block of README.md and docs/*.md and every tutorial imports
+ms_accum's names from ``ms_accum`` itself or from a layer's package (``ms_accum.core``, ``.graphs``, ``.train``,
+``.tools``, ``.demo``, and the command's ``ms_accum.cli``), never from a module inside one, and only names that package
+exports."""
 import ast
 import importlib
 
@@ -9,8 +10,9 @@ import pytest
 from test_docs import PAGES, ROOT, blocks
 
 PACKAGES = {"ms_accum", *(f"ms_accum.{layer}" for layer in ("core", "graphs", "train", "tools", "demo", "cli"))}
-SCRIPTS = [(block.where(), block.code) for page in PAGES for block in blocks(page) if block.language == "python"] + [
-    (str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")) for path in sorted((ROOT / "tutorials").glob("*.py"))]
+SCRIPTS = [(block.where(), block.code) for page in PAGES for block in blocks(page) if block.language == "python"]
+SCRIPTS += [(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8"))
+            for path in sorted((ROOT / "tutorials").glob("*.py"))]
 
 
 def _exported(package: str, name: str) -> bool:
