@@ -117,7 +117,7 @@ def render_memory(rows: List[dict]) -> str:
 def speed(k: int = 4, rounds: int = 5, windows: int = 2, warmup: int = 1) -> Table:
     """ms per window: the cached window against one K·B step, on pre-loaded tensors."""
     from mindspore import Tensor, nn
-    from ms_accum import TrainCachedWindowCell
+    from ms_accum.graphs import TrainCachedWindowCell
     from .common import setup, sync
     setup()
     net, loss, opt, sample = _parts()

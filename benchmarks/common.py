@@ -229,7 +229,7 @@ def weighted(loss) -> bool:
 
 def plain_loss(loss):
     """The loss alone, for the steps that take no weight: plain steps, the documentation's code, the Accumulator."""
-    from ms_accum import LossOnly
+    from ms_accum.core import LossOnly
     return LossOnly(loss) if weighted(loss) else loss
 
 

@@ -33,7 +33,8 @@ FUSED = "ms_accum TrainAccumulationCell ('fused'), the same"
 def worker(rounds: int, windows: int) -> None:
     import numpy as np
     from mindspore import Tensor, nn
-    from ms_accum import TrainAccumulationCell, init_data_parallel, set_device
+    from ms_accum import init_data_parallel, set_device
+    from ms_accum.graphs import TrainAccumulationCell
     from benchmarks.common import build, executor, interleave, loop, one_step_cell
     set_device("CPU")
     info = init_data_parallel(gradients_mean=True)  # MindSpore's context: the plain contender's TrainOneStepCell

@@ -49,7 +49,7 @@ def step(batches, rounds: int, units: int, warmup: int = 1) -> Table:
     """LeNet5 b32 on pre-loaded tensors, ms per micro-batch. `batches`: numpy (images, labels) micro-batches, a
     multiple of K of them; `units`, the micro-batches per round, a multiple of K too."""
     from mindspore import Tensor, nn
-    from ms_accum import TrainAccumulationCell, TrainWindowCell
+    from ms_accum.graphs import TrainAccumulationCell, TrainWindowCell
     micro = [(Tensor(x), Tensor(y)) for x, y in batches]
     windows = [(np.stack([x for x, _ in batches[i:i + K]]), np.stack([y for _, y in batches[i:i + K]]))
                for i in range(0, len(batches), K)]

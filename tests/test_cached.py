@@ -17,7 +17,8 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, amp, nn, ops
 
-from ms_accum import GradientAccumulation, TrainCachedWindowCell, verify_equivalence
+from ms_accum import GradientAccumulation, verify_equivalence
+from ms_accum.graphs import TrainCachedWindowCell
 from ms_accum.core.dropout import DropoutStreams
 from conftest import mnist_dir, params_of, raises_exactly, requires_mnist
 

@@ -5,7 +5,9 @@ import mindspore.dataset as ds
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.train import CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
 
-from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainClear, TrainForwardBackward, TrainOptim
+from ms_accum import TrainClear, TrainForwardBackward, TrainOptim
+from ms_accum.core import AccumulationBuffer
+from ms_accum.graphs import TrainAccumulationCell
 from ms_accum.core import _ops
 from ms_accum.train.checkpoint import load_into
 from conftest import batch_for, make_net, params_of, raises_exactly

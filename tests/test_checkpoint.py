@@ -118,7 +118,7 @@ def test_non_strict_load_skips_missing(tmp_path):
 
 
 def test_accumulator_and_optimizer_state_are_ignored_when_loading_a_network(tmp_path):
-    from ms_accum import TrainAccumulationCell
+    from ms_accum.graphs import TrainAccumulationCell
     net = dense()
     cell = TrainAccumulationCell(nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 0.1, 0.9),
                                  2)

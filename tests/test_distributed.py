@@ -22,7 +22,8 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, nn, ops
 
-from ms_accum import GradientAccumulation, LossOnly, cli
+from ms_accum import GradientAccumulation, cli
+from ms_accum.core import LossOnly
 from ms_accum.train.checkpoint import load_checkpoint
 from ms_accum.demo.data import make_synthetic_mnist
 from ms_accum.core.parallel import data_parallel_info, in_buckets
@@ -428,7 +429,8 @@ def test_cli_world_size_must_divide_global_batch(monkeypatch, tmp_path, capsys):
 
 
 def test_unsupported_parallel_mode_is_refused(restore_parallel_context):
-    from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell
+    from ms_accum import Accumulator, GradientAccumulation
+    from ms_accum.graphs import TrainAccumulationCell
     net = nn.Dense(3, 2)
     optimizer = nn.SGD(net.trainable_params(), 0.1)
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)

@@ -135,18 +135,17 @@ def test_every_fence_names_its_language(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_pages_use_no_deprecated_name(page):
-    # The 0.2 module paths and top-level names still work, with a DeprecationWarning; the docs show the new ones.
-    import ms_accum
-    from ms_accum._compat import MOVED
+    # Every deprecated or removed path is in ms_accum.deprecation's table; the pages show what replaces it.
+    from ms_accum.deprecation import TABLE
     text = page.read_text(encoding="utf-8")
-    old = sorted({f"ms_accum.{name}" for name in re.findall(r"ms_accum\.(\w+)", text)
-                  if name in MOVED or name in ms_accum._DEPRECATED})
+    old = sorted({path for path in re.findall(r"ms_accum(?:\.\w+)+", text) if path in TABLE})
     for block in blocks(page):
         if block.language == "python":
-            for names in re.findall(r"from ms_accum import \(?([\w, \n]+)\)?", block.code):
-                old += [f"{block.where()}: {n.strip()}" for n in names.split(",") if n.strip() in ms_accum._DEPRECATED]
+            for module, names in re.findall(r"from (ms_accum[\w.]*) import \(?([\w, \n]+)\)?", block.code):
+                old += [f"{block.where()}: {module}.{n.strip()}" for n in names.split(",")
+                        if f"{module}.{n.strip()}" in TABLE]
             old += [f"{block.where()}: .accumulate_steps"] * (".accumulate_steps" in block.code)
-    assert not old, f"deprecated names (use their new places, ms_accum/__init__.py and _compat.py): {old}"
+    assert not old, f"deprecated names (ms_accum/deprecation.py says what replaces them): {old}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

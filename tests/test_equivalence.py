@@ -12,8 +12,9 @@ import mindspore as ms
 from mindspore import Tensor, nn
 import mindspore.dataset as ds
 
-from ms_accum import (AccumulationBuffer, Accumulator, GradientAccumulation, TrainAccumulationCell, TrainClear,
-                      TrainForwardBackward, TrainOptim)
+from ms_accum import Accumulator, GradientAccumulation, TrainClear, TrainForwardBackward, TrainOptim
+from ms_accum.core import AccumulationBuffer
+from ms_accum.graphs import TrainAccumulationCell
 from accumulator_step import accumulator_step
 from conftest import MODES, batch_for, make_net, make_optimizer, params_of
 

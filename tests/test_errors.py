@@ -7,8 +7,9 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
 
-from ms_accum import (AccumulationBuffer, Accumulator, GradientAccumulation, TrainAccumulationCell,
-                      TrainForwardBackward, plan, verify_equivalence)
+from ms_accum import Accumulator, GradientAccumulation, TrainForwardBackward, plan, verify_equivalence
+from ms_accum.core import AccumulationBuffer
+from ms_accum.graphs import TrainAccumulationCell
 from ms_accum import Plan, SamplesLR
 from ms_accum.train.schedule import parse_schedule
 from conftest import raises_exactly

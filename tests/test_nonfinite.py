@@ -8,8 +8,9 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import amp, nn
 
-from ms_accum import AccumulationBuffer, GradientAccumulation, TrainAccumulationCell, TrainClear, \
-    TrainForwardBackward, TrainOptim
+from ms_accum import GradientAccumulation, TrainClear, TrainForwardBackward, TrainOptim
+from ms_accum.core import AccumulationBuffer
+from ms_accum.graphs import TrainAccumulationCell
 from ms_accum import NonFiniteError
 from ms_accum.core.guard import WindowGuard
 from conftest import raises_exactly

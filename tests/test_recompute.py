@@ -2,7 +2,7 @@
 import numpy as np
 from mindspore import Tensor, nn
 
-from ms_accum import TrainAccumulationCell
+from ms_accum.graphs import TrainAccumulationCell
 from ms_accum.train.recompute import recompute_cells
 from conftest import batch_for, make_net, params_of, raises_exactly
 

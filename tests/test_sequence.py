@@ -11,8 +11,9 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, nn
 
-from ms_accum import (Accumulator, AccumulationBuffer, GradientAccumulation, LossOnly, TokenCrossEntropy,
-                      TrainAccumulationCell, TrainForwardBackward, TrainWindowCell, losses, verify_equivalence)
+from ms_accum import Accumulator, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, verify_equivalence
+from ms_accum.core import AccumulationBuffer, LossOnly, losses
+from ms_accum.graphs import TrainAccumulationCell, TrainWindowCell
 from accumulator_step import accumulator_step
 from conftest import raises_exactly, raises_in_graph
 

@@ -21,7 +21,8 @@ import mindspore.dataset as ds
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell
+from ms_accum import Accumulator, GradientAccumulation
+from ms_accum.graphs import TrainAccumulationCell
 from accumulator_step import accumulator_step
 from conftest import copy_weights, make_optimizer, params_of, raises_exactly
 

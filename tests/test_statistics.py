@@ -10,8 +10,8 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import Tensor, amp, nn
 
-from ms_accum import AccumulationBuffer, GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, \
-    TrainOptim
+from ms_accum import GradientAccumulation, TokenCrossEntropy, TrainForwardBackward, TrainOptim
+from ms_accum.core import AccumulationBuffer
 from ms_accum.core.statistics import NoiseScale
 from ms_accum.train.options import QUIET, Checkpoints
 from conftest import raises_exactly

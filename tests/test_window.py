@@ -9,7 +9,9 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, amp, nn
 
-from ms_accum import AccumulationBuffer, TrainAccumulationCell, TrainForwardBackward, TrainOptim, TrainWindowCell
+from ms_accum import TrainForwardBackward, TrainOptim
+from ms_accum.core import AccumulationBuffer
+from ms_accum.graphs import TrainAccumulationCell, TrainWindowCell
 from ms_accum.graphs.cells import HostSteppedAccumulationCell, _CheckWindow, _StepWindow
 from ms_accum.graphs.window import HostSteppedWindowCell
 from conftest import make_optimizer, raises_exactly

@@ -10,15 +10,13 @@ default `reduction="mean"` averages the window itself, so each update equals one
 """
 import argparse
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import mindspore as ms  # noqa: E402  (after ms_accum, on purpose)
 from mindspore import nn, ops, value_and_grad  # noqa: E402
 
 from ms_accum import Accumulator  # noqa: E402
-from ms_accum.demo.evaluation import evaluate  # noqa: E402
-from ms_accum.demo.models import MLP  # noqa: E402
-from ms_accum.demo.data import DataError, check_mnist_dir, datapipe, resolve_data_dir  # noqa: E402
+from ms_accum.demo import DataError, MLP, check_mnist_dir, datapipe, evaluate, resolve_data_dir  # noqa: E402
 
 # Configuration: the page's values.
 EPOCHS = 3
@@ -30,7 +28,7 @@ DEVICE = "CPU"  # or "GPU", "Ascend"
 
 
 def main(epochs: int, data: str, num_samples: int) -> float:
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     ms.set_seed(SEED)
     data = resolve_data_dir(data)
     train_dataset = datapipe(data, BATCH_SIZE, usage="train", num_samples=num_samples)

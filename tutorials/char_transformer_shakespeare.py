@@ -15,18 +15,17 @@ import itertools
 import math
 import os
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
-from ms_accum import GradientAccumulation, TokenCrossEntropy  # noqa: E402
-from ms_accum.demo.models import CharTransformer  # noqa: E402
-from ms_accum.train.checkpoint import load_into  # noqa: E402
-from ms_accum.train.options import Checkpoints, LogOptions, WindowOptions  # noqa: E402
+from ms_accum import (Checkpoints, GradientAccumulation, LogOptions, TokenCrossEntropy,  # noqa: E402
+                      WindowOptions, load_into)
 from ms_accum.cli import positive_int  # noqa: E402
+from ms_accum.demo import CharTransformer  # noqa: E402
 
 # Configuration: small enough to train in a few minutes on 2 CPU cores.
 MICRO_BATCH = 8          # speeches per micro-batch
@@ -160,7 +159,7 @@ def sample(network, index, prompt, length, rng):
 
 
 def main(speeches, steps, ckpt_dir):
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     rng = np.random.default_rng(SEED)
     vocab_chars = sorted(set("".join(speeches)))
     index = {c: i + 1 for i, c in enumerate(vocab_chars)}  # 0 pads the inputs

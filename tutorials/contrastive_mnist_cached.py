@@ -17,16 +17,15 @@ Measured with the defaults (2-core EPYC, 2026-11-25): cached 0.629 and 84 MiB, t
 """
 import argparse
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 
-from ms_accum import GradientAccumulation  # noqa: E402
-from ms_accum.demo.data import DataError, check_mnist_dir, read_idx, resolve_data_dir  # noqa: E402
-from ms_accum.train.options import LogOptions  # noqa: E402
+from ms_accum import GradientAccumulation, LogOptions  # noqa: E402
+from ms_accum.demo import DataError, check_mnist_dir, read_idx, resolve_data_dir  # noqa: E402
 
 # Configuration.
 EPOCHS = 2
@@ -106,7 +105,7 @@ def reset_peak() -> None:
 
 
 def main(epochs: int, data: str, num_samples: int, structure: str) -> float:
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     ms.set_seed(SEED)
     ds.config.set_seed(SEED)
     rng = np.random.default_rng(SEED)

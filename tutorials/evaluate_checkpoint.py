@@ -7,9 +7,9 @@ another model, a truncated file or a missing parameter is an error, never a half
 """
 import argparse
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
-from ms_accum.demo.evaluation import evaluate_checkpoint  # noqa: E402
+from ms_accum.demo import evaluate_checkpoint  # noqa: E402
 
 # Configuration
 CKPT = "ckpt/gradient_accumulation.ckpt"
@@ -18,7 +18,7 @@ DEVICE = "CPU"  # or "GPU", "Ascend"
 
 
 def main(ckpt: str, data: str) -> float:
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     evaluation, metadata = evaluate_checkpoint(ckpt, data=data, batch_size=BATCH_SIZE)
     print(f"{ckpt}: {metadata.get('model')} after {metadata.get('step')} optimizer steps "
           f"(K={metadata.get('accumulate_step', metadata.get('accumulate_steps'))})")  # 0.2 wrote accumulate_steps

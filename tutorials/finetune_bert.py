@@ -25,7 +25,7 @@ import resource
 import subprocess
 import sys
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
@@ -34,14 +34,11 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 from mindspore.common.initializer import TruncatedNormal  # noqa: E402
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule  # noqa: E402
 
-from ms_accum import CheckpointError, GradientAccumulation, init_data_parallel  # noqa: E402
+from ms_accum import (CheckpointError, Checkpoints, GradientAccumulation, LogOptions,  # noqa: E402
+                      Validation, WindowOptions, init_data_parallel, load_into)
 from ms_accum.cli import positive_float, positive_int  # noqa: E402
-from ms_accum.core.columns import WithLossColumns  # noqa: E402
-from ms_accum.core.dropout import dropout_streams  # noqa: E402
-from ms_accum.train.checkpoint import load_into  # noqa: E402
-from ms_accum.train.distributed import distributed_launch  # noqa: E402
-from ms_accum.train.options import Checkpoints, LogOptions, WindowOptions  # noqa: E402
-from ms_accum.train.validation import Validation  # noqa: E402
+from ms_accum.core import WithLossColumns, dropout_streams  # noqa: E402
+from ms_accum.train import distributed_launch  # noqa: E402
 
 # Configuration. Each value is a flag too (--help); the defaults train in a few minutes on 2 CPU cores.
 MICRO_BATCH = 16       # B: pairs per forward/backward on each rank, what fits in memory at once
@@ -283,7 +280,7 @@ def build(args, vocab, total_steps):
 def main(args):
     info = init_data_parallel() if distributed_launch() else None  # under msrun: first, before any work
     rank, ranks = (info.rank, info.group_size) if info else (0, 1)
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     ds.config.set_seed(SEED)  # every rank shuffles the same order and reads its own shard of it
     vocab, train_columns, eval_columns = prepare(args)
     train_data = dataset(train_columns, args.micro_batch, True, rank, ranks)
@@ -345,7 +342,7 @@ class ClippedStep(nn.TrainOneStepCell):
 def measure_one(args, mode):
     """This process's peak resident memory (ru_maxrss) before and after training on 2 x K x B pairs in `mode`: two
     windows of K x B, 2K plain steps of B, or two plain steps of K x B."""
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     ds.config.set_seed(SEED)
     k, b = args.accumulate_steps, args.micro_batch
     vocab, train_columns, _ = prepare(args)

@@ -10,17 +10,14 @@ reproduce the tutorial's larger steps). The checkpoint goes into `ckpt/` and is 
 """
 import argparse
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import mindspore as ms  # noqa: E402  (after ms_accum, on purpose)
 from mindspore import nn  # noqa: E402
 
-from ms_accum import GradientAccumulation  # noqa: E402
-from ms_accum.demo.evaluation import evaluate_checkpoint  # noqa: E402
-from ms_accum.demo.models import LeNet5  # noqa: E402
-from ms_accum.demo.evaluation import recorded_data_dir  # noqa: E402
-from ms_accum.demo.data import DataError, check_mnist_dir, create_dataset, resolve_data_dir  # noqa: E402
-from ms_accum.train.options import Checkpoints, LogOptions  # noqa: E402
+from ms_accum import Checkpoints, GradientAccumulation, LogOptions  # noqa: E402
+from ms_accum.demo import (DataError, LeNet5, check_mnist_dir, create_dataset,  # noqa: E402
+                           evaluate_checkpoint, recorded_data_dir, resolve_data_dir)
 
 # Configuration: the tutorial's values.
 EPOCHS = 3
@@ -35,7 +32,7 @@ DEVICE = "CPU"  # or "GPU", "Ascend"
 
 
 def main(epochs: int, data: str, num_samples: int, ckpt_dir: str) -> float:
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     ms.set_seed(SEED)
     data = resolve_data_dir(data)
     ds_train = create_dataset(data, BATCH_SIZE, usage="train", seed=SEED, num_samples=num_samples)

@@ -23,17 +23,16 @@ steps:
 import argparse
 import os
 
-from ms_accum import runtime  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
+import ms_accum  # first: importing ms_accum caps oneDNN's CPU ISA before MindSpore loads
 
 import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
 from mindspore import nn  # noqa: E402
 
-from ms_accum import GradientAccumulation, plan, replace_batchnorm, verify_equivalence  # noqa: E402
+from ms_accum import GradientAccumulation, QUIET, plan, replace_batchnorm, verify_equivalence  # noqa: E402
 from ms_accum.cli import positive_int  # noqa: E402
-from ms_accum.tools.planner import measure, parse_size  # noqa: E402
-from ms_accum.train.options import QUIET  # noqa: E402
+from ms_accum.tools import measure, parse_size  # noqa: E402
 
 # Configuration. The factories run in fresh processes too, which read it from these variables (set by main).
 MODEL = os.environ.get("MS_ACCUM_TUTORIAL_MODEL", "resnet18")
@@ -86,7 +85,7 @@ def verify(factory) -> bool:
 
 
 def main(global_batch: int, memory, windows: int) -> dict:
-    runtime.set_device(DEVICE)
+    ms_accum.set_device(DEVICE)
     print(f"1. One step of the global batch: {MODEL}, {global_batch} images of 3x{IMAGE_SIZE}x{IMAGE_SIZE}, "
           f"in a fresh process")
     whole, one = measure(exact_model, global_batch, 1), measure(exact_model, 1, 1)

@@ -31,6 +31,7 @@ import warnings
 from typing import List, Optional
 
 from .. import runtime  # noqa: F401  (imported with the package, before MindSpore: oneDNN's CPU ISA is capped)
+from ..deprecation import message
 from . import evaluate, plan, train, train_arguments, verify
 from .arguments import non_negative_float, non_negative_int, positive_float, positive_int
 from .errors import FLAGS, CliError, error_line, warning_printer
@@ -58,8 +59,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = warning_printer(args)
-            for spelling in getattr(args, "old_spellings", ()):  # said to the user: not a DeprecationWarning
-                print(f"ms-accum {args.command}: warning: {spelling} is deprecated; use --accumulate-step.",
+            for spelling in getattr(args, "old_spellings", ()):  # said to the user: Python hides DeprecationWarning
+                print(f"ms-accum {args.command}: warning: {message(f'ms-accum {args.command} {spelling}')}",
                       file=sys.stderr)
             summary = {"train": train, "eval": evaluate, "verify": verify, "plan": plan}[args.command].run(args)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from ..core.columns import with_loss
 from ..core.dropout import dropout_streams, warn_uncovered
 from ..core.losses import window_reduction
 from ..core.parallel import DataParallelInfo, data_parallel_info
+from ..deprecation import deprecated as warn_deprecated
 from ..runtime import check_cpu_kernels
 from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions,
                       with_deprecated)
@@ -68,8 +69,8 @@ class GradientAccumulation:
             (`ms_accum.train.sharding`, docs/data-parallel.md). Training-state files are the same as unsharded ones.
             In one process it changes nothing, and says so. Default: ``False``.
         deprecated: The keywords of 0.3 (`clip_norm`, `reduction`, `policy`, `loss_scaler`, `statistics=True`, ...,
-            `ms_accum.train.options.DEPRECATED_KEYWORDS`), with a `DeprecationWarning`; ``recompute=[...]`` is
-            `ms_accum.train.recompute.recompute_cells`.
+            `ms_accum.deprecation.EXECUTOR_KEYWORDS`), with a `DeprecationWarning`, until 2.0.0; ``recompute=[...]``
+            is `ms_accum.recompute_cells`.
 
     Raises:
         TypeError: If `network` or `loss_fn` is not a Cell, or `optimizer` is not an `nn.Optimizer`, or
@@ -124,9 +125,7 @@ class GradientAccumulation:
         self.parallel = data_parallel_info()  # None when stand-alone
         sharded = _sharded(check_isinstance(shard_optimizer, "shard_optimizer", bool), self.parallel, optimizer)
         if recompute is not None:
-            warnings.warn("the keyword 'recompute' is deprecated; call "
-                          "ms_accum.train.recompute.recompute_cells(network, names) first.", DeprecationWarning,
-                          stacklevel=3)
+            warn_deprecated("ms_accum.GradientAccumulation(recompute=...)", stacklevel=3)  # this, its door, the user
             recompute_cells(network, recompute, arg_name="recompute")
         self.measure, self.statistics = measure, measure.measured  # and whether the gradient norms are measured
         self.buffer = AccumulationBuffer(optimizer.parameters, policy=self.guard.policy,
@@ -218,7 +217,7 @@ class GradientAccumulation:
             eval_every (Union[int, Validation], optional): The steps between scores, or a `Validation` with its
                 metrics and the best checkpoint to keep. Default: ``None``, the last step only.
             deprecated: The keywords of 0.3 (`ckpt_dir`, `ckpt_name`, `save_every`, `keep_last`, `metadata`, `resume`,
-                `log_every`, `verbose`, `on_step`), with a `DeprecationWarning`.
+                `log_every`, `verbose`, `on_step`), with a `DeprecationWarning`, until 2.0.0.
 
         Returns:
             TrainResult, one `StepRecord` per optimizer step run, the dropped and skipped windows, the final

@@ -2,20 +2,20 @@
 
 `GradientAccumulation` takes `WindowOptions` (how a window becomes one update), `GuardOptions` (what a non-finite
 window does) and `StatisticsOptions` (gradient norms, noise scale, outliers); `train_process` takes `Checkpoints`
-(saving and resuming) and `LogOptions` (what it says). The keywords they replace are still accepted for one release,
-with a `DeprecationWarning` (`DEPRECATED_KEYWORDS`).
+(saving and resuming) and `LogOptions` (what it says). The keywords they replace are still accepted until 2.0.0,
+with a `DeprecationWarning` (`ms_accum.deprecation.EXECUTOR_KEYWORDS`).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from .._choices import CHECKPOINT_FORMATS, OUTLIER_WARMUP, POLICIES, REDUCTIONS
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance,
                            check_positive_float, check_positive_int, check_value_in, door)
+from ..deprecation import EXECUTOR_KEYWORDS, deprecated, executor_key
 
 
 @dataclass(frozen=True)
@@ -202,38 +202,22 @@ class LogOptions:
 
 QUIET = LogOptions(verbose=False)  # no log lines, no callback: what tests and benchmarks mostly want
 
-# The keywords of 0.3 and the option each now lives in: still accepted for one release, with a DeprecationWarning.
-DEPRECATED_KEYWORDS: Dict[str, Tuple[str, str]] = {
-    # GradientAccumulation(...)
-    "clip_norm": ("window", "clip_norm"), "reduction": ("window", "reduction"),
-    "buffer_dtype": ("window", "buffer_dtype"),
-    "policy": ("guard", "policy"), "loss_scaler": ("guard", "loss_scaler"),
-    "stop_on_nonfinite": ("guard", "stop_on_nonfinite"),
-    "statistics": ("statistics", "norms"), "noise_scale": ("statistics", "noise_scale"),
-    "skip_outliers": ("statistics", "skip_outliers"), "outlier_warmup": ("statistics", "outlier_warmup"),
-    # train_process(...)
-    "ckpt_dir": ("checkpoints", "directory"), "ckpt_name": ("checkpoints", "name"),
-    "save_every": ("checkpoints", "save_every"), "keep_last": ("checkpoints", "keep_last"),
-    "metadata": ("checkpoints", "metadata"), "resume": ("checkpoints", "resume"),
-    "log_every": ("log", "every"), "verbose": ("log", "verbose"), "on_step": ("log", "on_step"),
-}
 _CLASSES = {"window": WindowOptions, "guard": GuardOptions, "statistics": StatisticsOptions,
             "checkpoints": Checkpoints, "log": LogOptions}
 
 
-def with_deprecated(given: Dict[str, Any], deprecated: Dict[str, Any], allowed: Sequence[str]) -> Dict[str, Any]:
+def with_deprecated(given: Dict[str, Any], keywords: Dict[str, Any], allowed: Sequence[str]) -> Dict[str, Any]:
     """The options objects `given` (option name -> object or None), with the deprecated `keywords` moved into them.
 
     A keyword that names no option of `allowed` is a TypeError, as Python's own for an unexpected keyword. The
     ``ckpt_dir=None`` of 0.3 means no checkpoints: `checkpoints` becomes None.
     """
     moved: Dict[str, Dict[str, Any]] = {option: {} for option in allowed}
-    for keyword, value in deprecated.items():
-        option, field = DEPRECATED_KEYWORDS.get(keyword, (None, None))
+    for keyword, value in keywords.items():
+        option, field = EXECUTOR_KEYWORDS.get(keyword, (None, None))
         if option not in moved:
             raise TypeError(f"got an unexpected keyword argument '{keyword}'")
-        warnings.warn(f"the keyword '{keyword}' is deprecated; use {_CLASSES[option].__name__}({field}=...) as "
-                      f"'{option}'.", DeprecationWarning, stacklevel=4)  # this, the caller, its door, the user
+        deprecated(executor_key(keyword), stacklevel=4)  # this, the caller, its door, the user
         moved[option][field] = value
     result = {}
     for option in allowed:

@@ -12,12 +12,10 @@ import json
 import math
 import os
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from .._choices import DEMO_FACTORIES, DEVICES, REDUCTIONS, STRUCTURES
-from .._compat import renamed_keyword
 from .._validation import ArgumentValueError, Aside, door
 
 
@@ -59,7 +57,6 @@ def _describe(fingerprint: dict) -> str:
             f"{fingerprint['hash']})")
 
 
-@renamed_keyword("accumulate_steps", "accumulate_step")  # 0.2's keyword
 @dataclass
 class Trial:
     """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_step`, one `structure`.
@@ -73,18 +70,10 @@ class Trial:
     ms_per_window: Optional[float] = None
     error: Optional[str] = None
 
-    @property
-    def accumulate_steps(self) -> int:
-        """Deprecated: `accumulate_step`, K's name in the API (only `train_process` says `mini_steps`, as the
-        signature of MindSpore's Cell-graph tutorial does); this alias goes in the next release."""
-        warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
-        return self.accumulate_step
-
     def fits(self, budget_mib: float) -> bool:
         return self.peak_mib is not None and self.peak_mib <= budget_mib
 
 
-@renamed_keyword("accumulate_steps", "accumulate_step")  # 0.2's keyword
 @dataclass
 class Plan:
     """
@@ -127,13 +116,6 @@ class Plan:
     network: Optional[dict] = None
 
     path = None  # the file `load` read; a class attribute, not a field: neither saved nor compared
-
-    @property
-    def accumulate_steps(self) -> int:
-        """Deprecated: `accumulate_step`, K's name in the API (only `train_process` says `mini_steps`, as the
-        signature of MindSpore's Cell-graph tutorial does); this alias goes in the next release."""
-        warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
-        return self.accumulate_step
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

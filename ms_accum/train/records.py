@@ -9,10 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor
 
-from .._compat import renamed_keyword
 
-
-@renamed_keyword("accumulate_steps", "accumulate_step")  # 0.2's keyword
 @dataclass
 class StepRecord:
     """One window: where it closed (`step`: windows closed so far, see `Position`), its loss (the sample- or
@@ -34,13 +31,6 @@ class StepRecord:
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
     outliers: List[int] = field(default_factory=list)  # batch indices (in the epoch) left out as outliers
     validation: Optional[Dict[str, float]] = None  # with an eval_dataset, when scored after this window (`Validation`)
-
-    @property
-    def accumulate_steps(self) -> int:
-        """Deprecated: `accumulate_step`, K's name in the API (only `train_process` says `mini_steps`, as the
-        signature of MindSpore's Cell-graph tutorial does); this alias goes in the next release."""
-        warnings.warn("'accumulate_steps' is deprecated; use 'accumulate_step'.", DeprecationWarning, stacklevel=2)
-        return self.accumulate_step
 
 
 class NonFiniteError(FloatingPointError):

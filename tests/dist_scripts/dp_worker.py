@@ -20,7 +20,8 @@ import mindspore as ms  # noqa: E402
 import mindspore.dataset as ds  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
-from ms_accum import Accumulator, GradientAccumulation, TrainAccumulationCell  # noqa: E402
+from ms_accum import Accumulator, GradientAccumulation  # noqa: E402
+from ms_accum.graphs import TrainAccumulationCell  # noqa: E402
 from ms_accum.train.distributed import all_reduce_sum, init_data_parallel  # noqa: E402
 from ms_accum.train.options import Checkpoints, LogOptions  # noqa: E402
 from accumulator_step import accumulator_step  # noqa: E402

@@ -1,0 +1,191 @@
+"""Every deprecated name, keyword, module path and flag of ms_accum, in one table, with the version it goes away.
+
+`TABLE` maps what a user wrote to its `Deprecation`: what replaces it, the version that first warned, the version that
+no longer has it. Everything in the package that warns of a deprecation does so through `deprecated` (or
+`renamed_keywords`, which calls it), with the table's text; no other module raises a ``DeprecationWarning``
+(`tests/test_deprecation.py` checks both, and fails when an entry outlives its removal version).
+
+Removal needs a major version (semantic versioning): what is deprecated in 1.x is removed in 2.0.0. Entries whose
+version has come stay in the table as the record of what went and what replaces it; a package's ``__getattr__`` names
+the replacement in its `AttributeError` (`no_attribute`).
+
+No import hook: a removed module path (``ms_accum.data``, ...) fails as any missing module does, and this table says
+where its names went. The 0.2 paths were served for one release by a finder on ``sys.meta_path`` that ran at every
+``import ms_accum``; nothing deprecated today needs one, since a name that moved is served by its package's PEP 562
+``__getattr__`` and a keyword by its callable.
+
+The keys: ``ms_accum.x.Name`` for a module, a name or an attribute; ``Callable(keyword=...)`` for a keyword of that
+callable (``ms_accum.x.Callable(keyword=...)``); ``ms-accum <command> --flag`` for a command-line flag.
+"""
+import functools
+import warnings
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
+
+from . import __version__
+
+
+class Deprecation(NamedTuple):
+    """What replaces a deprecated thing, and when it went or goes.
+
+    Args:
+        use (str): The replacement, as the warning and the error say it (``"use ..."``, ``"import ..."``).
+        deprecated_in (str, optional): The version that first warned; None when it went without a release that
+            warned (0.3's own dropout seeding, the inner Cells at the top).
+        removed_in (str): The first version without it.
+    """
+
+    use: str
+    deprecated_in: Optional[str]
+    removed_in: str
+
+
+# The executor's keywords of 0.2 and 0.3, which 0.3 moved into option objects: keyword -> (option, its field).
+# `ms_accum.train.options.with_deprecated` moves them.
+EXECUTOR_KEYWORDS: Dict[str, Tuple[str, str]] = {
+    "clip_norm": ("window", "clip_norm"), "reduction": ("window", "reduction"),
+    "buffer_dtype": ("window", "buffer_dtype"),
+    "policy": ("guard", "policy"), "loss_scaler": ("guard", "loss_scaler"),
+    "stop_on_nonfinite": ("guard", "stop_on_nonfinite"),
+    "statistics": ("statistics", "norms"), "noise_scale": ("statistics", "noise_scale"),
+    "skip_outliers": ("statistics", "skip_outliers"), "outlier_warmup": ("statistics", "outlier_warmup"),
+    "ckpt_dir": ("checkpoints", "directory"), "ckpt_name": ("checkpoints", "name"),
+    "save_every": ("checkpoints", "save_every"), "keep_last": ("checkpoints", "keep_last"),
+    "metadata": ("checkpoints", "metadata"), "resume": ("checkpoints", "resume"),
+    "log_every": ("log", "every"), "verbose": ("log", "verbose"), "on_step": ("log", "on_step"),
+}
+
+# Each option: its class, and the executor's method that takes it.
+_OPTIONS = {"window": ("WindowOptions", ""), "guard": ("GuardOptions", ""),
+            "statistics": ("StatisticsOptions", ""), "checkpoints": ("Checkpoints", ".train_process"),
+            "log": ("LogOptions", ".train_process")}
+
+
+def executor_key(keyword: str) -> str:
+    """The table's key of the executor's deprecated `keyword`: a keyword of its constructor or of `train_process`."""
+    return f"ms_accum.GradientAccumulation{_OPTIONS[EXECUTOR_KEYWORDS[keyword][0]][1]}({keyword}=...)"
+
+
+def _moved_into_option(keyword: str) -> Deprecation:
+    option, field = EXECUTOR_KEYWORDS[keyword]
+    return Deprecation(f"use {option}={_OPTIONS[option][0]}({field}=...)", "0.3.0", "2.0.0")
+
+
+def _moved_module(new: str, also: str = "") -> Deprecation:
+    return Deprecation(f"import '{new}'{also}", "0.3.0", "1.0.0")
+
+
+TABLE: Dict[str, Deprecation] = {
+    # --- 0.2's flat package, kept by 0.3 for one release: removed in 1.0.0. ---
+    **{f"ms_accum.{old}": _moved_module(f"ms_accum.{new}") for old, new in {
+        "buffer": "core", "guard": "core", "statistics": "core", "losses": "core", "accumulator": "graphs",
+        "cells": "graphs", "window": "graphs", "executor": "train", "resume": "train", "checkpoint": "train",
+        "schedule": "train", "lr": "train", "recompute": "train", "verify": "tools", "causes": "tools",
+        "planner": "tools", "norm": "tools", "factory": "tools", "data": "demo", "models": "demo",
+        "evaluation": "demo", "_ops": "core._ops"}.items()},
+    "ms_accum.parallel": _moved_module("ms_accum.core", " and 'ms_accum.train' (init_data_parallel)"),
+    **{f"ms_accum.{name}": Deprecation(f"import it from 'ms_accum.{layer}'", "0.3.0", "1.0.0") for name, layer in {
+        "LeNet5": "demo", "MLP": "demo", "CharTransformer": "demo", "EvalResult": "demo", "evaluate": "demo",
+        "evaluate_checkpoint": "demo", "TrainingState": "graphs", "scale_lr": "train"}.items()},
+    "ms_accum.executor.windows_per_epoch": Deprecation(
+        "use ms_accum.train.count_windows(num_batches, 1, K, 1, partial_window)", "0.3.0", "1.0.0"),
+    "ms_accum.statistics.harmonic_mean": Deprecation("use len(w) / sum(1 / x for x in w)", "0.3.0", "1.0.0"),
+    "ms_accum.factory.builtin_model": Deprecation("use ms_accum.tools.load_model", "0.3.0", "1.0.0"),
+    **{f"ms_accum.train.{owner}(accumulate_steps=...)": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
+       for owner in ("StepRecord", "Plan", "Trial")},
+    **{f"ms_accum.train.{owner}.accumulate_steps": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
+       for owner in ("StepRecord", "Plan", "Trial")},
+    # --- 0.3's dropout seeding, replaced by the streams without a release that warned: removed in 1.0.0. ---
+    **{f"ms_accum.core.dropout.{name}": Deprecation(
+        "use ms_accum.core.DropoutStreams(network).drawing()", None, "1.0.0")
+       for name in ("seed_dropout", "seed_dropout_on_cpu", "seeded_ops")},
+    # --- The inner Cells and the buffer, top-level in 0.2 and 0.3; a script that builds them imports their layer. ---
+    **{f"ms_accum.{name}": Deprecation(f"import it from 'ms_accum.{layer}'", None, "1.0.0")
+       for name, layer in {"TrainAccumulationCell": "graphs", "TrainWindowCell": "graphs",
+                           "TrainCachedWindowCell": "graphs", "AccumulationBuffer": "core",
+                           "LossOnly": "core"}.items()},
+    # --- The executor's keywords of 0.2 and 0.3, replaced by option objects in 0.3: removed in 2.0.0. ---
+    **{executor_key(keyword): _moved_into_option(keyword) for keyword in EXECUTOR_KEYWORDS},
+    "ms_accum.GradientAccumulation(recompute=...)": Deprecation(
+        "call ms_accum.recompute_cells(network, names) before building the executor", "0.3.0", "2.0.0"),
+    # --- K's one spelling outside the seeds' doors is accumulate_step: the flag follows in 1.0.0. ---
+    **{f"ms-accum {command} --accumulate-steps": Deprecation("use --accumulate-step", "1.0.0", "2.0.0")
+       for command in ("train", "verify")},
+}
+
+
+def version(text: str) -> tuple:
+    """``"1.0.0"`` as ``(1, 0, 0)``, to compare versions."""
+    return tuple(int(part) for part in text.split("."))
+
+
+def removed(key: str) -> bool:
+    """Whether `key`'s removal version has come (this package's ``__version__`` or later)."""
+    return version(TABLE[key].removed_in) <= version(__version__)
+
+
+def message(key: str) -> str:
+    """The table's sentence for `key`: deprecated and going, or gone, and what replaces it."""
+    entry = TABLE[key]
+    if removed(key):
+        return f"'{key}' was removed in ms_accum {entry.removed_in}: {entry.use}."
+    return (f"'{key}' is deprecated since ms_accum {entry.deprecated_in} and will be removed in {entry.removed_in}; "
+            f"{entry.use}.")
+
+
+def deprecated(key: str, stacklevel: int = 2) -> None:
+    """Warns that `key` is deprecated, with the table's text, at the frame `stacklevel` up from the caller (1: the
+    caller; 2, the default: its caller, as `warnings.warn` counts from its own caller).
+
+    Raises:
+        KeyError: If `key` is not in the table.
+        RuntimeError: If `key`'s removal version has come: the code that warns must go (a test runs into it).
+    """
+    if removed(key):
+        raise RuntimeError(f"'{key}' outlived its removal in ms_accum {TABLE[key].removed_in}: delete it and its "
+                           f"warning.")
+    warnings.warn(message(key), DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def no_attribute(module: str, name: str) -> AttributeError:
+    """For a package's ``__getattr__``: the error for ``module.name``, naming its replacement when the table has it."""
+    key = f"{module}.{name}"
+    text = message(key) if key in TABLE else f"module '{module}' has no attribute '{name}'"
+    return AttributeError(text)
+
+
+def renamed_keywords(owner: str, **renames: str) -> Callable:
+    """A decorator: the function (or the class's constructor) `owner` also takes each old keyword of `renames` (old
+    name -> new name) and warns with the table's entry ``f"{owner}({old}=...)"``.
+
+    Args:
+        owner (str): The callable's path as the table keys it (``"ms_accum.Accumulator"``).
+        renames (str): The old keywords and their new names.
+
+    Raises:
+        KeyError: When decorating, if an old keyword has no entry in the table.
+        RuntimeError: When decorating, if an old keyword's removal version has come.
+    """
+    keys = {old: f"{owner}({old}=...)" for old in renames}
+    for key in keys.values():
+        if removed(key):  # raises KeyError for a keyword the table does not have
+            raise RuntimeError(f"'{key}' outlived its removal in ms_accum {TABLE[key].removed_in}: delete it.")
+
+    def decorate(target):
+        function = target.__init__ if isinstance(target, type) else target
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{owner.rpartition('.')[2]}() got both '{new}' and its deprecated name "
+                                        f"'{old}'")
+                    deprecated(keys[old], stacklevel=2)  # the wrapper, the user
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+
+        if isinstance(target, type):
+            target.__init__ = wrapper
+            return target
+        return wrapper
+    return decorate

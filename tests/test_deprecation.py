@@ -1,0 +1,156 @@
+"""The deprecation table (`ms_accum.deprecation`): every entry well formed, nothing outliving its removal version,
+every deprecation warning the package gives taken from the table, and the table's warning pointing at the user's
+line."""
+import ast
+import importlib
+import inspect
+import pathlib
+import re
+import sys
+import warnings
+
+import pytest
+
+import ms_accum
+from ms_accum import deprecation
+from ms_accum.deprecation import TABLE, removed, version
+
+PACKAGE = pathlib.Path(ms_accum.__file__).parent
+ROOT = PACKAGE.parent
+KEYWORD = re.compile(r"^(ms_accum[\w.]*)\((\w+)=\.\.\.\)$")
+FLAG = re.compile(r"^ms-accum (\w+) (--[\w-]+)$")
+
+
+def _resolve(path: str):
+    """The object at the dotted `path`: its longest importable module, then attributes."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:end]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[end:]:
+            found = getattr(found, part)
+        return found
+    raise ModuleNotFoundError(path)
+
+
+def test_the_version_is_one_and_pyproject_says_so():
+    assert ms_accum.__version__ == "1.0.0"
+    assert re.search(r'^version = "1\.0\.0"$', (ROOT / "pyproject.toml").read_text(), re.M)
+
+
+@pytest.mark.parametrize("key", sorted(TABLE))
+def test_each_entry_is_well_formed(key):
+    entry = TABLE[key]
+    assert KEYWORD.match(key) or FLAG.match(key) or re.fullmatch(r"ms_accum(\.\w+)+", key), key
+    assert entry.use and entry.removed_in
+    if entry.deprecated_in is not None:
+        assert version(entry.deprecated_in) < version(entry.removed_in), key
+    if not removed(key):  # semantic versioning: what still warns goes at a major version
+        assert version(entry.removed_in)[1:] == (0, 0) and version(entry.removed_in) > version(ms_accum.__version__)
+
+
+@pytest.mark.parametrize("key", sorted(key for key in TABLE if removed(key)))
+def test_nothing_outlives_its_removal_version(key):
+    """A name, module path, keyword or flag whose removal version has come is gone."""
+    keyword, flag = KEYWORD.match(key), FLAG.match(key)
+    if keyword:
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword.group(2)}'"):
+            _resolve(keyword.group(1))(**{keyword.group(2): None})
+    elif flag:
+        from ms_accum import cli
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args([flag.group(1), flag.group(2), "1"])
+    else:
+        with pytest.raises((ImportError, AttributeError)):
+            _resolve(key)
+
+
+def test_a_removed_name_says_what_replaces_it():
+    with pytest.raises(AttributeError, match=r"^'ms_accum\.LeNet5' was removed in ms_accum 1\.0\.0: import it from "
+                                             r"'ms_accum\.demo'\.$"):
+        ms_accum.LeNet5  # noqa: B018
+    with pytest.raises(AttributeError, match="^module 'ms_accum' has no attribute 'nothing'$"):
+        ms_accum.nothing  # noqa: B018
+
+
+def test_no_import_hook():
+    assert not [finder for finder in sys.meta_path if type(finder).__module__.startswith("ms_accum")]
+
+
+def test_only_the_table_warns_of_a_deprecation():
+    """No module but `ms_accum.deprecation` uses `DeprecationWarning` in its code, so every deprecation warning has
+    its text and its removal version from the table."""
+    using = [f"{path.relative_to(ROOT)}:{node.lineno}"
+             for path in PACKAGE.rglob("*.py") if path.name != "deprecation.py"
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Name) and node.id in ("DeprecationWarning", "PendingDeprecationWarning")]
+    assert not using, using
+
+
+def test_every_deprecated_call_names_a_live_entry():
+    """Every ``deprecated("...")`` in the package names an entry of the table that has not reached its removal."""
+    keys = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("deprecated", "warn_deprecated") \
+                    and node.args and isinstance(node.args[0], ast.Constant):
+                keys.append(node.args[0].value)
+    assert keys  # the executor's recompute keyword at least
+    assert [key for key in keys if key not in TABLE or removed(key)] == []
+
+
+def test_the_executor_keywords_warn_with_the_table_text_at_the_users_line():
+    from mindspore import nn
+    from ms_accum import GradientAccumulation
+    from ms_accum.train.options import with_deprecated
+    keywords = {keyword: None for keyword in deprecation.EXECUTOR_KEYWORDS}
+    for keyword in keywords:
+        assert deprecation.executor_key(keyword) in TABLE and not removed(deprecation.executor_key(keyword))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with_deprecated({}, {"clip_norm": 1.0, "on_step": None}, ("window", "log"))
+    assert [str(w.message) for w in caught] == [
+        "'ms_accum.GradientAccumulation(clip_norm=...)' is deprecated since ms_accum 0.3.0 and will be removed in "
+        "2.0.0; use window=WindowOptions(clip_norm=...).",
+        "'ms_accum.GradientAccumulation.train_process(on_step=...)' is deprecated since ms_accum 0.3.0 and will be "
+        "removed in 2.0.0; use log=LogOptions(on_step=...)."]
+    network = nn.SequentialCell([nn.Dense(2, 2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GradientAccumulation(network, nn.MSELoss(), nn.SGD(network.trainable_params()), clip_norm=1.0,
+                             recompute=["0"])
+    ours = [w for w in caught if w.category is DeprecationWarning]
+    assert [str(w.message) for w in ours] == [deprecation.message(f"ms_accum.GradientAccumulation({k}=...)")
+                                              for k in ("clip_norm", "recompute")]
+    assert {w.filename for w in ours} == {__file__}  # the user's line
+
+
+def test_renamed_keywords_warn_from_the_table_and_refuse_both(monkeypatch):
+    """The decorator the K spellings use: the old keyword works until its removal version, with the table's text."""
+    monkeypatch.setitem(TABLE, "ms_accum.Example(accumulate_steps=...)",
+                        deprecation.Deprecation("use 'accumulate_step'", "1.0.0", "2.0.0"))
+
+    @deprecation.renamed_keywords("ms_accum.Example", accumulate_steps="accumulate_step")
+    class Example:
+        def __init__(self, accumulate_step: int = 1) -> None:
+            self.accumulate_step = accumulate_step
+
+    with pytest.warns(DeprecationWarning) as caught:
+        assert Example(accumulate_steps=4).accumulate_step == 4
+    assert str(caught[0].message) == ("'ms_accum.Example(accumulate_steps=...)' is deprecated since ms_accum 1.0.0 "
+                                      "and will be removed in 2.0.0; use 'accumulate_step'.")
+    assert caught[0].filename == __file__
+    assert inspect.signature(Example).parameters.keys() == {"accumulate_step"}
+    with pytest.raises(TypeError, match="Example\\(\\) got both 'accumulate_step' and its deprecated name "
+                                        "'accumulate_steps'"):
+        Example(accumulate_step=4, accumulate_steps=4)
+    monkeypatch.setitem(TABLE, "ms_accum.Example(accumulate_steps=...)",
+                        deprecation.Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0"))
+    with pytest.raises(RuntimeError, match="outlived its removal in ms_accum 1.0.0"):
+        deprecation.renamed_keywords("ms_accum.Example", accumulate_steps="accumulate_step")
+    with pytest.raises(RuntimeError, match="outlived its removal"):
+        deprecation.deprecated("ms_accum.LeNet5")
+    with pytest.raises(KeyError):
+        deprecation.renamed_keywords("ms_accum.Example", steps="accumulate_step")
