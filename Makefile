@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ms-accum train --model lenet5 --accumulate-steps 4 --batch-size 32 \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ms-accum train --model lenet5 --accumulate-step 4 --batch-size 32 \
 		--epochs 1 --ckpt-dir ckpt --download --synthetic-fallback
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ms-accum eval --model lenet5 --ckpt ckpt/lenet5.ckpt
 

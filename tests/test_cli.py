@@ -16,7 +16,7 @@ from ms_accum.demo.models import LeNet5, MLP
 from conftest import FACTORY, cli_error, mnist_dir, requires_mnist
 
 # 128 optimizer steps of 2 x 32 images: enough for LeNet5 to pass 90% on the real test set (measured 92.6%).
-SHORT_RUN = ["--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--lr", "0.05",
+SHORT_RUN = ["--model", "lenet5", "--accumulate-step", "2", "--batch-size", "32", "--lr", "0.05",
              "--num-samples", "8192", "--quiet"]
 
 
@@ -63,7 +63,7 @@ def test_train_then_eval_on_real_mnist(tmp_path):
 
 
 def test_train_mlp_on_generated_idx_files_is_labelled_synthetic(tmp_path, synthetic, capsys):
-    code = cli.main(["train", "--model", "mlp", "--accumulate-steps", "2", "--batch-size", "16", "--epochs", "2",
+    code = cli.main(["train", "--model", "mlp", "--accumulate-step", "2", "--batch-size", "16", "--epochs", "2",
                      "--lr", "0.05", "--optimizer", "momentum", "--momentum", "0.9", "--data", synthetic,
                      "--ckpt-dir", str(tmp_path), "--quiet"])
     out = capsys.readouterr().out
@@ -76,7 +76,7 @@ def test_train_mlp_on_generated_idx_files_is_labelled_synthetic(tmp_path, synthe
 
 @pytest.mark.parametrize("model", ["lenet5", "mlp"])
 def test_verify_reports_every_parameter_and_passes(model, synthetic, capsys):
-    code = cli.main(["verify", "--model", model, "--accumulate-steps", "4", "--batch-size", "8", "--data", synthetic])
+    code = cli.main(["verify", "--model", model, "--accumulate-step", "4", "--batch-size", "8", "--data", synthetic])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[-1].startswith("PASSED: 4 accumulated micro-batches vs one big batch")
@@ -88,7 +88,7 @@ def test_verify_reports_every_parameter_and_passes(model, synthetic, capsys):
 
 def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, capsys):
     # No tolerance is met by float32 sums in another order: the same comparison, reported as failed.
-    code = cli.main(["verify", "--accumulate-steps", "4", "--batch-size", "8", "--data", synthetic,
+    code = cli.main(["verify", "--accumulate-step", "4", "--batch-size", "8", "--data", synthetic,
                      "--rtol", "1e-30", "--atol", "1e-30", "--json"])
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert code == 1 and report["passed"] is False and report["max_abs_diff"] > 0
@@ -109,10 +109,10 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
     _, meta = load_checkpoint(str(tmp_path / "mlp.ckpt"))
     assert meta["accumulate_step"] == "0:1,256:2,512:4" and meta["global_batches"] == "0:32,256:64,512:128"
     # A threshold no micro-batch of this clean data reaches: nothing left out, and the JSON says so.
-    assert cli.main(argv + ["--accumulate-steps", "2", "--skip-outliers", "50", "--outlier-warmup", "4"]) == 0
+    assert cli.main(argv + ["--accumulate-step", "2", "--skip-outliers", "50", "--outlier-warmup", "4"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["outliers"] == [] and summary["skipped_micro_batches"] == 0
-    assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-steps", "2"]) == 1
+    assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-step", "2"]) == 1
     assert capsys.readouterr().err == ("ms-accum train: error: --accumulate-schedule sets K: give it without "
                                        "--accumulate-step or --plan.\n")
     with pytest.raises(SystemExit) as bad:
@@ -128,7 +128,7 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
 def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, capsys):
     (tmp_path / "users_model.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)  # found beside the caller, as python -m finds modules
-    argv = ["verify", "--accumulate-steps", "4", "--batch-size", "4", "--json"]
+    argv = ["verify", "--accumulate-step", "4", "--batch-size", "4", "--json"]
     assert cli.main(argv + ["--model", "users_model:build"]) == 0
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert report["passed"] is True and report["optimizer"] == "SGD" and len(report["per_parameter"]) == 4
@@ -165,7 +165,7 @@ def test_verify_names_adam_magnifying_rounding_on_real_mnist(capsys):
 
 
 def test_verify_needs_k_times_b_images(synthetic, capsys):
-    assert cli.main(["verify", "--accumulate-steps", "64", "--batch-size", "32", "--data", synthetic]) == 1
+    assert cli.main(["verify", "--accumulate-step", "64", "--batch-size", "32", "--data", synthetic]) == 1
     assert capsys.readouterr().err == (
         f"ms-accum verify: error: For 'ms-accum verify', --accumulate-step 64 x --batch-size 32 needs 2048 training "
         f"images, but {os.path.abspath(synthetic)} holds 1024.\n")
@@ -175,7 +175,7 @@ def test_verify_needs_k_times_b_images(synthetic, capsys):
 def test_make_run_falls_back_to_synthetic_data_when_mnist_is_nowhere(tmp_path):
     # `make run`'s command with no --data, no MS_ACCUM_MNIST, no ./datasets/MNIST_Data and no --download (CI must
     # not depend on the network): it trains on the synthetic set, learns it, and says so on every result line.
-    out = run_cli("train", "--model", "lenet5", "--accumulate-steps", "4", "--batch-size", "32", "--epochs", "1",
+    out = run_cli("train", "--model", "lenet5", "--accumulate-step", "4", "--batch-size", "32", "--epochs", "1",
                   "--quiet", "--synthetic-fallback", "--ckpt-dir", "ck", "--json", cwd=str(tmp_path),
                   env={"MS_ACCUM_MNIST": None})
     assert out.returncode == 0, out.stderr
@@ -202,8 +202,8 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--accumulate-steps", "0"], "argument --accumulate-steps: must be a positive int, but got 0"),
-    (["train", "--accumulate-steps", "2.5"], "argument --accumulate-steps: must be a positive int, but got '2.5'"),
+    (["train", "--accumulate-step", "0"], "argument --accumulate-step: must be a positive int, but got 0"),
+    (["train", "--accumulate-step", "2.5"], "argument --accumulate-step: must be a positive int, but got '2.5'"),
     (["train", "--batch-size", "-3"], "argument --batch-size: must be a positive int, but got -3"),
     (["train", "--epochs", "zero"], "argument --epochs: must be a positive int, but got 'zero'"),
     (["train", "--lr", "nan"], "argument --lr: must be a positive float, but got nan"),
@@ -214,7 +214,7 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
     (["eval", "--ckpt", "x.ckpt", "--device", "TPU"],
      "argument --device: invalid choice: 'TPU' (choose from 'CPU', 'GPU', 'Ascend')"),
     (["verify", "--rtol", "0"], "argument --rtol: must be a positive float, but got 0"),
-    (["verify", "--accumulate-steps", "-1"], "argument --accumulate-steps: must be a positive int, but got -1"),
+    (["verify", "--accumulate-step", "-1"], "argument --accumulate-step: must be a positive int, but got -1"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -287,7 +287,7 @@ def test_console_script_is_installed():
 
 
 def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, capsys, monkeypatch):
-    argv = ["train", "--model", "mlp", "--accumulate-steps", "3", "--batch-size", "16", "--epochs", "2",
+    argv = ["train", "--model", "mlp", "--accumulate-step", "3", "--batch-size", "16", "--epochs", "2",
             "--num-samples", "320", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
             "--json", "--save-every", "4", "--keep-last", "2"]
     assert cli.main(argv) == 0
@@ -316,7 +316,7 @@ def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, caps
 
 
 def test_loss_scale_policy_and_recompute_flags(tmp_path, synthetic, capsys):
-    assert cli.main(["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "16",
+    assert cli.main(["train", "--model", "lenet5", "--accumulate-step", "2", "--batch-size", "16",
                      "--num-samples", "64", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
                      "--json", "--loss-scale", "dynamic", "--loss-scale-value", "1024", "--policy", "skip_microbatch",
                      "--recompute", "conv1", "conv2", "--structure", "fused", "--statistics"]) == 0
@@ -351,7 +351,7 @@ def small_file_system(tmp_path):
 @pytest.mark.slow  # make test-all (make test answers within 8 minutes)
 def test_a_full_disk_ends_with_one_line_naming_the_file_and_the_state_to_resume(small_file_system, synthetic,
                                                                                tmp_path):
-    argv = ["train", "--model", "lenet5", "--accumulate-steps", "4", "--batch-size", "32", "--num-samples", "1024",
+    argv = ["train", "--model", "lenet5", "--accumulate-step", "4", "--batch-size", "32", "--num-samples", "1024",
             "--data", synthetic, "--save-every", "2", "--quiet", "--no-eval", "--json"]
     full = run_cli(*argv, "--ckpt-dir", str(small_file_system))
     assert full.returncode == 1

@@ -55,7 +55,7 @@ def test_the_0_2_keyword_of_k_is_gone():
             kind(accumulate_steps=4)
 
 
-# The 0.2 command line: every command and flag is still accepted.
+# The 0.2 command line: every command and flag is still accepted (K's flag in its old spelling, until 2.0.0).
 FLAGS = {
     "train": ["--model lenet5", "--accumulate-steps 2", "--batch-size 8", "--optimizer sgd", "--lr 0.1",
               "--momentum 0.5", "--seed 1", "--epochs 2", "--clip-norm 1", "--structure fused", "--statistics",
@@ -90,10 +90,14 @@ def test_k_is_spelled_accumulate_step_in_every_json_the_cli_writes(tmp_path, cap
     from ms_accum.demo.models import MLP
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=64, num_test=32)
     common = ["--model", "mlp", "--batch-size", "8", "--data", data, "--json", "--quiet"]
-    assert cli.main(["verify", "--accumulate-steps", "2", *common]) == 0
+    assert cli.main(["verify", "--accumulate-step", "2", *common]) == 0
     verified = json.loads(capsys.readouterr().out.splitlines()[-1])
+    # K's old flag still trains, and says what to write instead (`ms_accum.deprecation`).
     assert cli.main(["train", "--accumulate-steps", "2", "--ckpt-dir", str(tmp_path / "c"), "--no-eval", *common]) == 0
-    trained = json.loads(capsys.readouterr().out.splitlines()[-1])
+    said = capsys.readouterr()
+    trained = json.loads(said.out.splitlines()[-1])
+    assert ("ms-accum train: warning: 'ms-accum train --accumulate-steps' is deprecated since ms_accum 1.0.0 and will "
+            "be removed in 2.0.0; use --accumulate-step.") in said.err.splitlines()
     _, meta = load_checkpoint(trained["checkpoint"])
     written = Plan("mlp", 16, 1, 8, 2, "fused", "mean", 10.0, None, 20.0, 1.0, 2.0, "CPU")
     plan_file = json.loads(open(written.save(str(tmp_path / "plan.json"))).read())

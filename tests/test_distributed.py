@@ -363,7 +363,7 @@ def test_cli_train_under_msrun(tmp_path):
     missing = tmp_path / "nowhere" / "MNIST_Data"
     ckpt_dir = tmp_path / "ckpt"
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
-    code, output = msrun(str(tmp_path / "logs"), ms_accum, "train", "--model", "lenet5", "--accumulate-steps", "2",
+    code, output = msrun(str(tmp_path / "logs"), ms_accum, "train", "--model", "lenet5", "--accumulate-step", "2",
                          "--batch-size", "32", "--num-samples", "512", "--synthetic-fallback",
                          "--ckpt-dir", str(ckpt_dir), "--json", "--quiet", env={"MS_ACCUM_MNIST": str(missing)})
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
@@ -523,7 +523,7 @@ def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
     # The same global micro-batch of 32 (8 on each of 4 ranks, or 32 in one process), read in the same order: the
     # data pipeline shards with MindSpore's DistributedSampler, 1 shard in one process.
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
-    train = ["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--data", data,
+    train = ["train", "--model", "lenet5", "--accumulate-step", "2", "--batch-size", "32", "--data", data,
              "--no-eval", "--json", "--quiet"]
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     logs = two_node_msrun(str(tmp_path / "logs"), [ms_accum, *train, "--ckpt-dir", str(tmp_path / "nodes")])
@@ -542,7 +542,7 @@ def test_cli_train_on_two_nodes_equals_one_process(tmp_path):
 def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
     # --batch-size is the global micro-batch: 16 on each of 2 workers, then 32 in one process, the same 32 samples.
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
-    train = ["train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size", "32", "--data", data,
+    train = ["train", "--model", "lenet5", "--accumulate-step", "2", "--batch-size", "32", "--data", data,
              "--no-eval", "--json", "--quiet", "--save-every", "2"]
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"))
@@ -563,7 +563,7 @@ def test_cli_trains_your_model_under_msrun_as_one_process_on_the_global_batch(tm
     # (input_ids, attention_mask, token_type_ids, label) (fixtures/tokens.py), scored every 8 steps over both shards.
     fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
     env = {"PYTHONPATH": os.pathsep.join([fixtures, os.environ.get("PYTHONPATH", "")])}
-    train = ["train", "--model", "tokens:three_inputs", "--accumulate-steps", "2", "--batch-size", "16",
+    train = ["train", "--model", "tokens:three_inputs", "--accumulate-step", "2", "--batch-size", "16",
              "--eval-every", "8", "--json", "--quiet"]
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"), env=env)

@@ -162,7 +162,7 @@ def test_an_unknown_format_is_refused_naming_the_argument(capsys):
 
 def test_the_command_line_trains_to_safetensors_and_evaluates_it(tmp_path, capsys):
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=128, num_test=64)
-    argv = ["train", "--model", "mlp", "--accumulate-steps", "2", "--batch-size", "16", "--num-samples", "64",
+    argv = ["train", "--model", "mlp", "--accumulate-step", "2", "--batch-size", "16", "--num-samples", "64",
             "--data", data, "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-format", "safetensors", "--save-every", "1",
             "--quiet", "--json"]
     assert cli.main(argv) == 0

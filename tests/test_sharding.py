@@ -267,7 +267,7 @@ def test_cli_shard_optimizer_under_msrun_saves_every_parts_state(tmp_path):
     ckpt_dir = tmp_path / "ckpt"
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     log_dir = str(tmp_path / "logs")
-    proc = start_msrun(log_dir, [ms_accum, "train", "--model", "lenet5", "--accumulate-steps", "2", "--batch-size",
+    proc = start_msrun(log_dir, [ms_accum, "train", "--model", "lenet5", "--accumulate-step", "2", "--batch-size",
                                  "32", "--num-samples", "256", "--synthetic-fallback", "--shard-optimizer",
                                  "--save-every", "4", "--ckpt-dir", str(ckpt_dir), "--json", "--quiet", "--no-eval"],
                        env={"MS_ACCUM_MNIST": str(missing)}, port=free_port())

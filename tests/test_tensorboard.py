@@ -42,7 +42,7 @@ def test_the_learning_rate_is_the_one_each_update_used():
 
 def test_train_writes_its_figures_for_tensorboard(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(FIXTURES)
-    code = cli.main(["train", "--model", "tokens:three_inputs", "--accumulate-steps", "4", "--batch-size", "8",
+    code = cli.main(["train", "--model", "tokens:three_inputs", "--accumulate-step", "4", "--batch-size", "8",
                      "--ckpt-dir", str(tmp_path / "ckpt"), "--eval-every", "8", "--tensorboard", str(tmp_path / "tb"),
                      "--statistics", "--no-eval", "--json", "--quiet"])
     out, err = capsys.readouterr()

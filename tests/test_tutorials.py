@@ -173,7 +173,7 @@ def test_mnist_tutorials_without_mnist_say_what_to_do_in_one_line(tutorial, tmp_
 # sizes here; its default run and its memory figures are in the page.
 requires_shakespeare = pytest.mark.skipif(not os.path.isfile(SHAKESPEARE),
                                           reason="Tiny Shakespeare is not beside the checkout")
-TINY_BERT = ["--data", SHAKESPEARE, "--width", "32", "--layers", "1", "--micro-batch", "8", "--accumulate-steps", "4",
+TINY_BERT = ["--data", SHAKESPEARE, "--width", "32", "--layers", "1", "--micro-batch", "8", "--accumulate-step", "4",
              "--eval-pairs", "64"]
 
 
@@ -249,7 +249,7 @@ def test_finetune_bert_killed_and_resumed_ends_bit_identical(tmp_path):
 def test_finetune_bert_measures_k_x_b_below_the_global_batch(tmp_path):
     # Each configuration in a fresh process; K=8 x B=4 against one step of 32 pairs, at width 64 and 1 layer.
     out = run_finetune("--data", SHAKESPEARE, "--width", "64", "--layers", "1", "--micro-batch", "4",
-                       "--accumulate-steps", "8", "--measure", cwd=tmp_path)
+                       "--accumulate-step", "8", "--measure", cwd=tmp_path)
     peaks = dict(re.findall(r"^  (.+?) +peak +(\d+) MiB", out.stdout, re.M))
     assert len(peaks) == 4, out.stdout
     accumulated, global_step = int(peaks["ms_accum: K x B, GradientAccumulation"]), \

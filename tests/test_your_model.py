@@ -31,7 +31,7 @@ def run(capsys, *argv):
 
 
 def test_train_runs_the_executor_on_your_model_and_its_data_then_eval_reports_its_loss(signals, tmp_path, capsys):
-    code, summary, err = run(capsys, "train", "--model", "signals:build", "--accumulate-steps", "4", "--batch-size",
+    code, summary, err = run(capsys, "train", "--model", "signals:build", "--accumulate-step", "4", "--batch-size",
                              "16", "--structure", "fused", "--statistics", "--epochs", "2", "--ckpt-dir",
                              str(tmp_path))
     assert code == 0, err
@@ -80,7 +80,7 @@ def test_a_classifier_of_yours_is_evaluated_with_its_accuracy(signals, tmp_path,
 
 
 def test_a_summing_loss_of_yours_verifies_as_the_large_batch_sum(signals, capsys):
-    code, report, err = run(capsys, "verify", "--model", "signals:summing", "--accumulate-steps", "4",
+    code, report, err = run(capsys, "verify", "--model", "signals:summing", "--accumulate-step", "4",
                             "--batch-size", "4")
     assert code == 0 and report["passed"], (err, report)
 
@@ -147,9 +147,9 @@ def test_a_factory_of_several_columns_verifies_trains_and_evaluates(factory, tmp
     # four for a network that computes its own loss (the factory's loss_fn None).
     monkeypatch.syspath_prepend(FIXTURES)
     spec = f"tokens:{factory}"
-    code, report, err = run(capsys, "verify", "--model", spec, "--accumulate-steps", "4", "--batch-size", "4")
+    code, report, err = run(capsys, "verify", "--model", spec, "--accumulate-step", "4", "--batch-size", "4")
     assert code == 0 and report["passed"], (err, report)
-    code, summary, err = run(capsys, "train", "--model", spec, "--accumulate-steps", "4", "--batch-size", "8",
+    code, summary, err = run(capsys, "train", "--model", spec, "--accumulate-step", "4", "--batch-size", "8",
                              "--epochs", "3", "--ckpt-dir", str(tmp_path), "--eval-every", "20", "--keep-best", "loss")
     assert code == 0, err
     assert summary["optimizer_steps"] == 48  # 512 samples an epoch, windows of 4 x 8

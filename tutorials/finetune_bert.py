@@ -42,7 +42,7 @@ from ms_accum.train import distributed_launch  # noqa: E402
 
 # Configuration. Each value is a flag too (--help); the defaults train in a few minutes on 2 CPU cores.
 MICRO_BATCH = 16       # B: pairs per forward/backward on each rank, what fits in memory at once
-ACCUMULATE_STEPS = 4   # K: micro-batches per optimizer step; the update sees K x B = 64 pairs, BERT fine-tuning's size
+ACCUMULATE_STEP = 4   # K: micro-batches per optimizer step; the update sees K x B = 64 pairs, BERT fine-tuning's size
 EPOCHS = 1             # passes over the training pairs
 TRAIN_PAIRS = 12800    # pairs trained on (of 12,996 in Tiny Shakespeare): 200 updates of 64
 EVAL_PAIRS = 512       # held-out pairs scored at every validation (of 1,444), from plays the training never sees
@@ -285,7 +285,7 @@ def main(args):
     vocab, train_columns, eval_columns = prepare(args)
     train_data = dataset(train_columns, args.micro_batch, True, rank, ranks)
     eval_data = dataset(eval_columns, args.micro_batch, False, rank, ranks)  # larger batches: a larger eval graph
-    k = args.accumulate_steps
+    k = args.accumulate_step
     total_steps = args.epochs * math.ceil(train_data.get_dataset_size() / k)  # the schedule's clock: updates
     network, loss_fn, optimizer = build(args, vocab, total_steps)
     if rank == 0:
@@ -344,7 +344,7 @@ def measure_one(args, mode):
     windows of K x B, 2K plain steps of B, or two plain steps of K x B."""
     ms_accum.set_device(DEVICE)
     ds.config.set_seed(SEED)
-    k, b = args.accumulate_steps, args.micro_batch
+    k, b = args.accumulate_step, args.micro_batch
     vocab, train_columns, _ = prepare(args)
     network, loss_fn, optimizer = build(args, vocab, total_steps=2)
     batch = k * b if mode == "global_step" else b
@@ -366,7 +366,7 @@ def measure_one(args, mode):
 
 def measure(args, argv):
     """Each configuration in a fresh process (a process's peak only grows), then the comparison."""
-    k, b = args.accumulate_steps, args.micro_batch
+    k, b = args.accumulate_step, args.micro_batch
     print(f"peak resident memory (ru_maxrss) of a fresh process over the same {2 * k * b} pairs (two updates); "
           f"width {args.width}, {args.layers} layers, sequence {SEQ_LEN}, K={k}, B={b}")
     peak = {}
@@ -412,8 +412,8 @@ def parse(argv):
                                        "../shared/data/tinyshakespeare/input.txt beside the checkout)")
     parser.add_argument("--micro-batch", type=positive_int, default=MICRO_BATCH, metavar="B",
                         help=f"pairs per micro-batch on each rank (default {MICRO_BATCH})")
-    parser.add_argument("--accumulate-steps", type=positive_int, default=ACCUMULATE_STEPS, metavar="K",
-                        help=f"micro-batches per update (default {ACCUMULATE_STEPS})")
+    parser.add_argument("--accumulate-step", type=positive_int, default=ACCUMULATE_STEP, metavar="K",
+                        help=f"micro-batches per update (default {ACCUMULATE_STEP})")
     parser.add_argument("--epochs", type=positive_int, default=EPOCHS, help=f"default {EPOCHS}")
     parser.add_argument("--train-pairs", type=positive_int, default=TRAIN_PAIRS, metavar="N",
                         help=f"train on the first N pairs (default {TRAIN_PAIRS})")
