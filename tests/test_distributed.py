@@ -509,8 +509,8 @@ def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_
     assert refused.returncode != 0
     assert refused.stderr.strip().splitlines()[-1] == (  # the last line of the worker's traceback
         f"ms_accum.train.checkpoint.CheckpointError: Checkpoint '{state}' was saved with a global batch of 48 samples "
-        f"per update (mini_steps=3 x batch_size=8 x 2 rank(s)), but this run has 32 (mini_steps=4 x batch_size=8 x 1 "
-        f"rank(s)): resuming would not continue the same training; mini_steps=6 keeps it.")
+        f"per update (accumulate_step=3 x batch_size=8 x 2 rank(s)), but this run has 32 (accumulate_step=4 x "
+        f"batch_size=8 x 1 rank(s)): resuming would not continue the same training; mini_steps=6 keeps it.")
     resumed = single(tmp_path / "one", 6, state)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == [3, 4, 5, 6, 7, 8]

@@ -119,7 +119,7 @@ def test_saves_checkpoint_with_metadata(tmp_path):
                               ckpt_name="run", verbose=False, metadata={"model": "mlp"})
     assert result.checkpoint == os.path.join(str(tmp_path / "out"), "run.ckpt")
     params, meta = load_checkpoint(result.checkpoint)
-    assert meta["model"] == "mlp" and meta["step"] == 2 and meta["mini_steps"] == 2 and meta["epoch"] == 1
+    assert meta["model"] == "mlp" and meta["step"] == 2 and meta["accumulate_step"] == 2 and meta["epoch"] == 1
     for p in net.trainable_params():
         np.testing.assert_array_equal(params[p.name].asnumpy(), p.asnumpy())
 

@@ -143,13 +143,13 @@ def test_resume_true_without_a_state_starts_afresh(tmp_path):
 def test_resume_refuses_a_different_run(tmp_path):
     _train(tmp_path, save_every=1)
     latest = find_latest(str(tmp_path), "run")
-    saved = (f"Checkpoint '{latest}' was saved with a global batch of 16 samples per update (mini_steps=2 x "
+    saved = (f"Checkpoint '{latest}' was saved with a global batch of 16 samples per update (accumulate_step=2 x "
              f"batch_size=8 x 1 rank(s)), but this run has")
-    with raises_exactly(CheckpointError, f"{saved} 24 (mini_steps=3 x batch_size=8 x 1 rank(s)): resuming would not "
-                                         f"continue the same training; mini_steps=2 keeps it."):
+    with raises_exactly(CheckpointError, f"{saved} 24 (accumulate_step=3 x batch_size=8 x 1 rank(s)): resuming would "
+                                         f"not continue the same training; mini_steps=2 keeps it."):
         _train(tmp_path, resume=latest, mini_steps=3)
-    with raises_exactly(CheckpointError, f"{saved} 12 (mini_steps=2 x batch_size=6 x 1 rank(s)): resuming would not "
-                                         f"continue the same training; no mini_steps keeps it with batch_size=6 on 1 "
+    with raises_exactly(CheckpointError, f"{saved} 12 (accumulate_step=2 x batch_size=6 x 1 rank(s)): resuming would "
+                                         f"not continue the same training; no mini_steps keeps it with batch_size=6 on 1 "
                                          f"rank(s), as 16 is not a multiple of 6."):
         _train(tmp_path, resume=latest, batch=6)
     with raises_exactly(CheckpointError, f"Checkpoint '{tmp_path / 'run.ckpt'}' holds no training state to resume from "
@@ -169,7 +169,7 @@ def test_resume_with_another_micro_batch_and_k_keeping_the_global_batch(tmp_path
     assert resumed.resumed_from == state and [r.step for r in resumed.steps] == [4, 5, 6]
     assert [r.samples for r in resumed.steps] == [16, 16, 16]
     _, meta = load_checkpoint(find_latest(str(tmp_path / "cut"), "run"))
-    assert (meta["samples"], meta["batch"], meta["rank_batch_size"], meta["mini_steps"]) == (48, 12, 4, 4)
+    assert (meta["samples"], meta["batch"], meta["rank_batch_size"], meta["accumulate_step"]) == (48, 12, 4, 4)
     whole, _ = load_checkpoint(str(tmp_path / "whole" / "run.ckpt"))
     got, _ = load_checkpoint(str(tmp_path / "cut" / "run.ckpt"))
     for name, value in whole.items():

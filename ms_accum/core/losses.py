@@ -149,7 +149,7 @@ def window_reduction(loss_fn: Optional[nn.Cell], reduction: Optional[str]) -> st
         raise ArgumentValueError(
             "{reduction:subject} must be 'sum' or None for a loss_fn that sums over its batch ({name} with reduction "
             "'sum'), but got '{reduction2}': a window of K sums divided by its samples is 1/K of the large batch's "
-            "update. Leave {reduction} out, or build the loss with {reduction=}.", name=type(loss_fn).__name__,
+            "update. Leave {reduction:name} out, or build the loss with {reduction=}.", name=type(loss_fn).__name__,
             reduction2=reduction, reduction='mean')
     return reduction
 

@@ -57,8 +57,9 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
                                  "so the update would equal no large-batch step.", skip_outliers2=skip_outliers,
                                  structure='cached')
     if statistics or noise_scale:
-        raise ArgumentValueError("the arguments {statistics:name} and {noise_scale:name} must {_false} with {structure=}, but "
-                                 "got {statistics=}, {noise_scale=}: a micro-batch's gradient here is its share of "
+        raise ArgumentValueError("the arguments {statistics:name} and {noise_scale:name} must {_false} with "
+                                 "{structure=}, but got {statistics=}, {noise_scale=}: a micro-batch's gradient here "
+                                 "is its share of "
                                  "one window loss, not a gradient of a loss of its own, and its norm says nothing "
                                  "about the gradient noise.", statistics=statistics, noise_scale=noise_scale,
                                  structure='cached')

@@ -21,7 +21,7 @@ STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 # Before ms_accum 0.2 the executor's buffer was named "grad_sum" (the Accumulator's "accumulate"): such files load
 # under today's one name.
 _OLD_BUFFER_PREFIX, _BUFFER_PREFIX = "grad_sum.", "accumulate."
-# Settings a resumed run must share exactly. The layout (mini_steps, rank_batch_size, world_size, num_batches) may
+# Settings a resumed run must share exactly. The layout (accumulate_step, rank_batch_size, world_size, num_batches) may
 # change as long as the global batch per update and the samples per epoch stay.
 _SAME = ("partial_window", "data_seed")
 
@@ -71,7 +71,7 @@ class StateCheckpoints:
     def resume(self, resume: Union[bool, str, os.PathLike, None], epochs: int) -> Tuple[Position, Optional[str]]:
         """Loads the file `resume` names (``True``: the newest readable one, if any); returns where it left off.
 
-        The file may come from a run on another number of ranks, with another `mini_steps` and micro-batch size,
+        The file may come from a run on another number of ranks, with another K and micro-batch size,
         if every update still sees the same global batch and an epoch the same samples: the position, kept in
         global samples, is then converted to this run's batches. The data order is the same when every rank reads
         its shard through MindSpore's `DistributedSampler` (`num_shards`, `shard_id`; a single process with
@@ -94,11 +94,13 @@ class StateCheckpoints:
                                       saved=Setting(key, meta.get(key)),
                                       this=Setting(key, self.run[key]))
         # Files of format 1 lack the per-rank batch size and world size: theirs were this run's, or it is refused.
-        saved = {**self.run, **{key: meta[key] for key in ("mini_steps", "num_batches", "rank_batch_size", "world_size",
-                                                           "global_micro_batch") if key in meta}}
+        saved = {**self.run, **{key: meta[key] for key in ("accumulate_step", "num_batches", "rank_batch_size",
+                                                           "world_size", "global_micro_batch") if key in meta}}
+        if "mini_steps" in meta:  # files before 1.0 said K as train_process's argument (and the CLI's own K beside)
+            saved["accumulate_step"] = meta["mini_steps"]
         if "global_micro_batch" not in meta:  # an older file: its batches were equal on every rank
             saved.pop("global_micro_batch")
-        saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['mini_steps']) * _per_batch(saved)}")
+        saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['accumulate_step']) * _per_batch(saved)}")
         self.history = _pairs(meta.get("batch_history", ""))
         self.windows = _runs(meta.get("batch_windows", ""))
         position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
@@ -237,9 +239,10 @@ def _per_batch(run: Dict[str, MetaValue]) -> int:
 def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
     """Refuses a resume whose fixed global batch per update differs from the saved run's."""
     def layout(run):
-        return Layout(int(run["mini_steps"]), int(run["rank_batch_size"]), int(run["world_size"]))
+        return Layout(int(run["accumulate_step"]), int(run["rank_batch_size"]), int(run["world_size"]))
 
-    saved_batch, batch = int(saved["mini_steps"]) * _per_batch(saved), int(run["mini_steps"]) * _per_batch(run)
+    saved_batch = int(saved["accumulate_step"]) * _per_batch(saved)
+    batch = int(run["accumulate_step"]) * _per_batch(run)
     if saved_batch != batch:
         if saved_batch % _per_batch(run) == 0:
             keeps = Message("{mini_steps=} keeps it", mini_steps=saved_batch // _per_batch(run))

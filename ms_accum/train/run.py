@@ -62,7 +62,7 @@ class Run:
         self.num_batches = self._check(checkpoints)
         # Global samples in one micro-batch of every rank; the ranks' micro-batches may differ in size.
         self.per_batch = (dataset.get_batch_size() if parallel is None else sum(gather_ints(dataset.get_batch_size())))
-        settings = {"mini_steps": schedule.fixed or 0, "global_batches": schedule.global_batches(self.per_batch),
+        settings = {"accumulate_step": schedule.fixed or 0, "global_batches": schedule.global_batches(self.per_batch),
                     "partial_window": partial_window, "num_batches": self.num_batches,
                     "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
                     "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch}
@@ -184,7 +184,7 @@ class Run:
             self._score(last)
         if self.checkpoints is not None and self.writes:
             given = self.checkpoints
-            meta = {"epoch": self.epoch, "step": self.position.step, "mini_steps": self.schedule.fixed or 0,
+            meta = {"epoch": self.epoch, "step": self.position.step, "accumulate_step": self.schedule.fixed or 0,
                     "global_batches": self.settings["global_batches"], **(given.metadata or {})}
             path = os.path.join(os.fspath(given.directory), f"{given.name}.{given.format}")
             self.result.checkpoint = self.states.save(network, path, meta)
