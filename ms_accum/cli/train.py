@@ -135,8 +135,8 @@ def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation
     bar unless `quiet`, each step written for TensorBoard by `board` (`_tensorboard`'s); its result."""
     from ..train.options import LogOptions
     from ..train.windows import count_windows
-    mini_steps = args.accumulate_schedule or args.accumulate_step
-    windows = count_windows(job.dataset.get_dataset_size(), args.epochs, mini_steps, args.batch_size,
+    k = args.accumulate_schedule or args.accumulate_step
+    windows = count_windows(job.dataset.get_dataset_size(), args.epochs, k, args.batch_size,
                             args.partial_window)
     with _progress(windows, f"train {label}", quiet) as bar:
         def on_step(record):
@@ -147,7 +147,7 @@ def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation
             if board is not None:
                 board(record)
         try:
-            return executor.train_process(args.epochs, job.dataset, mini_steps, partial_window=args.partial_window,
+            return executor.train_process(args.epochs, job.dataset, k, partial_window=args.partial_window,
                                           checkpoints=checkpoints, log=LogOptions(verbose=False, on_step=on_step),
                                           **validation)
         finally:

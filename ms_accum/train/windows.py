@@ -30,12 +30,12 @@ class Position:
 
 
 @door("count_windows")
-def count_windows(num_batches: int, epochs: int, mini_steps: ScheduleLike, per_batch: int,
+def count_windows(num_batches: int, epochs: int, accumulate_step: ScheduleLike, per_batch: int,
                   partial_window: str = "apply") -> int:
     """The optimizer steps of `epochs` epochs of `num_batches` batches of `per_batch` global samples, K following
-    `mini_steps` (an int or a schedule, `ms_accum.train.schedule`), as `train_process` trains them: a partial last
-    window of an epoch counts when it is applied (``partial_window="apply"``), not when it is dropped."""
-    schedule = AccumulationSchedule(mini_steps)
+    `accumulate_step` (an int or a schedule, `ms_accum.train.schedule`), as `train_process` trains them: a partial
+    last window of an epoch counts when it is applied (``partial_window="apply"``), not when it is dropped."""
+    schedule = AccumulationSchedule(accumulate_step, arg_name="accumulate_step")
     return sum(size == k or partial_window == "apply"
                for k, size, _ in _planned_windows(epochs, num_batches, schedule, per_batch, Position()))
 
