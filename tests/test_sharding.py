@@ -124,9 +124,8 @@ def test_a_factory_builds_what_ms_accum_does_not_and_its_state_is_checked():
                                     "the argument 'optimizer' keeps for that parameter."):
         local_optimizer(whole, [0, 3], lambda p: nn.RMSProp(p, 0.01))  # not centered: no mean_grad
     with raises_exactly(ValueError, "the argument 'shard_optimizer' must build the optimizer's class with its "
-                                    "settings and a new state, but the optimizer it built holds 'learning_rate' = "
-                                    "0.019999999552965164 where the argument 'optimizer' holds 0.009999999776482582 "
-                                    "(to continue a run, resume from its training state)."):
+                                    "settings, but the optimizer it built holds 'learning_rate' = 0.019999999552965164 "
+                                    "where the argument 'optimizer' holds 0.009999999776482582."):
         local_optimizer(whole, [0, 3], lambda p: nn.RMSProp(p, 0.02, centered=True))
     with raises_exactly(ValueError, "the argument 'shard_optimizer' must build an optimizer over the parameters it "
                                     "is given, in their order, but it was given ['0.weight', '1.beta'] and built one "
@@ -170,6 +169,12 @@ def test_an_optimizer_that_cannot_be_sharded_is_refused_with_the_reason():
                                     "it updates 6 parameters, and a rank would own none (whole parameters are shared "
                                     "out)."):
         check_shardable(nn.SGD(params), 8, True)
+    stepped_once = nn.SGD(params)
+    stepped_once(tuple(Tensor(np.ones(p.shape, np.float32)) for p in params))
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer after it has "
+                                    "stepped (1 steps): each rank's optimizer starts from a new state; resume from "
+                                    "the run's training-state file instead."):
+        check_shardable(stepped_once, 2, True)
 
 
 def _train(shard_optimizer):

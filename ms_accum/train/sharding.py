@@ -161,6 +161,11 @@ def check_shardable(optimizer: nn.Optimizer, ranks: int,
         raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer over {ranks} "
                                  f"ranks: it updates {len(optimizer.parameters)} parameters, and a rank would own "
                                  f"none (whole parameters are shared out).")
+    steps = optimizer.global_step.asnumpy().item()
+    if steps:  # each rank's optimizer starts from a new state, as `optimizer` was built
+        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer after it has "
+                                 f"stepped ({steps} steps): each rank's optimizer starts from a new state; resume "
+                                 f"from the run's training-state file instead.")
     if shard_optimizer is not True:
         return shard_optimizer
     kind = type(optimizer)
@@ -200,9 +205,8 @@ def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int], factory: Opti
                                      f"'optimizer' does not hold (with shape {mine.shape}, {mine.dtype}).")
         if mine is not given and mine.size == 1 and given.asnumpy().item() != mine.asnumpy().item():
             raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
-                                     f"settings and a new state, but the optimizer it built holds '{name}' = "
-                                     f"{mine.asnumpy().item()} where the argument 'optimizer' holds "
-                                     f"{given.asnumpy().item()} (to continue a run, resume from its training state).")
+                                     f"settings, but the optimizer it built holds '{name}' = {mine.asnumpy().item()} "
+                                     f"where the argument 'optimizer' holds {given.asnumpy().item()}.")
     state = _state(optimizer)
     missing = [p.name for p in optimizer.get_parameters() if id(p) in state and p.name.partition(".")[2] in own
                and p.name not in held]
