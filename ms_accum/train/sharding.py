@@ -10,6 +10,7 @@ which a MindSpore optimizer, built over Parameters, cannot.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
@@ -36,6 +37,31 @@ REBUILT: Dict[type, Tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class RankPart:
+    """
+    This rank's part of the optimizer (`rank_part`).
+
+    Args:
+        owners (tuple[int]): The rank that owns each of the optimizer's parameters (`partition`).
+        owned (tuple[int]): The indices of this rank's.
+        rank (int): This rank.
+        optimizer (nn.Optimizer): The rank's optimizer over its parameters (`local_optimizer`).
+    """
+
+    owners: Tuple[int, ...]
+    owned: Tuple[int, ...]
+    rank: int
+    optimizer: nn.Optimizer
+
+
+def rank_part(optimizer: nn.Optimizer, parallel: DataParallelInfo, factory: OptimizerFactory) -> RankPart:
+    """This rank's part of `optimizer`, its optimizer built by `factory` (`check_shardable` gives it)."""
+    owners = partition([p.size for p in optimizer.parameters], parallel.group_size)
+    owned = tuple(i for i, owner in enumerate(owners) if owner == parallel.rank)
+    return RankPart(owners, owned, parallel.rank, local_optimizer(optimizer, owned, factory))
+
+
 class ShardedCloser(Closer):
     """
     The closer of a data-parallel rank that keeps the optimizer state of its own part of the parameters only
@@ -47,16 +73,11 @@ class ShardedCloser(Closer):
 
     Args:
         parts (Parts): What the executor trains.
-        parallel (DataParallelInfo): This rank and the number of ranks.
-        factory (Callable[[list[Parameter]], nn.Optimizer]): What builds the rank's optimizer over its part
-            (`check_shardable` gives it).
+        shard (RankPart): This rank's part of the optimizer.
     """
 
-    def __init__(self, parts: Parts, parallel: DataParallelInfo, factory: OptimizerFactory) -> None:
-        self.owners = partition([p.size for p in parts.optimizer.parameters], parallel.group_size)
-        self.owned = tuple(i for i, owner in enumerate(self.owners) if owner == parallel.rank)
-        self.rank = parallel.rank
-        self.part = local_optimizer(parts.optimizer, self.owned, factory)
+    def __init__(self, parts: Parts, shard: RankPart) -> None:
+        self.owners, self.owned, self.rank, self.part = shard.owners, shard.owned, shard.rank, shard.optimizer
         super().__init__(parts)
         self.param_buckets = in_buckets(parts.optimizer.parameters)
 
