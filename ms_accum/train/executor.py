@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
-from mindspore import nn
+from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 
 from .._choices import AUTO_STRUCTURE, STRUCTURES
@@ -23,7 +23,7 @@ from .recompute import recompute_cells
 from .records import TrainResult
 from .run import Run
 from .schedule import AccumulationSchedule, ScheduleLike
-from .sharding import ShardedCloser, check_shardable
+from .sharding import RankPart, ShardedCloser, check_shardable, rank_part
 from .validation import Validation
 from .structures import Closer, Parts, Structure, structure_class
 
@@ -63,11 +63,15 @@ class GradientAccumulation:
             stop. Default: ``GuardOptions()``, skip the window, go on.
         statistics (StatisticsOptions, optional): Gradient norms, noise scale and outliers measured in the graph
             (docs/statistics.md). Default: ``StatisticsOptions()``, none.
-        shard_optimizer (bool): In data parallel, each rank keeps the optimizer state of its own part of the
-            parameters (whole parameters, balanced by size) and steps that part; the updated parameters are then
-            gathered, so every rank holds the same network and each update is the unsharded one
-            (`ms_accum.train.sharding`, docs/data-parallel.md). Training-state files are the same as unsharded ones.
-            In one process it changes nothing, and says so. Default: ``False``.
+        shard_optimizer (Union[bool, Callable[[list[Parameter]], nn.Optimizer]]): In data parallel, each rank keeps
+            the optimizer state of its own part of the parameters (whole parameters, balanced by size) and steps that
+            part; the updated parameters are then gathered, so every rank holds the same network and each update is
+            the unsharded one (`ms_accum.train.sharding`, docs/data-parallel.md). Training-state files are the same
+            as unsharded ones. ``True``: ms_accum builds each rank's optimizer, for `nn.Momentum`, `nn.SGD`,
+            `nn.Adam` and `nn.AdamWeightDecay` (`ms_accum.train.sharding.REBUILT`). Another optimizer whose state is
+            per parameter: a factory ``params -> optimizer`` that builds your optimizer's class over the list of
+            Parameters it is given (a rank's, in your optimizer's order), with each one's settings as in
+            `optimizer`. In one process it changes nothing, and says so. Default: ``False``.
         deprecated: The keywords of 0.3 (`clip_norm`, `reduction`, `policy`, `loss_scaler`, `statistics=True`, ...,
             `ms_accum.deprecation.EXECUTOR_KEYWORDS`), with a `DeprecationWarning`, until 2.0.0; ``recompute=[...]``
             is `ms_accum.recompute_cells`.
@@ -78,14 +82,15 @@ class GradientAccumulation:
         ValueError: If `clip_norm` is not positive, or `reduction`, `structure` or `policy` is unknown, or
             `optimizer` updates a Parameter that is not `network`'s, or `loss_fn` does not reduce to a scalar
             (``reduction="none"``), or `loss_fn` sums and `reduction` asks for a mean, or MindSpore's parallel mode is
-            neither stand-alone nor data parallel, or `shard_optimizer` is set in data parallel with an optimizer
-            ms_accum cannot rebuild over a rank's part (`ms_accum.train.sharding.SHARDABLE`).
+            neither stand-alone nor data parallel, or `shard_optimizer` is True in data parallel with an optimizer
+            ms_accum does not rebuild (`ms_accum.train.sharding.REBUILT`), or its factory builds an optimizer that
+            does not hold the same state as `optimizer`.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
 
     Examples:
-        >>> from mindspore import nn
+        >>> from mindspore import Parameter, nn
         >>> from ms_accum import GradientAccumulation
         >>> from ms_accum.demo.models import LeNet5
         >>> net = LeNet5()
@@ -97,7 +102,8 @@ class GradientAccumulation:
     @door("GradientAccumulation")
     def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, *,
                  structure: str = "auto", window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
-                 statistics: Optional[StatisticsOptions] = None, shard_optimizer: bool = False,
+                 statistics: Optional[StatisticsOptions] = None,
+                 shard_optimizer: Union[bool, Callable[[List[Parameter]], nn.Optimizer]] = False,
                  **deprecated) -> None:
         check_cpu_kernels()
         recompute = deprecated.pop("recompute", None)
@@ -123,7 +129,10 @@ class GradientAccumulation:
             raise ArgumentValueError("{noise_scale:subject} needs the window's mean (reduction 'mean' or "
                                      "'weighted_mean'), but got reduction 'sum'.")
         self.parallel = data_parallel_info()  # None when stand-alone
-        sharded = _sharded(check_isinstance(shard_optimizer, "shard_optimizer", bool), self.parallel, optimizer)
+        # Built before the buffer: the part's state, cloned from the parameters, then comes before the buffer's in
+        # memory; built after it, a 2-rank run of the 192 MiB MLP peaked 0.07x the parameters higher (measured,
+        # docs/data-parallel.md).
+        shard = _sharded(shard_optimizer, self.parallel, optimizer)
         if recompute is not None:
             warn_deprecated("ms_accum.GradientAccumulation(recompute=...)", stacklevel=3)  # this, its door, the user
             recompute_cells(network, recompute, arg_name="recompute")
@@ -135,7 +144,7 @@ class GradientAccumulation:
                                          reduce_on_host=True)
         parts = Parts(network, loss_fn, with_loss(network, loss_fn), optimizer, self.buffer, window.clip_norm,
                       self.dropout, "network" if loss_fn is None else "loss_fn")
-        closer = ShardedCloser(parts, self.parallel) if sharded else Closer(parts)
+        closer = Closer(parts) if shard is None else ShardedCloser(parts, shard)
         self._structure: Structure = kind(parts, closer)
         self.parts, self.state = parts, closer.training_state(parts)  # what it trains; what training-state files hold
         self.network, self.loss_fn = network, loss_fn
@@ -276,19 +285,21 @@ def _validation(eval_dataset: Optional[Dataset], eval_every) -> Optional[Tuple[D
     return eval_dataset, Validation(every=2 ** 62 if eval_every is None else eval_every)
 
 
-def _sharded(shard_optimizer: bool, parallel: Optional[DataParallelInfo], optimizer: nn.Optimizer) -> bool:
-    """Whether the optimizer state is sharded: asked for, on more than one rank, and refused before anything is built
-    for an optimizer that cannot be."""
-    if not shard_optimizer:
-        return False
+def _sharded(shard_optimizer, parallel: Optional[DataParallelInfo], optimizer: nn.Optimizer) -> Optional[RankPart]:
+    """This rank's part of the optimizer when its state is sharded (asked for, on more than one rank), else None; an
+    optimizer that cannot be sharded so is refused before anything is built."""
+    if not isinstance(shard_optimizer, bool) and not callable(shard_optimizer):
+        raise ArgumentTypeError(f"the argument 'shard_optimizer' must be bool or a factory params -> optimizer, but "
+                                f"got {shard_optimizer!r} of type {type(shard_optimizer).__name__}.")
+    if shard_optimizer is False:
+        return None
     if parallel is None:
         warnings.warn("shard_optimizer=True changes nothing in one process, which holds all the optimizer state: "
                       "start the script with msrun and call ms_accum.init_data_parallel() first "
                       "(docs/data-parallel.md).",
                       UserWarning, stacklevel=4)
-        return False
-    check_shardable(optimizer, parallel.group_size)
-    return True
+        return None
+    return rank_part(optimizer, parallel, check_shardable(optimizer, parallel.group_size, shard_optimizer))
 
 
 def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer) -> None:

@@ -2,37 +2,70 @@
 the parameters and steps only that part; the updated parameters are then gathered (docs/data-parallel.md, sharding).
 
 The partition is of whole parameters, balanced by size, as PyTorch's `ZeroRedundancyOptimizer` makes it: a rank's part
-is then a list of Parameters, so its optimizer is the user's own class built over them, with each parameter's learning
-rate, weight decay and schedule, and every update is the unsharded one bit for bit. Flat slices would need the
-optimizer to run on views of a flat buffer, which a MindSpore optimizer, built over Parameters, cannot.
+is then a list of Parameters, and its optimizer is the user's own class built over them, by the user's factory
+(``shard_optimizer=params -> optimizer``) or, for the classes of `REBUILT`, by ms_accum from their public attributes.
+That optimizer keeps its own state, named as the user's optimizer names it, so every update is the unsharded one bit
+for bit and the files are the unsharded ones. Flat slices would need the optimizer to run on views of a flat buffer,
+which a MindSpore optimizer, built over Parameters, cannot.
 """
 from __future__ import annotations
 
-import gc
-import inspect
-from typing import Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
-from .._validation import ArgumentValueError
+from .._validation import ArgumentTypeError, ArgumentValueError
 from ..core.buffer import AccumulationBuffer
 from ..core.parallel import DataParallelInfo, in_buckets
 from ..graphs.cells import TrainingState, _BufferCell
 from .distributed import all_reduce_sum
 from .structures.base import Closer, Parts
 
+OptimizerFactory = Callable[[List[Parameter]], nn.Optimizer]
 
-# The optimizers ms_accum rebuilds over a rank's part, each checked to step exactly as the whole one
-# (tests/test_sharding.py). Another class may keep state across parameters or arguments it cannot read back.
-SHARDABLE = (nn.Momentum, nn.SGD, nn.Adam, nn.AdamWeightDecay)
-_OWN_ARGS = ("params", "learning_rate", "weight_decay")  # rebuilt from the optimizer's per-parameter state
+# The optimizers ms_accum rebuilds over a rank's part without a factory, each checked to step exactly as the whole one
+# (tests/test_sharding.py): their constructor arguments beside the parameters, the learning rate and the weight decay,
+# read back from the public attributes of the same names (a Tensor or Parameter as its number).
+REBUILT: Dict[type, Tuple[str, ...]] = {
+    nn.Momentum: ("momentum", "use_nesterov", "loss_scale"),
+    nn.SGD: ("momentum", "dampening", "nesterov", "loss_scale"),
+    nn.Adam: ("beta1", "beta2", "eps", "use_locking", "use_nesterov", "use_amsgrad", "loss_scale"),
+    nn.AdamWeightDecay: ("beta1", "beta2", "eps"),
+}
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """
+    This rank's part of the optimizer (`rank_part`).
+
+    Args:
+        owners (tuple[int]): The rank that owns each of the optimizer's parameters (`partition`).
+        owned (tuple[int]): The indices of this rank's.
+        rank (int): This rank.
+        optimizer (nn.Optimizer): The rank's optimizer over its parameters (`local_optimizer`).
+    """
+
+    owners: Tuple[int, ...]
+    owned: Tuple[int, ...]
+    rank: int
+    optimizer: nn.Optimizer
+
+
+def rank_part(optimizer: nn.Optimizer, parallel: DataParallelInfo, factory: OptimizerFactory) -> RankPart:
+    """This rank's part of `optimizer`, its optimizer built by `factory` (`check_shardable` gives it)."""
+    owners = partition([p.size for p in optimizer.parameters], parallel.group_size)
+    owned = tuple(i for i, owner in enumerate(owners) if owner == parallel.rank)
+    return RankPart(owners, owned, parallel.rank, local_optimizer(optimizer, owned, factory))
 
 
 class ShardedCloser(Closer):
     """
     The closer of a data-parallel rank that keeps the optimizer state of its own part of the parameters only
-    (``GradientAccumulation(..., shard_optimizer=True)``): the window is reduced and checked as everywhere, then this
+    (``GradientAccumulation(..., shard_optimizer=...)``): the window is reduced and checked as everywhere, then this
     rank's optimizer, the user's class built over its part (`local_optimizer`), steps that part while the parameters
     of the other parts are zeroed, and every parameter is all-reduced in place, in buckets as the buffer was: the
     sum is its owner's value, exactly (x + 0 = x). The gather reuses the reduction's graphs and memory, where a
@@ -40,14 +73,11 @@ class ShardedCloser(Closer):
 
     Args:
         parts (Parts): What the executor trains.
-        parallel (DataParallelInfo): This rank and the number of ranks.
+        shard (RankPart): This rank's part of the optimizer.
     """
 
-    def __init__(self, parts: Parts, parallel: DataParallelInfo) -> None:
-        self.owners = partition([p.size for p in parts.optimizer.parameters], parallel.group_size)
-        self.owned = tuple(i for i, owner in enumerate(self.owners) if owner == parallel.rank)
-        self.rank = parallel.rank
-        self.part = local_optimizer(parts.optimizer, self.owned)
+    def __init__(self, parts: Parts, shard: RankPart) -> None:
+        self.owners, self.owned, self.rank, self.part = shard.owners, shard.owned, shard.rank, shard.optimizer
         super().__init__(parts)
         self.param_buckets = in_buckets(parts.optimizer.parameters)
 
@@ -88,8 +118,8 @@ class ShardedState(nn.Cell):
     `contents` gives what a file holds, every part's optimizer state gathered from its owner, all ranks taking part.
 
     Args:
-        whole (TrainingState): The unsharded state, whose names and order files keep (nothing of it is read but what
-            this rank holds).
+        whole (TrainingState): The unsharded state, whose names and order files keep. Of its optimizer's state, only
+            what no part holds is read (another group's learning rate, the same on every rank).
         closer (ShardedCloser): This rank's part.
     """
 
@@ -97,10 +127,19 @@ class ShardedState(nn.Cell):
         super().__init__(auto_prefix=False)
         self.network, self.optimizer, self.window_state = whole.network, closer.part, whole.window_state
         self.dropout = whole.dropout
-        owner = {id(state[i]): closer.owners[i] for state in _per_parameter(whole.optimizer)
-                 for i in range(len(state))}
-        # (name, the Parameter, its owner, or None for what every rank holds), in the files' order.
-        self.entries = [(param.name, param, owner.get(id(param))) for param in whole.get_parameters()]
+        trained = {param.name: i for i, param in enumerate(whole.optimizer.parameters)}
+        state = _state(whole.optimizer)
+        held = {param.name: param for param in closer.part.get_parameters()}
+        # (name, the Parameter, its owner, or None for what every rank holds), in the files' order: of the optimizer's
+        # state, the part's own under the same name, the per-parameter state owned as its parameter is.
+        self.entries = []
+        for param in whole.get_parameters():
+            owner = None
+            if id(param) in state:
+                index = trained.get(param.name.partition(".")[2])
+                owner = None if index is None else closer.owners[index]
+                param = held.get(param.name, param)
+            self.entries.append((param.name, param, owner))
         self.rank = closer.rank
 
     def contents(self) -> List[dict]:
@@ -119,13 +158,6 @@ class ShardedState(nn.Cell):
         return saved
 
 
-def _per_parameter(optimizer: nn.Optimizer) -> List[ParameterTuple]:
-    """The optimizer's state tuples that hold one tensor per parameter (moments), beside the parameters themselves."""
-    trained = {id(p) for p in optimizer.parameters}
-    return [value for name, value in vars(optimizer).items() if isinstance(value, ParameterTuple)
-            and name != "learning_rate" and len(value) == len(trained) and not any(id(p) in trained for p in value)]
-
-
 def partition(sizes: Sequence[int], ranks: int) -> Tuple[int, ...]:
     """The rank that owns each parameter, from the parameters' `sizes`: the largest first, each to the rank that holds
     the fewest elements so far (the lowest such rank on a tie), so every rank computes the same partition."""
@@ -138,126 +170,128 @@ def partition(sizes: Sequence[int], ranks: int) -> Tuple[int, ...]:
     return tuple(owners)
 
 
-def check_shardable(optimizer: nn.Optimizer, ranks: int) -> None:
-    """Refuses, with the reason, an optimizer that ms_accum cannot rebuild over a rank's part of the parameters."""
-    kind = type(optimizer)
-    if kind not in SHARDABLE:
-        names = ", ".join(f"nn.{k.__name__}" for k in SHARDABLE)
-        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer=True: ms_accum "
-                                 f"rebuilds {names} over each rank's parameters, but got {kind.__name__}, which may "
-                                 f"keep state across parameters or take arguments it cannot read back.")
+def check_shardable(optimizer: nn.Optimizer, ranks: int,
+                    shard_optimizer: Union[bool, OptimizerFactory]) -> OptimizerFactory:
+    """What builds each rank's optimizer: `shard_optimizer` itself if it is a factory, else (True) ms_accum's rebuild
+    of `optimizer`'s class (`REBUILT`); refuses, with the reason, an optimizer that cannot be sharded so."""
     for flag in ("use_lazy", "use_offload"):
         if getattr(optimizer, flag, False):
-            raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer=True: it was "
-                                     f"built with {flag}=True, whose state does not live in its Parameters.")
+            raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer: it was built "
+                                     f"with {flag}=True, whose state does not live in its Parameters.")
     if len(optimizer.parameters) < ranks:
-        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer=True over {ranks} "
+        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer over {ranks} "
                                  f"ranks: it updates {len(optimizer.parameters)} parameters, and a rank would own "
                                  f"none (whole parameters are shared out).")
-
-
-def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int]) -> nn.Optimizer:
-    """`optimizer`'s class built over the parameters at `owned` (indices into `optimizer.parameters`), with their
-    learning rates, weight decays and schedules, and holding `optimizer`'s own state Parameters for them (moments,
-    step count, learning rate): the part steps as the whole would, its state is saved under the same names, and the
-    state of the other parameters, never touched, is never resident."""
+    steps = optimizer.global_step.asnumpy().item()
+    if steps:  # each rank's optimizer starts from a new state, as `optimizer` was built
+        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer after it has "
+                                 f"stepped ({steps} steps): each rank's optimizer starts from a new state; resume "
+                                 f"from the run's training-state file instead.")
+    if shard_optimizer is not True:
+        return shard_optimizer
     kind = type(optimizer)
+    if kind not in REBUILT:
+        names = ", ".join(f"nn.{k.__name__}" for k in REBUILT)
+        raise ArgumentValueError(f"the argument 'shard_optimizer' must be a factory params -> optimizer that builds "
+                                 f"your {kind.__name__} over a rank's parameters: ms_accum rebuilds {names} by "
+                                 f"itself, but got True.")
+    if optimizer.dynamic_weight_decay:
+        raise ArgumentValueError(f"the argument 'shard_optimizer' must be a factory params -> optimizer that builds "
+                                 f"your {kind.__name__} over a rank's parameters when its weight decay is a Cell (a "
+                                 f"schedule, which ms_accum does not read back), but got True.")
+    arguments = {name: _number(getattr(optimizer, name)) for name in REBUILT[kind]}
+    return lambda params: _rebuild(optimizer, params, arguments)
+
+
+def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int], factory: OptimizerFactory) -> nn.Optimizer:
+    """`factory`'s optimizer over the parameters at `owned` (indices into `optimizer.parameters`), checked to hold
+    state of `optimizer`'s only, under the same names: each file then holds the unsharded state and loads into it."""
     params = [optimizer.parameters[i] for i in owned]
-    arguments = {name: value for name, value in _hyperparameters(optimizer).items() if name not in _OWN_ARGS}
-    if optimizer.is_group:
-        (learning_rate, params), weight_decay = _groups(optimizer, owned), 0.0
-    else:
-        learning_rate, weight_decay = _rate(optimizer.learning_rate), _decay(optimizer, optimizer.weight_decay)
-    part = kind(params, learning_rate=learning_rate, weight_decay=weight_decay, **arguments)
-    built = {id(param) for param in part.get_parameters()}
-    _share_state(part, optimizer, owned)
-    _forget_clones([optimizer.parameters[i] for i in owned], built - {id(param) for param in part.get_parameters()})
+    part = factory(list(params))
+    if not isinstance(part, nn.Optimizer):
+        raise ArgumentTypeError(f"the argument 'shard_optimizer' must return an nn.Optimizer, but returned {part!r} "
+                                f"of type {type(part).__name__}.")
+    if [id(param) for param in part.parameters] != [id(param) for param in params]:
+        raise ArgumentValueError(f"the argument 'shard_optimizer' must build an optimizer over the parameters it is "
+                                 f"given, in their order, but it was given {[p.name for p in params]} and built one "
+                                 f"over {[p.name for p in part.parameters]}.")
+    theirs = {param.name: param for param in optimizer.get_parameters()}
+    held = {param.name: param for param in part.get_parameters()}
+    own = {param.name for param in params}
+    for name in sorted(held.keys() - own):
+        mine, given = held[name], theirs.get(name)
+        if given is None or given.shape != mine.shape or given.dtype != mine.dtype:
+            raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
+                                     f"settings, but the optimizer it built holds '{name}', which the argument "
+                                     f"'optimizer' does not hold (with shape {mine.shape}, {mine.dtype}).")
+        if mine is not given and mine.size == 1 and given.asnumpy().item() != mine.asnumpy().item():
+            raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
+                                     f"settings, but the optimizer it built holds '{name}' = {mine.asnumpy().item()} "
+                                     f"where the argument 'optimizer' holds {given.asnumpy().item()}.")
+    state = _state(optimizer)
+    missing = [p.name for p in optimizer.get_parameters() if id(p) in state and p.name.partition(".")[2] in own
+               and p.name not in held]
+    if missing:
+        raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
+                                 f"settings, but the optimizer it built does not hold '{missing[0]}', which the "
+                                 f"argument 'optimizer' keeps for that parameter.")
     return part
 
 
-def _hyperparameters(optimizer: nn.Optimizer) -> Dict[str, object]:
-    """The optimizer's constructor arguments: as MindSpore recorded them (`init_args`), else read back from the
-    attributes of the same names (`AdamWeightDecay` records none)."""
-    recorded = getattr(optimizer, "init_args", None)
-    if recorded is not None:
-        arguments = dict(recorded)
-        arguments.update(arguments.pop("kwargs", {}))  # Adam's **kwargs, recorded as one argument
-        return arguments
-    arguments = {}
-    for name in inspect.signature(inspect.unwrap(type(optimizer).__init__)).parameters:
-        if name in ("self", *_OWN_ARGS):
-            continue
-        value = getattr(optimizer, name)
-        arguments[name] = value.asnumpy().item() if isinstance(value, Tensor) else value
-    return arguments
+def _state(optimizer: nn.Optimizer) -> set:
+    """The ids of the optimizer's own Parameters: its state (moments, step count, learning rates), not those it
+    trains. MindSpore names the state of a parameter ``<slot>.<parameter name>`` (`ParameterTuple.clone`)."""
+    trained = {id(param) for param in optimizer.parameters}
+    return {id(param) for param in optimizer.get_parameters() if id(param) not in trained}
 
 
-def _rate(rate):
-    """A built learning rate (a Parameter, a Tensor schedule or the user's `LearningRateSchedule`) as the constructor
-    takes it: a float, a 1-D Tensor, or the same schedule."""
-    inner = getattr(rate, "learning_rate", None)  # MindSpore's wrappers of a value or a Tensor of per-step values
-    if isinstance(rate, Parameter):
-        return float(rate.asnumpy())
-    if type(rate).__name__ in ("_ConvertToCell", "_IteratorLearningRate") and isinstance(inner, Parameter):
-        array = inner.asnumpy()
-        return float(array) if array.ndim == 0 else Tensor(array)
-    return rate
-
-
-def _decay(optimizer: nn.Optimizer, decay):
-    """A built weight decay (pre-multiplied by the loss scale, or MindSpore's wrapper of a schedule) as given."""
-    if isinstance(decay, nn.Cell):
-        return decay.weight_decay
-    value = decay.asnumpy().item() if isinstance(decay, Tensor) else decay
-    return float(value) / optimizer.loss_scale
-
-
-def _groups(optimizer: nn.Optimizer, owned: Sequence[int]) -> Tuple[object, List[dict]]:
-    """The owned parameters in groups of one learning rate and weight decay each, in their order (`order_params`),
-    with the default learning rate to give beside them."""
-    groups: Dict[Tuple[int, object], dict] = {}
-    for i in owned:
-        rate, decay = optimizer.group_lr[i], optimizer.group_weight_decay[i]
-        key = (id(rate), id(decay) if isinstance(decay, nn.Cell) else float(decay))
-        group = groups.setdefault(key, {"params": [], "lr": _rate(rate), "weight_decay": _decay(optimizer, decay),
-                                        "grad_centralization": optimizer.group_grad_centralization[i]})
-        group["params"].append(optimizer.parameters[i])
-    first = next(iter(groups.values()))["lr"]
-    return first, [*groups.values(), {"order_params": [optimizer.parameters[i] for i in owned]}]
-
-
-def _forget_clones(params: Sequence[Parameter], replaced: set) -> None:
-    """Takes the part's own state Parameters that `_share_state` replaced off MindSpore's record of each parameter's
-    clones (`Parameter.clone` appends every clone to its source's ``param_info.cloned_obj``), which would keep them
-    alive, and resident, for the whole run."""
+def _rebuild(optimizer: nn.Optimizer, params: List[Parameter], arguments: Dict[str, object]) -> nn.Optimizer:
+    """`optimizer`'s class over `params` (some of its parameters), with `arguments` and each parameter's learning
+    rate, weight decay and gradient centralization: the rates themselves (`_rate`), the weight decays as numbers."""
+    position = {id(param): i for i, param in enumerate(optimizer.parameters)}
+    rates = optimizer.learning_rate  # one per parameter with groups of their own rates, else one for all
+    per_parameter = isinstance(rates, (tuple, nn.CellList))
+    if not optimizer.is_group:
+        return type(optimizer)(params, learning_rate=_rate(rates), weight_decay=_number(optimizer.weight_decay) /
+                               optimizer.loss_scale, **arguments)
+    groups: Dict[tuple, dict] = {}
     for param in params:
-        info = param.param_info
-        clones = getattr(info, "cloned_obj", None)
-        if clones is not None:
-            info.cloned_obj = [clone for clone in clones if id(clone) not in replaced]
-            param.param_info = info  # as `Parameter.clone` sets it back
-    gc.collect()  # a clone and its `param_info` refer to each other: freed now, not at a later collection
+        i = position[id(param)]
+        rate = rates[i] if per_parameter else rates
+        decay = optimizer.group_weight_decay[i] / optimizer.loss_scale
+        centralized = optimizer.group_grad_centralization[i]
+        group = groups.get((id(rate), decay, centralized))
+        if group is None:
+            group = groups[(id(rate), decay, centralized)] = {"params": [], "lr": _rate(rate), "weight_decay": decay,
+                                                              "grad_centralization": centralized}
+        group["params"].append(param)
+    first = next(iter(groups.values()))["lr"]
+    return type(optimizer)([*groups.values(), {"order_params": params}], learning_rate=first, **arguments)
 
 
-def _share_state(part: nn.Optimizer, whole: nn.Optimizer, owned: Sequence[int]) -> None:
-    """Makes `part` hold `whole`'s own state Parameters: the per-parameter ones of the owned parameters, and the
-    others (step count, learning rates, momentum, powers of the betas)."""
-    trained = {id(p) for p in whole.parameters}
-    held = part._params  # pylint: disable=protected-access  (a Cell's Parameters by name, which its attributes read)
-    for name, value in list(vars(part).items()):
-        theirs = vars(whole).get(name)
-        if isinstance(value, ParameterTuple) and isinstance(theirs, ParameterTuple) and len(theirs) == len(trained):
-            for param in value:  # its own, replaced: their names may be whole's too
-                if id(param) not in trained:
-                    held.pop(param.name, None)
-            del vars(part)[name]  # a tuple named as one of its Parameters ('learning_rate') could not be set again
-            setattr(part, name, ParameterTuple([theirs[i] for i in owned]))
-    for name, value in list(held.items()):
-        theirs = whole._params.get(name)  # pylint: disable=protected-access
-        if theirs is not None and theirs is not value and id(value) not in trained:
-            setattr(part, name, theirs)
-    rate = whole.learning_rate
-    if isinstance(rate, nn.CellList):
-        part.learning_rate = nn.CellList([rate[i] for i in owned], auto_prefix=False)
-    elif isinstance(rate, nn.Cell):
-        part.learning_rate = rate
+def _rate(rate: Union[Parameter, nn.Cell]) -> LearningRateSchedule:
+    """A built learning rate as a rank's optimizer takes it: the same schedule Cell, or a rate held in a Parameter
+    read from that Parameter (`_HeldRate`)."""
+    return _HeldRate(rate) if isinstance(rate, Parameter) else rate
+
+
+def _number(value):
+    """A constructor argument as given: a number for a Tensor or Parameter of one element."""
+    return value.asnumpy().item() if isinstance(value, Tensor) else value
+
+
+class _HeldRate(LearningRateSchedule):
+    """
+    The learning rate that the user's optimizer holds in a Parameter, as a schedule for a rank's optimizer: the rank
+    steps with that Parameter itself (its name in the files, any value set into it), not a copy of its own.
+
+    Args:
+        rate (Parameter): The user's optimizer's learning rate.
+    """
+
+    def __init__(self, rate: Parameter) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def construct(self, global_step):
+        return self.rate

@@ -28,17 +28,21 @@ from dp_cases import IN, OUT, global_micro_batches, make_net, params_of, rank_sh
 from dp_worker import allreduce_launches, profiler_dir, refuse_parallel_context  # noqa: E402
 
 
-def optimizer_of(name, net):
-    params = net.trainable_params()
+def optimizer_of(name, params):
+    """The case's optimizer over `params` (the network's, or a rank's part of them for a factory)."""
     if name == "sgd":
         return nn.SGD(params, 0.1)
     if name == "momentum":
         return nn.Momentum(params, 0.05, 0.9, weight_decay=0.01)
     if name == "adam_schedule":
         return nn.Adam(params, nn.CosineDecayLR(0.001, 0.02, 6), weight_decay=0.001)
-    # AdamW with groups: decay on the weights only, its own learning rate for the biases.
     weights = [p for p in params if p.name.endswith("weight")]
     biases = [p for p in params if not p.name.endswith("weight")]
+    if name == "rmsprop":  # not one ms_accum rebuilds: sharded by its factory, this function; an empty group left out
+        groups = [{"params": weights, "lr": 0.02}, {"params": biases, "weight_decay": 0.01}]
+        return nn.RMSProp([g for g in groups if g["params"]] + [{"order_params": params}], 0.01, momentum=0.5,
+                          centered=True)
+    # AdamW with groups: decay on the weights only, its own learning rate for the biases.
     return nn.AdamWeightDecay([{"params": weights, "weight_decay": 0.1}, {"params": biases, "lr": 0.02}], 0.01)
 
 
@@ -53,6 +57,8 @@ CASES = {
     # A NaN in rank 1's third micro-batch, under dynamic loss scaling: every rank skips that window and halves.
     "adamw_nan_loss_scale": dict(optimizer="adamw", structure="fused", k=2, micro=6, sizes=(2, 3), nan=(1, 2),
                                  loss_scale=2.0 ** 10),
+    # shard_optimizer=factory, for an optimizer outside ms_accum's table.
+    "rmsprop_factory": dict(optimizer="rmsprop", structure="fused", k=2, micro=4, sizes=(3, 5), factory=True),
 }
 PROFILED = "momentum_fused_clip"
 RESUME = dict(batches=8, micro=4, k=2, save_every=1)  # per rank at 2 ranks: 8 batches of 4, windows of 2
@@ -63,9 +69,12 @@ def train_case(case, shares, shard):
     scaler = None
     if "loss_scale" in case:
         scaler = ms.amp.DynamicLossScaler(case["loss_scale"], scale_factor=2, scale_window=1000)
+    if shard and case.get("factory"):
+        shard = lambda params: optimizer_of(case["optimizer"], params)  # noqa: E731
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                                    optimizer_of(case["optimizer"], net), structure=case["structure"],
-                                    clip_norm=case.get("clip_norm"), loss_scaler=scaler, shard_optimizer=shard)
+                                    optimizer_of(case["optimizer"], net.trainable_params()),
+                                    structure=case["structure"], clip_norm=case.get("clip_norm"), loss_scaler=scaler,
+                                    shard_optimizer=shard)
     x = np.concatenate([s[0] for s in shares])
     y = np.concatenate([s[1] for s in shares])
     dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(len(shares[0][0]))
@@ -100,7 +109,7 @@ def resume_run(out_dir, name, rank, ranks, shard, resume=None):
     """An AdamW run over `resume_dataset` saving its training state after every window; from `resume` if given."""
     net = make_net()
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                                    optimizer_of("adamw", net), shard_optimizer=shard)
+                                    optimizer_of("adamw", net.trainable_params()), shard_optimizer=shard)
     result = executor.train_process(1, resume_dataset(rank, ranks), RESUME["k"], ckpt_dir=os.path.join(out_dir, name),
                                     ckpt_name="run", save_every=RESUME["save_every"], keep_last=None,
                                     resume=resume, verbose=False)
