@@ -162,16 +162,16 @@ def test_an_optimizer_that_cannot_be_sharded_is_refused_with_the_reason():
                                     "your Momentum over a rank's parameters when its weight decay is a Cell (a "
                                     "schedule, which ms_accum does not read back), but got True."):
         check_shardable(nn.Momentum(params, 0.1, 0.9, weight_decay=nn.ExponentialDecayLR(0.01, 0.9, 2)), 2, True)
-    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer: it was built "
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with 'shard_optimizer': it was built "
                                     "with use_lazy=True, whose state does not live in its Parameters."):
         check_shardable(nn.Adam(params, use_lazy=True), 2, True)
-    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer over 8 ranks: "
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with 'shard_optimizer' over 8 ranks: "
                                     "it updates 6 parameters, and a rank would own none (whole parameters are shared "
                                     "out)."):
         check_shardable(nn.SGD(params), 8, True)
     stepped_once = nn.SGD(params)
     stepped_once(tuple(Tensor(np.ones(p.shape, np.float32)) for p in params))
-    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with shard_optimizer after it has "
+    with raises_exactly(ValueError, "the argument 'optimizer' cannot be sharded with 'shard_optimizer' after it has "
                                     "stepped (1 steps): each rank's optimizer starts from a new state; resume from "
                                     "the run's training-state file instead."):
         check_shardable(stepped_once, 2, True)
@@ -193,7 +193,7 @@ def test_one_process_says_sharding_changes_nothing_and_trains_as_without():
         warnings.simplefilter("always")
         sharded = _train(True)
     assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == [
-        "shard_optimizer=True changes nothing in one process, which holds all the optimizer state: start the script "
+        "'shard_optimizer' changes nothing in one process, which holds all the optimizer state: start the script "
         "with msrun and call ms_accum.init_data_parallel() first (docs/data-parallel.md)."]
     for got, expected in zip(sharded, _train(False)):
         np.testing.assert_array_equal(got, expected)
@@ -292,7 +292,7 @@ def test_a_sharded_state_resumes_on_4_ranks_then_in_one_process(two_ranks, tmp_p
     done = single_process(os.path.join(SCRIPTS, "shard_worker.py"), str(one),
                           str(four / "resumed_4_sharded" / "run-000000003.ckpt"))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "shard_optimizer=True changes nothing in one process" in done.stderr
+    assert "'shard_optimizer' changes nothing in one process" in done.stderr
     got = _params(one / "resumed_1_sharded_rank0.npz")
     assert_same(got, _params(one / "resumed_1_unsharded_rank0.npz"))
     assert_same(got, reference, 1e-6)

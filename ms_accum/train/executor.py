@@ -8,7 +8,8 @@ from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 
 from .._choices import AUTO_STRUCTURE, STRUCTURES
-from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, ArgumentWarning, check_isinstance,
+                           check_value_in, door)
 from ..core.buffer import AccumulationBuffer
 from ..core.columns import with_loss
 from ..core.dropout import dropout_streams, warn_uncovered
@@ -289,15 +290,15 @@ def _sharded(shard_optimizer, parallel: Optional[DataParallelInfo], optimizer: n
     """This rank's part of the optimizer when its state is sharded (asked for, on more than one rank), else None; an
     optimizer that cannot be sharded so is refused before anything is built."""
     if not isinstance(shard_optimizer, bool) and not callable(shard_optimizer):
-        raise ArgumentTypeError(f"the argument 'shard_optimizer' must be bool or a factory params -> optimizer, but "
-                                f"got {shard_optimizer!r} of type {type(shard_optimizer).__name__}.")
+        raise ArgumentTypeError("{shard_optimizer:subject} must be bool or a factory params -> optimizer, but got "
+                                "{shard_optimizer2!r} of type {name}.", shard_optimizer2=shard_optimizer,
+                                name=type(shard_optimizer).__name__)
     if shard_optimizer is False:
         return None
     if parallel is None:
-        warnings.warn("shard_optimizer=True changes nothing in one process, which holds all the optimizer state: "
-                      "start the script with msrun and call ms_accum.init_data_parallel() first "
-                      "(docs/data-parallel.md).",
-                      UserWarning, stacklevel=4)
+        warnings.warn(ArgumentWarning("{shard_optimizer} changes nothing in one process, which holds all the optimizer "
+                                      "state: start the script with msrun and call ms_accum.init_data_parallel() "
+                                      "first (docs/data-parallel.md)."), stacklevel=4)
         return None
     return rank_part(optimizer, parallel, check_shardable(optimizer, parallel.group_size, shard_optimizer))
 

@@ -176,29 +176,29 @@ def check_shardable(optimizer: nn.Optimizer, ranks: int,
     of `optimizer`'s class (`REBUILT`); refuses, with the reason, an optimizer that cannot be sharded so."""
     for flag in ("use_lazy", "use_offload"):
         if getattr(optimizer, flag, False):
-            raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer: it was built "
-                                     f"with {flag}=True, whose state does not live in its Parameters.")
+            raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer}: it was built with "
+                                     "{flag}=True, whose state does not live in its Parameters.", flag=flag)
     if len(optimizer.parameters) < ranks:
-        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer over {ranks} "
-                                 f"ranks: it updates {len(optimizer.parameters)} parameters, and a rank would own "
-                                 f"none (whole parameters are shared out).")
+        raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer} over {ranks2} ranks: it "
+                                 "updates {value} parameters, and a rank would own none (whole parameters are shared "
+                                 "out).", ranks2=ranks, value=len(optimizer.parameters))
     steps = optimizer.global_step.asnumpy().item()
     if steps:  # each rank's optimizer starts from a new state, as `optimizer` was built
-        raise ArgumentValueError(f"the argument 'optimizer' cannot be sharded with shard_optimizer after it has "
-                                 f"stepped ({steps} steps): each rank's optimizer starts from a new state; resume "
-                                 f"from the run's training-state file instead.")
+        raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer} after it has stepped "
+                                 "({steps} steps): each rank's optimizer starts from a new state; resume from the "
+                                 "run's training-state file instead.", steps=steps)
     if shard_optimizer is not True:
         return shard_optimizer
     kind = type(optimizer)
     if kind not in REBUILT:
         names = ", ".join(f"nn.{k.__name__}" for k in REBUILT)
-        raise ArgumentValueError(f"the argument 'shard_optimizer' must be a factory params -> optimizer that builds "
-                                 f"your {kind.__name__} over a rank's parameters: ms_accum rebuilds {names} by "
-                                 f"itself, but got True.")
+        raise ArgumentValueError("{shard_optimizer:subject} must be a factory params -> optimizer that builds your "
+                                 "{name} over a rank's parameters: ms_accum rebuilds {names} by itself, but got True.",
+                                 name=kind.__name__, names=names)
     if optimizer.dynamic_weight_decay:
-        raise ArgumentValueError(f"the argument 'shard_optimizer' must be a factory params -> optimizer that builds "
-                                 f"your {kind.__name__} over a rank's parameters when its weight decay is a Cell (a "
-                                 f"schedule, which ms_accum does not read back), but got True.")
+        raise ArgumentValueError("{shard_optimizer:subject} must be a factory params -> optimizer that builds your "
+                                 "{name} over a rank's parameters when its weight decay is a Cell (a schedule, which "
+                                 "ms_accum does not read back), but got True.", name=kind.__name__)
     arguments = {name: _number(getattr(optimizer, name)) for name in REBUILT[kind]}
     return lambda params: _rebuild(optimizer, params, arguments)
 
@@ -209,32 +209,34 @@ def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int], factory: Opti
     params = [optimizer.parameters[i] for i in owned]
     part = factory(list(params))
     if not isinstance(part, nn.Optimizer):
-        raise ArgumentTypeError(f"the argument 'shard_optimizer' must return an nn.Optimizer, but returned {part!r} "
-                                f"of type {type(part).__name__}.")
+        raise ArgumentTypeError("{shard_optimizer:subject} must return an nn.Optimizer, but returned {part!r} of type "
+                                "{name}.", part=part, name=type(part).__name__)
     if [id(param) for param in part.parameters] != [id(param) for param in params]:
-        raise ArgumentValueError(f"the argument 'shard_optimizer' must build an optimizer over the parameters it is "
-                                 f"given, in their order, but it was given {[p.name for p in params]} and built one "
-                                 f"over {[p.name for p in part.parameters]}.")
+        raise ArgumentValueError("{shard_optimizer:subject} must build an optimizer over the parameters it is given, "
+                                 "in their order, but it was given {value} and built one over {value2}.",
+                                 value=[p.name for p in params], value2=[p.name for p in part.parameters])
     theirs = {param.name: param for param in optimizer.get_parameters()}
     held = {param.name: param for param in part.get_parameters()}
     own = {param.name for param in params}
     for name in sorted(held.keys() - own):
         mine, given = held[name], theirs.get(name)
         if given is None or given.shape != mine.shape or given.dtype != mine.dtype:
-            raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
-                                     f"settings, but the optimizer it built holds '{name}', which the argument "
-                                     f"'optimizer' does not hold (with shape {mine.shape}, {mine.dtype}).")
+            raise ArgumentValueError("{shard_optimizer:subject} must build the optimizer's class with its settings, "
+                                     "but the optimizer it built holds '{name}', which {optimizer:subject} does not "
+                                     "hold (with shape {shape}, {dtype}).", name=name, shape=mine.shape,
+                                     dtype=mine.dtype)
         if mine is not given and mine.size == 1 and given.asnumpy().item() != mine.asnumpy().item():
-            raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
-                                     f"settings, but the optimizer it built holds '{name}' = {mine.asnumpy().item()} "
-                                     f"where the argument 'optimizer' holds {given.asnumpy().item()}.")
+            raise ArgumentValueError("{shard_optimizer:subject} must build the optimizer's class with its settings, "
+                                     "but the optimizer it built holds '{name}' = {value} where {optimizer:subject} "
+                                     "holds {value2}.", name=name, value=mine.asnumpy().item(),
+                                     value2=given.asnumpy().item())
     state = _state(optimizer)
     missing = [p.name for p in optimizer.get_parameters() if id(p) in state and p.name.partition(".")[2] in own
                and p.name not in held]
     if missing:
-        raise ArgumentValueError(f"the argument 'shard_optimizer' must build the optimizer's class with its "
-                                 f"settings, but the optimizer it built does not hold '{missing[0]}', which the "
-                                 f"argument 'optimizer' keeps for that parameter.")
+        raise ArgumentValueError("{shard_optimizer:subject} must build the optimizer's class with its settings, but "
+                                 "the optimizer it built does not hold '{value}', which {optimizer:subject} keeps for "
+                                 "that parameter.", value=missing[0])
     return part
 
 
