@@ -1,6 +1,6 @@
 # `make run` trains LeNet5 with gradient accumulation and evaluates it; `make test` runs the quick tests (every
-# module's unit tests, the equivalence core, one resume, one memory and one msrun case); `make test-all` runs every
-# test (what CI runs). Each creates .venv and installs everything the first time.
+# module's unit tests, the equivalence core at K=4, one resume, the README's code blocks with their msrun launch);
+# `make test-all` runs every test (what CI runs). Each creates .venv and installs everything the first time.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -33,7 +33,8 @@ JOBS ?= 2
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
-# Also the tests marked slow: every structure, fault and msrun case, the docs' code blocks, the full tutorials.
+# Also the tests marked slow: K=1 and 2, every structure, fault and msrun case, the memory figures, the docs pages'
+# code blocks, the tutorials' training runs.
 test-all: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "slow or not slow"
 

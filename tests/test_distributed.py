@@ -196,6 +196,7 @@ def reference_of(name):
     return reference_run(CASES[name])
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_dropout_under_data_parallel_is_the_same_in_every_run_and_resumes_bit_identical(dp_run):
     """Every rank draws its masks from ms_accum's streams: two whole runs end bit-identical, a run stopped after step 4
@@ -212,6 +213,7 @@ def test_dropout_under_data_parallel_is_the_same_in_every_run_and_resumes_bit_id
         assert np.array_equal(runs["whole"][1][key], value), key
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(dp_run):
     # K from the global samples consumed: the ranks' micro-batches of 2 and 6 count as 8, so both ranks open the same
@@ -236,6 +238,7 @@ def test_a_ramp_under_data_parallel_equals_its_fixed_k_segments_and_one_process(
         np.testing.assert_allclose(runs["ramp"][0][key], value, rtol=RTOL, atol=ATOL, err_msg=key)
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_an_outlier_on_one_rank_is_left_out_there_and_the_ranks_stay_identical(dp_run):
     out, reports = dp_run
@@ -245,6 +248,7 @@ def test_an_outlier_on_one_rank_is_left_out_there_and_the_ranks_stay_identical(d
         assert np.array_equal(ranks[0][key], ranks[1][key]), key
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_noise_scale_under_data_parallel_matches_the_exact_value(dp_run):
     # K=2 micro-batches of 4 on each of 2 ranks: B_small 4, B_big 16, the micro-batches' norms all-reduced.
@@ -255,6 +259,7 @@ def test_noise_scale_under_data_parallel_matches_the_exact_value(dp_run):
     assert abs(estimates[0] / exact - 1) < 0.10, (estimates, exact)
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", list(CASES))
 def test_ranks_equal_single_process_on_global_batch(dp_run, name):
@@ -294,6 +299,7 @@ def test_token_cases_give_the_ranks_very_different_token_counts():
             assert counts[0] >= 4 * counts[1], (name, counts)  # a per-rank mean would weight rank 1's tokens more
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", ["executor_fused", "executor_window", "executor_three_graphs", "executor_tokens"])
 def test_the_logged_loss_is_the_global_windows(dp_run, name):
@@ -304,6 +310,7 @@ def test_the_logged_loss_is_the_global_windows(dp_run, name):
     np.testing.assert_allclose(reports[0][name]["losses"], expected, rtol=1e-5)
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_a_nan_on_one_rank_skips_the_window_and_scales_down_on_every_rank(dp_run):
     _, reports = dp_run
@@ -324,6 +331,7 @@ def test_the_buffer_is_all_reduced_in_buckets_big_tensors_alone():
     assert [[index[id(t)] for t in bucket] for bucket in in_buckets(tensors[1:3])] == [[1, 2]] and not in_buckets([])
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_one_all_reduce_per_tensor_per_window_not_per_micro_batch(dp_run):
     _, reports = dp_run
@@ -339,6 +347,7 @@ def test_one_all_reduce_per_tensor_per_window_not_per_micro_batch(dp_run):
         assert micro_steps == 4 * windows and profiled["allreduce_launches"] < micro_steps * tensors
 
 
+@pytest.mark.slow  # make test-all (make test's msrun launch is the README's)
 @pytest.mark.distributed
 def test_executor_saves_on_rank_0_only_and_refuses_uneven_shards(dp_run):
     out, reports = dp_run

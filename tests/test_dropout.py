@@ -293,6 +293,7 @@ def uninterrupted(request, tmp_path_factory):
     return request.param, runs
 
 
+@pytest.mark.slow  # make test-all: fresh processes (make test resumes in test_resume)
 def test_two_runs_in_fresh_processes_end_bit_identical(uninterrupted):
     _, (first, second) = uninterrupted
     assert first.keys() == second.keys()
@@ -306,6 +307,7 @@ def test_two_runs_in_fresh_processes_end_bit_identical(uninterrupted):
 KILL = {"cached": "micro:16"}
 
 
+@pytest.mark.slow  # make test-all
 def test_a_run_killed_mid_epoch_resumes_bit_identical(uninterrupted, tmp_path):
     structure, (expected, _) = uninterrupted
     killed = run_worker(tmp_path, structure, KILL.get(structure, "micro:8"))

@@ -85,7 +85,12 @@ def mode(request):
 CASES = [(kind, opt, k) for kind in ("mlp", "lenet5") for opt in ("sgd", "momentum", "adam") for k in (1, 2, 4)]
 
 
-@pytest.mark.parametrize("kind,opt_name,k", CASES)
+def tiered(cases):
+    # make test: K=4 (a window of several micro-batches, every optimizer's state, both networks); make test-all: K=1, 2.
+    return [pytest.param(*case, marks=() if case[2] == 4 else pytest.mark.slow) for case in cases]
+
+
+@pytest.mark.parametrize("kind,opt_name,k", tiered(CASES))
 def test_accumulator_matches_big_batch(kind, opt_name, k, mode):
     _, expected = reference_run(kind, opt_name, k)
     net = make_net(kind)
@@ -93,7 +98,7 @@ def test_accumulator_matches_big_batch(kind, opt_name, k, mode):
     run_micro_steps(kind, k, accumulator_step(net, loss_fn(), accumulator), net, expected)
 
 
-@pytest.mark.parametrize("kind,opt_name,k", CASES)
+@pytest.mark.parametrize("kind,opt_name,k", tiered(CASES))
 def test_cells_match_big_batch(kind, opt_name, k, mode):
     _, expected = reference_run(kind, opt_name, k)
     # The fused micro-step Cell (the executor's default) ...
@@ -129,7 +134,7 @@ def dataset_of(kind, k, windows, micro=MICRO):
 # The default in make test; the other structures (also checked against it in test_window) in make test-all.
 @pytest.mark.parametrize("structure", [pytest.param("fused", marks=pytest.mark.slow),
                                        pytest.param("window", marks=pytest.mark.slow), "three_graphs"])
-@pytest.mark.parametrize("kind,opt_name,k", [c for c in CASES if c[2] != 1])
+@pytest.mark.parametrize("kind,opt_name,k", tiered([c for c in CASES if c[2] != 1]))
 def test_executor_matches_big_batch(kind, opt_name, k, structure, mode, tmp_path):
     _, expected = reference_run(kind, opt_name, k)
     net = make_net(kind)

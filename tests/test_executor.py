@@ -46,10 +46,13 @@ def executor(structure="fused", **kwargs):
                                      structure=structure, **kwargs)
 
 
+# make test: the default structure; make test-all: the other two (test_window checks the window Cell against the fused).
+SLOW_STRUCTURES = [pytest.param(s, marks=pytest.mark.slow) for s in ("fused", "window")]
+
 PARTIAL_WINDOWS = ((0, 16), (16, 32), (32, 40))  # 40 samples in windows of K=4 x 4: 16, 16 and a partial 8
 
 
-@pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
+@pytest.mark.parametrize("structure", [*SLOW_STRUCTURES, "three_graphs"])
 def test_partial_window_is_applied_as_mean_of_samples_seen(structure, tmp_path):
     # 10 batches of 4 with K=4: windows of 16, 16 and a partial window of 8 samples.
     x, y = batch_for("mlp", 40, seed=1)
@@ -75,7 +78,7 @@ def test_partial_window_can_be_dropped(tmp_path):
     assert not any(b.asnumpy().any() for b in ex.buffer.grad_sum)
 
 
-@pytest.mark.parametrize("structure", ["fused", "window", "three_graphs"])
+@pytest.mark.parametrize("structure", [*SLOW_STRUCTURES, "three_graphs"])
 def test_unequal_micro_batches_match_concatenated_batch(structure, tmp_path):
     # 22 samples in batches of 8: 8, 8, 6 -> with K=3 one window of all 22, the last micro-batch smaller.
     x, y = batch_for("mlp", 22, seed=2)
@@ -288,7 +291,7 @@ def summed_large_batch_steps(summing):
     return SUMMED[id(summing)]
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", *SLOW_STRUCTURES])
 @pytest.mark.parametrize("summing", [nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
                                      nn.CrossEntropyLoss(reduction="sum")])
 def test_a_summing_loss_accumulates_to_the_large_batch_sum(summing, structure):
@@ -343,7 +346,7 @@ def test_count_windows_is_what_the_executor_trains(partial_window, steps):
     assert len(result.steps) == count_windows(10, 2, 3, 4, partial_window) == 2 * steps
 
 
-@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
+@pytest.mark.parametrize("structure", ["three_graphs", *SLOW_STRUCTURES])
 @pytest.mark.parametrize("scaled", [False, True])
 def test_clipping_applies_the_window_clipped_to_its_norm(structure, scaled):
     # Half the window's own norm: every structure must apply the large batch's gradient scaled by 1/2. (The check

@@ -56,6 +56,7 @@ def peaks():
     return {"one_kb": runs[0], "one_b": sorted(runs[1:4])[1], "executor": sorted(runs[4:])[1]}
 
 
+@pytest.mark.slow  # make test-all: seven fresh processes (make test proves the equivalence, not the memory)
 def test_default_executor_costs_about_one_micro_batch_not_the_window(peaks):
     one_b, one_kb, executor = peaks["one_b"], peaks["one_kb"], peaks["executor"]
     report = f"peak RSS growth MiB: one B step {one_b / 2**20:.0f}, one K*B step {one_kb / 2**20:.0f}, " \
@@ -67,6 +68,7 @@ def test_default_executor_costs_about_one_micro_batch_not_the_window(peaks):
     assert executor < 1.15 * one_b, report
 
 
+@pytest.mark.slow  # make test-all
 def test_measure_sees_activations(peaks):
     # The measure can fail: a step on the K-times larger batch costs clearly more than one on B.
     assert peaks["one_kb"] > 1.6 * peaks["one_b"]

@@ -1,5 +1,6 @@
 """replace_batchnorm: BatchNorm breaks accumulation's equivalence, GroupNorm restores it."""
 import numpy as np
+import pytest
 import mindspore as ms
 from mindspore import nn
 
@@ -39,6 +40,7 @@ def test_groupnorm_makes_accumulation_exact_again():
     assert out.shape == (2, 10)
 
 
+@pytest.mark.slow  # make test-all
 def test_the_verifiers_named_fix_makes_a_batchnorm1d_network_pass():
     # The fix the verifier names for BatchNorm1d on (N, C) runs: a one-group GroupNorm (per sample, as LayerNorm).
     ms.set_seed(0)
@@ -51,6 +53,7 @@ def test_the_verifiers_named_fix_makes_a_batchnorm1d_network_pass():
     assert check(net).passed
 
 
+@pytest.mark.slow  # make test-all
 def test_batchnorm1d_on_sequences_and_batchnorm3d_are_replaced_too():
     class Seq(nn.Cell):  # BatchNorm1d on (N, C, L), BatchNorm3d on (N, C, D, H, W)
         def __init__(self):

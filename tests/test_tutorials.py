@@ -191,6 +191,7 @@ def validations(stdout):
 
 
 @requires_shakespeare
+@pytest.mark.slow  # make test-all
 def test_finetune_bert_small_trains_validates_saves_and_reloads_the_best(tmp_path):
     # 320 pairs, windows of 4 x 8: 10 updates, scored every 4 and after the last, states every 4, the best reloaded.
     out = run_finetune(*TINY_BERT, "--train-pairs", "320", "--eval-every", "4", "--save-every", "4", cwd=tmp_path)

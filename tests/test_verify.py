@@ -67,6 +67,7 @@ class _Summing(nn.Cell):
         return self.loss(logits, labels).sum()
 
 
+@pytest.mark.slow  # make test-all
 def test_names_a_loss_that_sums_an_optimizer_that_magnifies_rounding_and_a_coupled_loss():
     batch = batch_for("mlp", 16, seed=1)
     net = make_net("mlp")

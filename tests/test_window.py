@@ -268,6 +268,7 @@ def test_an_open_window_in_the_buffer_is_refused():
     assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(net.trainable_params(), before))
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("case", ["momentum", "clip_scaled"])
 def test_the_executors_cells_leave_the_step_to_the_host_and_equal_the_public_ones(case):
     # HostSteppedWindowCell and HostSteppedAccumulationCell (the executor's "window" and "fused") end with the buffer's

@@ -58,6 +58,7 @@ def test_train_runs_the_executor_on_your_model_and_its_data_then_eval_reports_it
     assert evaluation["accuracy"] is None and not evaluation["synthetic"]
 
 
+@pytest.mark.slow  # make test-all
 def test_a_classifier_of_yours_is_evaluated_with_its_accuracy(signals, tmp_path, capsys):
     code, summary, err = run(capsys, "train", "--model", "signals:classify", "--accumulate-schedule", "0:1,512:4",
                              "--batch-size", "16", "--epochs", "3", "--ckpt-dir", str(tmp_path), "--save-every", "16")
@@ -141,6 +142,7 @@ def test_plan_then_train_with_the_plan_trains_your_model_and_refuses_it_once_cha
     assert cli_error(err).endswith(": plan again for this network.") and not os.path.exists("ckpt2")
 
 
+@pytest.mark.slow  # make test-all
 @pytest.mark.parametrize("factory", ["three_inputs", "own_loss"])
 def test_a_factory_of_several_columns_verifies_trains_and_evaluates(factory, tmp_path, capsys, monkeypatch):
     # fixtures/tokens.py: (input_ids, attention_mask, token_type_ids, label) batches, the label for the loss, or all
