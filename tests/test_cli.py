@@ -305,7 +305,7 @@ def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, caps
         from tqdm import tqdm
         bars.append(tqdm(total=total, desc=desc, file=io.StringIO()))
         return bars[-1]
-    monkeypatch.setattr(cli, "_progress", visible_progress)
+    monkeypatch.setattr(cli.train, "_progress", visible_progress)
     assert cli.main(argv + ["--resume"]) == 0
     resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert resumed["resumed_from"] == str(tmp_path / states[0]) and resumed["optimizer_steps"] == 6

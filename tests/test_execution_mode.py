@@ -17,7 +17,8 @@ import ms_accum  # before MindSpore: oneDNN's CPU ISA, as users run it
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
-from ms_accum import AccumulationBuffer, TrainForwardBackward, set_device
+from ms_accum import TrainForwardBackward, set_device
+from ms_accum.core import AccumulationBuffer
 from ms_accum.demo.models import LeNet5
 
 PAD = 60

@@ -56,7 +56,7 @@ def test_the_final_network_is_read_by_the_safetensors_package(tmp_path):
     assert header["format"] == "ms" and "crc_num" in header
     assert {key: json.loads(value) for key, value in header.items() if key.startswith("ms_accum.")} == {
         "ms_accum.format_version": 2, "ms_accum.model": "dense", "ms_accum.lr": 0.1, "ms_accum.done": True,
-        "ms_accum.epoch": 2, "ms_accum.step": 6, "ms_accum.mini_steps": 2, "ms_accum.global_batches": "0:16"}
+        "ms_accum.epoch": 2, "ms_accum.step": 6, "ms_accum.accumulate_step": 2, "ms_accum.global_batches": "0:16"}
     # ms_accum reads the values back as they were (a float to its last digit), MindSpore its parameters with the CRC.
     params, metadata = load_checkpoint(result.checkpoint)
     assert metadata["lr"] == 0.1 and metadata["done"] is True and metadata["step"] == 6
