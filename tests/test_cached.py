@@ -100,6 +100,7 @@ QUICK = {("infonce", "sgd", "graph"), ("supcon", "adamw", "graph"), ("infonce", 
 @pytest.mark.parametrize("kind, opt, mode", [
     pytest.param(kind, opt, mode, marks=() if (kind, opt, mode) in QUICK else pytest.mark.slow)  # make test-all
     for kind in ("infonce", "supcon") for opt in ("sgd", "momentum", "adamw") for mode in ("graph", "pynative")])
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_a_cached_window_equals_one_step_on_the_concatenated_batch(kind, opt, mode):
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     try:
@@ -114,6 +115,7 @@ def test_a_cached_window_equals_one_step_on_the_concatenated_batch(kind, opt, mo
         ms.set_context(mode=ms.GRAPH_MODE)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("kind", ["infonce", "supcon"])
 def test_control_the_per_micro_batch_structure_is_not_the_large_step(kind):
     net, loss, data = build(kind)

@@ -95,6 +95,7 @@ def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, 
     assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthetic, capsys):
     # 1024 images in micro-batches of 32: K=1 for 256 samples (8 steps), K=2 to 512 (4), K=4 to 1024 (4).
     argv = ["train", "--model", "mlp", "--batch-size", "32", "--data", synthetic, "--ckpt-dir", str(tmp_path),

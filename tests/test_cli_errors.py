@@ -50,6 +50,7 @@ def tokens(monkeypatch):
     monkeypatch.syspath_prepend(FIXTURES)  # where a user's module would be: importable
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_a_newcomers_model_is_evaluated_in_its_own_micro_batches_or_as_asked(tokens, tmp_path, capsys):
     # 128 evaluation samples: the 256 that evaluation used to ask for were no batch at all.
     assert cli.main(["train", "--model", "tokens:build", "--batch-size", "16", "--accumulate-step", "2",
@@ -96,6 +97,7 @@ def test_an_evaluation_that_cannot_run_is_one_line_and_train_still_reports_its_c
     assert json.loads(out.stdout.strip().splitlines()[-1])["checkpoint"] == ckpt
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("command", ["train", "eval", "verify", "plan"])
 def test_each_command_ends_in_one_line_when_its_data_fails_where_it_is_read(command, tmp_path):
     """The factory's data raises where the command reads it: in the training pipeline, in the evaluation pipeline, in
@@ -233,6 +235,7 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
 ]
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("argv, message", WALK, ids=[f"{i}-{argv[0]}" for i, (argv, _) in enumerate(WALK)])
 def test_every_error_the_command_line_prints_names_flags_files_and_commands(argv, message, files, tokens, capsys):
     names = {**files, "mlp": network_fingerprint(MLP())["hash"]}

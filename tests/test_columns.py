@@ -135,6 +135,7 @@ def test_columns_that_cannot_feed_the_network_are_refused_before_compiling():
         GradientAccumulation(own, None, nn.SGD(own.trainable_params(), 0.1), structure="cached")
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_verify_equivalence_takes_batches_of_any_number_of_columns():
     # verify_equivalence splits every column alike: three inputs and a label, two labels, or a network with its loss.
     from ms_accum import verify_equivalence

@@ -54,6 +54,7 @@ for name, cls in (("plain", TrainForwardBackward), ("padded", Padded)):  # the d
 STRATEGY = re.compile(r"\] (\S+) execution count: (\d+), .* multi thread or not: ([01])")
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_the_default_micro_batch_graph_runs_synchronously_and_the_padded_one_threaded(tmp_path):
     script = tmp_path / "modes.py"
     script.write_text(SCRIPT)

@@ -294,6 +294,7 @@ def summed_large_batch_steps(summing):
 @pytest.mark.parametrize("structure", ["three_graphs", *SLOW_STRUCTURES])
 @pytest.mark.parametrize("summing", [nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"),
                                      nn.CrossEntropyLoss(reduction="sum")])
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_a_summing_loss_accumulates_to_the_large_batch_sum(summing, structure):
     # The loss says it sums (its `reduction`, or LossBase's `average` flag): the window is the sum over all its
     # samples, one step on the concatenated batch with that loss, partial window and unequal micro-batches included.
@@ -334,6 +335,7 @@ def test_columns_the_network_cannot_take_are_refused_before_compiling(tmp_path, 
     assert not os.path.exists(tmp_path / "rank_0")
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("partial_window,steps", [("apply", 4), ("drop", 3)])
 def test_count_windows_is_what_the_executor_trains(partial_window, steps):
     # The CLI sizes its progress bar with it: it must count the optimizer steps train_process really makes.
@@ -346,6 +348,7 @@ def test_count_windows_is_what_the_executor_trains(partial_window, steps):
     assert len(result.steps) == count_windows(10, 2, 3, 4, partial_window) == 2 * steps
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("structure", ["three_graphs", *SLOW_STRUCTURES])
 @pytest.mark.parametrize("scaled", [False, True])
 def test_clipping_applies_the_window_clipped_to_its_norm(structure, scaled):

@@ -33,6 +33,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_an_epoch_logs_no_line_per_micro_batch(tmp_path, mode):
     script = tmp_path / "epoch.py"

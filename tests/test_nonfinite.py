@@ -96,6 +96,7 @@ def test_nonfinite_window_is_skipped_with_a_warning():
         np.testing.assert_array_equal(params[name], expected[name])
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
 def test_skip_microbatch_leaves_out_the_bad_micro_batch_and_renormalizes(structure):
     items = batches(bad=(1,))
@@ -130,6 +131,7 @@ def test_stop_on_nonfinite_raises_with_parameters_untouched():
         np.testing.assert_array_equal(value, before[name])
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_static_loss_scale_trains_exactly_like_no_scale():
     items = batches()
     _, plain, _ = train(items)

@@ -26,6 +26,7 @@ def check(net):
     return verify_equivalence(net, loss, nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=0), 4)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_groupnorm_makes_accumulation_exact_again():
     ms.set_seed(0)
     net = ConvNet()

@@ -80,6 +80,7 @@ def test_search_does_not_try_a_size_predicted_far_above_the_budget():
 
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_bad_inputs_are_refused_before_any_trial(tmp_path, monkeypatch):
     (tmp_path / "users_model.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
@@ -143,6 +144,7 @@ def slow():
 """
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["kill", "term", "interrupt"])
 def test_a_trial_dies_with_the_planner(how, tmp_path):
     (tmp_path / "users_model.py").write_text(FACTORY)

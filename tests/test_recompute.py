@@ -1,5 +1,6 @@
 """recompute_cells: marked cells recompute their forward, and training is unchanged."""
 import numpy as np
+import pytest
 from mindspore import Tensor, nn
 
 from ms_accum.graphs import TrainAccumulationCell
@@ -37,6 +38,7 @@ def test_bad_names():
         recompute_cells(make_net("lenet5"), [3])
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_executor_option_recomputes_and_trains_the_same():
     import mindspore.dataset as ds
     from ms_accum import GradientAccumulation

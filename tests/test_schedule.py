@@ -129,6 +129,7 @@ def test_a_ramped_run_equals_its_fixed_k_segments_bit_for_bit(structure):
     assert sorted(getattr(model.runner(8), "cells", {})) == ([] if structure == "three_graphs" else [8])
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_unequal_micro_batches_under_a_schedule_with_the_window_structure():
     # A dataset whose last batch is smaller: the window holding it runs through the three graphs on the same buffer
     # (TrainWindowCell stacks equal micro-batches only), every other window in one call; the result equals the fused

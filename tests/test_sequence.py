@@ -59,6 +59,7 @@ def close(actual, expected):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("structure", ["three_graphs", "fused", "window"])
 def test_token_weighted_windows_equal_the_large_batch(structure):
     # 10 micro-batches of 2 sequences, K=4: windows of 8, 8 and a partial 4 sequences, token counts 2 to 12 each.
@@ -170,6 +171,7 @@ def test_bad_buffer_dtype():
         AccumulationBuffer(net().trainable_params(), dtype=ms.int32)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_verify_equivalence_with_token_weights():
     from ms_accum import verify_equivalence
     x, y = token_batches(8)

@@ -85,6 +85,7 @@ def test_partition_balances_whole_parameters_by_size_the_same_on_every_rank():
     assert partition([5, 5, 5, 5], 4) == (0, 1, 2, 3)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_a_part_built_over_every_parameter_is_the_users_optimizer(name):
     expected, _, _ = stepped(name)
@@ -95,6 +96,7 @@ def test_a_part_built_over_every_parameter_is_the_users_optimizer(name):
         np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_a_part_steps_its_parameters_as_the_whole_and_holds_only_its_own_state(name):
     owned = [0, 3]
@@ -188,6 +190,7 @@ def _train(shard_optimizer):
     return [p.asnumpy() for p in net.trainable_params()]
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_one_process_says_sharding_changes_nothing_and_trains_as_without():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -118,6 +118,7 @@ def test_embedding_gradient_is_a_row_tensor():
     np.testing.assert_array_equal(np.sort(indices.asnumpy()), np.sort(ids.ravel()))
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_fused_cell_matches_big_batch(optimizer):
     ids, labels = token_batches()
@@ -136,6 +137,7 @@ def test_fused_cell_matches_big_batch(optimizer):
     assert_matches(params_of(sparse), expected)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("structure", [pytest.param("fused", marks=pytest.mark.slow), "three_graphs"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_executor_matches_big_batch(optimizer, structure):
@@ -151,6 +153,7 @@ def test_executor_matches_big_batch(optimizer, structure):
     assert_matches(params_of(sparse), expected)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_accumulator_matches_big_batch(optimizer):
     ids, labels = token_batches()

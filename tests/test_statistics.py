@@ -112,6 +112,7 @@ def test_record_carries_each_micro_batchs_norm_and_the_windows_before_clipping(s
 
 @pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow),
                                        pytest.param("window", marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_statistics_are_off_by_default_and_measuring_changes_no_update(structure):
     # Off, nothing is measured (nan, no norms); on, the same windows train bit for bit the same weights and losses
     # (the fused and window Cells' optimizer step sits in a tensor `if` after the measuring: README, "Known MindSpore
@@ -299,6 +300,7 @@ def train_outliers(x, y, mini_steps, structure="three_graphs", **kwargs):
 
 @pytest.mark.parametrize("structure", ["three_graphs", pytest.param("fused", marks=pytest.mark.slow),
                                        pytest.param("window", marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_an_outlier_micro_batch_is_left_out_as_if_it_were_not_there(structure):
     x, y = outlier_data()
     net, _, result = train_outliers(x, y, K, structure)

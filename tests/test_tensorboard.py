@@ -40,6 +40,7 @@ def test_the_learning_rate_is_the_one_each_update_used():
     assert [round(learning_rate_at(decay, s), 6) for s in (1, 2, 3)] == [0.1, 0.05, 0.025]
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_train_writes_its_figures_for_tensorboard(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(FIXTURES)
     code = cli.main(["train", "--model", "tokens:three_inputs", "--accumulate-step", "4", "--batch-size", "8",

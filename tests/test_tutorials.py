@@ -107,6 +107,7 @@ def run_char_transformer(*args, cwd):
                               "validation batch of 32, the rest for one window of 4 micro-batches of 8."),
     (["--data", "binary.txt"], "argument --data: 'binary.txt' is not UTF-8 text (invalid start byte at byte 0)."),
 ], ids=["steps-0", "steps-negative", "missing", "too-small", "not-text"])
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_char_transformer_refuses_bad_command_lines_with_one_line(argv, message, tmp_path):
     (tmp_path / "small.txt").write_text("To be or not.\n\nThat is it.\n\nWhat now?\n")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00" * 100)
@@ -158,6 +159,7 @@ def test_mindcv_plan_refuses_a_bad_budget(tmp_path):
         "'2GiB' or a number of bytes, but got 'lots'.")
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("tutorial", ["accumulator_mlp.py", "lenet5_gradient_accumulation.py"])
 def test_mnist_tutorials_without_mnist_say_what_to_do_in_one_line(tutorial, tmp_path):
     out = subprocess.run([sys.executable, str(TUTORIALS / tutorial), "--data", "nowhere"], capture_output=True,
@@ -269,6 +271,7 @@ def test_finetune_bert_measures_k_x_b_below_the_global_batch(tmp_path):
                                 "karpathy/char-rnn/master/data/tinyshakespeare/input.txt): pass it with --data or set "
                                 "MS_ACCUM_SHAKESPEARE."),
 ], ids=["micro-batch-0", "dropout-1", "heads", "init-not-a-checkpoint", "data-missing"])
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_finetune_bert_refuses_bad_command_lines_with_one_line(argv, message, tmp_path):
     (tmp_path / "junk.ckpt").write_bytes(b"\x00not a checkpoint" * 10)
     out = run_finetune(*argv, cwd=tmp_path, check=False)

@@ -3,6 +3,7 @@ that resumes (`ms_accum.train.validation`)."""
 import os
 
 import numpy as np
+import pytest
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -39,6 +40,7 @@ def train_set():
     return ds.NumpySlicesDataset(data(128, 0), shuffle=False).batch(B)  # 16 batches: 8 windows an epoch
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_scores_every_n_steps_and_after_the_last(tmp_path):
     net, loss, model = executor()
     seen = []  # what on_step sees: the last step's score too, though 8 is not a multiple of 3

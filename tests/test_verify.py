@@ -16,6 +16,7 @@ def loss_fn():
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("kind,k,n", [("mlp", 4, 32), ("lenet5", 3, 22)])
 def test_passes_and_leaves_network_and_optimizer_untouched(kind, k, n):
     net = make_net(kind)

@@ -70,6 +70,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("case", list(CASES))
 def test_window_equals_k_fused_micro_steps(case):
     optimizer, kwargs = CASES[case]
@@ -106,6 +107,7 @@ def test_pynative_equals_graph():
         np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_partial_window_through_the_three_graphs_on_the_same_buffer():
     # What the executor does at an epoch's end: full windows through TrainWindowCell, then the last 2 micro-batches
     # through TrainForwardBackward + TrainOptim sharing its buffer; the reference runs all 6 through the fused Cell.
@@ -163,6 +165,7 @@ def test_bad_micro_batch_count(count, error, message):
         window.set_micro_batches(count)
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("policy", ["skip_window", "skip_microbatch"])
 def test_non_finite_micro_batch_handled_as_the_fused_cell_does(policy):
     (window, window_opt), (fused, fused_opt) = twins(policy=policy)
@@ -231,6 +234,7 @@ def test_bad_arguments():
         TrainWindowCell(net, opt, K, buffer=AccumulationBuffer(opt.parameters), policy="skip_microbatch")
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_sparse_gradients_equal_the_fused_cell():
     # nn.EmbeddingLookup(sparse=True) yields RowTensor gradients, summed into the dense buffer inside the loop.
     rng = np.random.default_rng(0)

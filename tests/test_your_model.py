@@ -30,6 +30,7 @@ def run(capsys, *argv):
     return code, (json.loads(lines[-1]) if code == 0 and lines else None), err
 
 
+@pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 def test_train_runs_the_executor_on_your_model_and_its_data_then_eval_reports_its_loss(signals, tmp_path, capsys):
     code, summary, err = run(capsys, "train", "--model", "signals:build", "--accumulate-step", "4", "--batch-size",
                              "16", "--structure", "fused", "--statistics", "--epochs", "2", "--ckpt-dir",
