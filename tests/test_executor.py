@@ -185,7 +185,7 @@ def test_unwritable_checkpoint_directory_fails_before_training(tmp_path):
     net, ex = executor()
     before = params_of(net)
     for bad, why in ((str(blocker), "is a file"), (str(blocker / "sub"), "cannot be created: Not a directory")):
-        with raises_exactly(ValueError, f"For 'GradientAccumulation.train_process', the argument 'ckpt_dir' must be a "
+        with raises_exactly(ValueError, f"For 'GradientAccumulation.train_process', the argument 'directory' must be a "
                                         f"writable directory, but '{bad}' {why}."):
             ex.train_process(1, dataset(x, y, 4), mini_steps=2, ckpt_dir=bad)
     assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))

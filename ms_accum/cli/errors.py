@@ -22,7 +22,8 @@ FLAGS = {"mini_steps": "--accumulate-step", "accumulate_step": "--accumulate-ste
          "structure": "--structure", "recompute": "--recompute", "ckpt_dir": "--ckpt-dir", "model": "--model",
          "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
          "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard",
-         "shard_optimizer": "--shard-optimizer", "format": "--ckpt-format"}
+         "shard_optimizer": "--shard-optimizer", "format": "--ckpt-format",
+         "directory": "--ckpt-dir"}
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
 

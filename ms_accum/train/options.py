@@ -160,9 +160,9 @@ class Checkpoints:
     @door("Checkpoints")
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
-            raise ArgumentTypeError("{ckpt_dir:subject} must be a directory path, but got {directory!r} of type "
-                                    "{name}.", directory=self.directory, name=type(self.directory).__name__)
-        check_isinstance(self.name, "ckpt_name", str)
+            raise ArgumentTypeError("{directory:subject} must be a directory path, but got {given!r} of type "
+                                    "{kind}.", given=self.directory, kind=type(self.directory).__name__)
+        check_isinstance(self.name, "name", str)
         for arg_name in ("save_every", "keep_last"):
             if getattr(self, arg_name) is not None:
                 check_positive_int(getattr(self, arg_name), arg_name)

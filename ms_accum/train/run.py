@@ -84,7 +84,7 @@ class Run:
         check_isinstance(self.dataset, "train_dataset", Dataset)
         check_value_in(self.partial_window, "partial_window", PARTIAL_WINDOWS)
         if checkpoints is not None and self.writes:
-            check_writable_dir(checkpoints.directory, "ckpt_dir")
+            check_writable_dir(checkpoints.directory, "directory")
         check_columns(self.state.network, self.dataset.get_col_names())
         num_batches = self.dataset.get_dataset_size()
         if self.parallel is not None:
