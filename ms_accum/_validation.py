@@ -66,35 +66,31 @@ class Message:
     @property
     def arguments(self) -> Tuple[str, ...]:
         """The arguments the message is about, in the order it names them."""
-        names = []
-        for field, spec, _conversion in self._fields():
-            value = self.values.get(field)
-            name = (field[:-1] if field.endswith("=") else value.name if isinstance(value, (Argument, Setting))
-                    else field if spec in ("name", "subject") or field not in self.values and field[:1] != "_"
-                    else None)
-            if name is not None and name not in names:
-                names.append(name)
-        return tuple(names)
-
-    def _fields(self):
-        try:
-            return [(field, spec, conversion) for _, field, spec, conversion in string.Formatter().parse(self.template)
-                    if field is not None]
-        except ValueError:
-            return []
+        named = (self._named(field, spec) for _, field, spec, _ in self._parts() if field is not None)
+        return tuple(dict.fromkeys(name for name in named if name is not None))
 
     def render(self, words: Words = LIBRARY) -> str:
         """The message in `words` (the library's by default)."""
+        return "".join(literal + ("" if field is None else self._field(field, spec, conversion, words))
+                       for literal, field, spec, conversion in self._parts())
+
+    def _parts(self) -> list:
+        """The template's (literal, field, spec, conversion) parts; a template that does not parse is said as it is."""
         try:
-            parts = list(string.Formatter().parse(self.template))
-        except ValueError:  # not a template: said as it is
-            return self.template
-        text = []
-        for literal, field, spec, conversion in parts:
-            text.append(literal)
-            if field is not None:
-                text.append(self._field(field, spec, conversion, words))
-        return "".join(text)
+            return list(string.Formatter().parse(self.template))
+        except ValueError:
+            return [(self.template, None, None, None)]
+
+    def _named(self, field: str, spec: str) -> Optional[str]:
+        """The argument `field` names, if it names one."""
+        value = self.values.get(field)
+        if field.endswith("="):
+            return field[:-1]
+        if isinstance(value, (Argument, Setting)):
+            return value.name
+        if field.startswith("_"):
+            return None
+        return field if field not in self.values or spec in ("name", "subject") else None
 
     def _field(self, field: str, spec: str, conversion: Optional[str], words: Words) -> str:
         if field in ("_none", "_false"):
