@@ -149,8 +149,8 @@ def test_resume_refuses_a_different_run(tmp_path):
                                          f"not continue the same training; mini_steps=2 keeps it."):
         _train(tmp_path, resume=latest, mini_steps=3)
     with raises_exactly(CheckpointError, f"{saved} 12 (accumulate_step=2 x batch_size=6 x 1 rank(s)): resuming would "
-                                         f"not continue the same training; no mini_steps keeps it with batch_size=6 on 1 "
-                                         f"rank(s), as 16 is not a multiple of 6."):
+                                         f"not continue the same training; no 'mini_steps' keeps it with batch_size=6 on "
+                                         f"1 rank(s), as 16 is not a multiple of 6."):
         _train(tmp_path, resume=latest, batch=6)
     with raises_exactly(CheckpointError, f"Checkpoint '{tmp_path / 'run.ckpt'}' holds no training state to resume from "
                                          f"(it was not saved with 'save_every')."):
@@ -211,7 +211,7 @@ def test_a_failed_save_names_the_newest_state_and_loses_nothing(tmp_path):
         with raises_exactly(CheckpointError, f"For 'GradientAccumulation.train_process', 'run-000000004.ckpt' could "
                                              f"not be written in '{tmp_path}': File too large. No earlier file was "
                                              f"changed. The newest complete training state is 'run-000000003.ckpt': "
-                                             f"resume=True (the CLI's --resume) continues from it."):
+                                             f"resume=True continues from it."):
             _train(tmp_path, epochs=2, save_every=1, resume=True)
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == saved  # no temporary
     resumed = _train(tmp_path, epochs=2, save_every=1, resume=True)
