@@ -149,8 +149,8 @@ def test_resume_refuses_a_different_run(tmp_path):
                                          f"not continue the same training; mini_steps=2 keeps it."):
         _train(tmp_path, resume=latest, mini_steps=3)
     with raises_exactly(CheckpointError, f"{saved} 12 (accumulate_step=2 x batch_size=6 x 1 rank(s)): resuming would "
-                                         f"not continue the same training; no 'mini_steps' keeps it with batch_size=6 on "
-                                         f"1 rank(s), as 16 is not a multiple of 6."):
+                                         f"not continue the same training; no 'mini_steps' keeps it with batch_size=6 "
+                                         f"on 1 rank(s), as 16 is not a multiple of 6."):
         _train(tmp_path, resume=latest, batch=6)
     with raises_exactly(CheckpointError, f"Checkpoint '{tmp_path / 'run.ckpt'}' holds no training state to resume from "
                                          f"(it was not saved with 'save_every')."):
