@@ -104,8 +104,6 @@ class Message:
             return words.subject(field) if spec == "subject" else words.name(field)
         if hasattr(value, "render"):
             return value.render(words)
-        if isinstance(value, BaseException):
-            return str(value)
         return format(repr(value) if conversion == "r" else value, spec)
 
 

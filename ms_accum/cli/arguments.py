@@ -30,14 +30,8 @@ def _number(kind, positive: bool, what: str):
 
 
 positive_int = _number(int, True, "a positive int")
-
-
 non_negative_int = _number(int, False, "a non-negative int")
-
-
 positive_float = _number(float, True, "a positive float")
-
-
 non_negative_float = _number(float, False, "a non-negative float")
 
 

@@ -1,7 +1,6 @@
 """``"window"``: a whole window in one graph call; the host steps or clears."""
 from __future__ import annotations
 
-
 import numpy as np
 from mindspore import Tensor
 
