@@ -190,16 +190,16 @@ class Controller:
 
     def state(self) -> Dict[str, float]:
         """What a training state saves, to resume the decisions exactly."""
-        return {"adaptive_k": self.k, "adaptive_next": self.next_decision, "adaptive_decisions": self.decisions,
-                "adaptive_weight": self.weight, "adaptive_windows": self.windows}
+        return {"controller_k": self.k, "controller_next": self.next_decision, "controller_decisions": self.decisions,
+                "controller_weight": self.weight, "controller_windows": self.windows}
 
     def load(self, state: dict) -> None:
         """Restores what `state` saved (keys missing: a fresh start)."""
-        self.k = int(state.get("adaptive_k", self.adaptive.k_min))
-        self.next_decision = int(state.get("adaptive_next", self.min_samples))
-        self.decisions = int(state.get("adaptive_decisions", 0))
-        self.weight = float(state.get("adaptive_weight", 0.0))
-        self.windows = int(state.get("adaptive_windows", 0))
+        self.k = int(state.get("controller_k", self.adaptive.k_min))
+        self.next_decision = int(state.get("controller_next", self.min_samples))
+        self.decisions = int(state.get("controller_decisions", 0))
+        self.weight = float(state.get("controller_weight", 0.0))
+        self.windows = int(state.get("controller_windows", 0))
 
 
 def check_adaptive(adaptive: AdaptiveK, structure: str, reduction: str, measured: bool, ranks: int) -> None:
