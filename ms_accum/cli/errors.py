@@ -23,7 +23,8 @@ FLAGS = {"mini_steps": "--accumulate-step", "accumulate_step": "--accumulate-ste
          "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
          "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard",
          "shard_optimizer": "--shard-optimizer", "format": "--ckpt-format",
-         "directory": "--ckpt-dir"}
+         "directory": "--ckpt-dir", "k_min": "--adaptive-k", "k_max": "--adaptive-k",
+         "fraction": "--adaptive-fraction", "lr_rule": "--lr-rule"}
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
 

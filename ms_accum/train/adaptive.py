@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional
 
+from .._choices import LR_RULES
 from .._validation import (ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int,
                            check_value_in, door)
 from ..core.statistics import NoiseScale
 
-LR_RULES = ("none", "linear", "sqrt", "adascale")
 MIN_WINDOWS = 32  # default `min_samples`: this many windows of k_min, to average before the first decision
 EVERY_WINDOWS = 8  # default `every`: this many windows of k_min between decisions
 
