@@ -15,10 +15,12 @@ from mindspore import nn
 import ms_accum
 from ms_accum import (AdaptiveK, Checkpoints, GradientAccumulation, QUIET, SamplesLR, StatisticsOptions,
                       WindowOptions)
+from ms_accum import cli
 from ms_accum.core.statistics import NoiseScale
+from ms_accum.demo.data import make_synthetic_mnist
 from ms_accum.train.adaptive import Controller
 from ms_accum.train.checkpoint import CheckpointError, load_checkpoint
-from conftest import raises_exactly
+from conftest import cli_error, raises_exactly
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_scripts", "resume_worker.py")
 
@@ -288,8 +290,7 @@ def test_a_resume_with_other_settings_is_refused(given, this, tmp_path):
     states_of(small_net(), AdaptiveK(2, 8, min_samples=32, every=32), tmp_path)
     path = os.path.join(tmp_path, "run-000000012.ckpt")
     with raises_exactly(CheckpointError, f"Checkpoint '{path}' was saved by a run whose K came from {SAVED}, but this "
-                                         f"run's comes from {this}: resuming would not continue the same training; "
-                                         f"give the saved run's mini_steps."):
+                                         f"run's comes from {this}: resuming would not continue the same training."):
         states_of(small_net(), given, tmp_path, resume=path, epochs=2)
 
 
@@ -298,18 +299,49 @@ def test_an_adaptive_resume_of_a_fixed_k_run_is_refused(tmp_path):
     path = os.path.join(tmp_path, "run-000000016.ckpt")
     with raises_exactly(CheckpointError, f"Checkpoint '{path}' was saved by a run whose K came from the global batch "
                                          f"schedule (samples consumed: global batch) 0:16, but this run's comes from "
-                                         f"{SAVED}: resuming would not continue the same training; give the saved "
-                                         f"run's mini_steps."):
+                                         f"{SAVED}: resuming would not continue the same training."):
         states_of(small_net(), AdaptiveK(2, 8, min_samples=32, every=32), tmp_path, resume=path, epochs=2)
 
 
 def test_the_final_checkpoint_records_the_settings_and_where_k_changed(tmp_path):
     result = states_of(small_net(), AdaptiveK(2, 8, min_samples=32, every=32), tmp_path)
     _, meta = load_checkpoint(result.checkpoint)
-    assert meta["adaptive_k"] == SAVED
+    assert json.loads(meta["adaptive_k"]) == {"k_min": 2, "k_max": 8, "fraction": 1.0, "lr_rule": "none",
+                                              "min_samples": 32, "every": 32, "threshold": 0.2, "beta": 0.99,
+                                              "global_micro_batch": 8}
     changes, k = [], None
     for start, record in zip(opened_at(result), result.steps):
         if record.accumulate_step != k:
             changes.append(f"{start}:{record.accumulate_step * 8}")
             k = record.accumulate_step
     assert meta["global_batches"] == ",".join(changes)
+
+
+# The command line.
+
+@pytest.mark.parametrize("given, message", [
+    ("8:2", "argument --adaptive-k: must be MIN:MAX with MIN <= MAX, but got '8:2'"),
+    ("4", "argument --adaptive-k: must be MIN:MAX, two positive ints such as 2:16, but got '4'"),
+    ("0:4", "argument --adaptive-k: must be MIN:MAX, two positive ints such as 2:16, but got '0:4'"),
+])
+def test_the_command_line_refuses_bad_bounds(given, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--adaptive-k", given, "--ckpt-dir", str(tmp_path / "ck")])
+    assert cli_error(capsys.readouterr().err) == f"ms-accum train: error: {message}"
+    assert not os.path.exists(tmp_path / "ck")
+
+
+def test_the_command_line_trains_with_an_adaptive_k_and_shows_it(tmp_path, capsys):
+    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
+    # The first decision after 32 windows of K=2 (512 samples), then one every 8 (128 samples).
+    assert cli.main(["train", "--model", "mlp", "--batch-size", "8", "--adaptive-k", "2:8", "--lr-rule", "linear",
+                     "--epochs", "3", "--data", data, "--ckpt-dir", str(tmp_path / "ck"), "--no-eval", "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    ks, scales = summary["accumulate_step"], summary["lr_scale"]
+    assert len(ks) == summary["optimizer_steps"] and ks[0] == 2 and set(ks) <= set(range(2, 9)) and len(set(ks)) > 1
+    assert scales == [k / 2 for k in ks]  # linear from the rate for K=2
+    assert len(summary["noise_scale"]) == len(ks) and any(value is not None for value in summary["noise_scale"])
+    assert summary["samples_consumed"] == 3 * 512
+    _, meta = load_checkpoint(summary["checkpoint"])
+    assert meta["accumulate_step"] == "adaptive 2:8"
+    assert os.path.isfile(summary["loss_plot"])

@@ -63,6 +63,10 @@ class CliWords(Words):
     def layout(self, k: int, batch: int, ranks: int) -> str:  # --batch-size is the global micro-batch
         return f"--accumulate-step {k} x --batch-size {batch * ranks}" + (f" over {ranks} workers" if ranks > 1 else "")
 
+    def adaptive(self, settings: dict) -> str:  # the settings the command line cannot give are its defaults
+        return (f"--adaptive-k {settings['k_min']}:{settings['k_max']} --adaptive-fraction {settings['fraction']} "
+                f"--lr-rule {settings['lr_rule']} --batch-size {settings['global_micro_batch']}")
+
 
 class CliError(MessageError):
     """A failure the user can fix, in the command's own terms; printed as one line. Without `values`, `message` is

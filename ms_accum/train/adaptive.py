@@ -9,11 +9,12 @@ run decides as the uninterrupted one.
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Dict, Optional
 
 from .._choices import LR_RULES
-from .._validation import (ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int,
+from .._validation import (ADAPTIVE_OPTIONS, ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int,
                            check_value_in, door)
 from ..core.statistics import NoiseScale
 
@@ -90,9 +91,10 @@ class AdaptiveK:
         self.beta = float(beta)
 
     def settings(self, per_batch: int) -> str:
-        """The settings a training state records for a run over global micro-batches of `per_batch` samples; a resumed
-        run must give the same (`ms_accum.train.resume`)."""
-        return f"{self!r} over global micro-batches of {per_batch} samples"
+        """The settings a training state records, as JSON, for a run over global micro-batches of `per_batch` samples;
+        a resumed run must give the same (`ms_accum.train.resume`)."""
+        return json.dumps({"k_min": self.k_min, "k_max": self.k_max,
+                           **{name: getattr(self, name) for name in ADAPTIVE_OPTIONS}, "global_micro_batch": per_batch})
 
     def __repr__(self) -> str:
         return (f"AdaptiveK({self.k_min}, {self.k_max}, fraction={self.fraction}, lr_rule={self.lr_rule!r}, "
