@@ -12,7 +12,6 @@ import mindspore as ms
 import mindspore.dataset as ds
 from mindspore import nn
 
-import ms_accum
 from ms_accum import (AdaptiveK, Checkpoints, GradientAccumulation, QUIET, SamplesLR, StatisticsOptions,
                       WindowOptions)
 from ms_accum import cli
