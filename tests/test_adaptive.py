@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import matplotlib.image
 import numpy as np
 import pytest
 import mindspore as ms
@@ -343,4 +344,13 @@ def test_the_command_line_trains_with_an_adaptive_k_and_shows_it(tmp_path, capsy
     assert summary["samples_consumed"] == 3 * 512
     _, meta = load_checkpoint(summary["checkpoint"])
     assert meta["accumulate_step"] == "adaptive 2:8"
-    assert os.path.isfile(summary["loss_plot"])
+    assert matplotlib.image.imread(summary["loss_plot"]).shape[:2] == (550, 600)  # the second panel: K, noise scale
+
+
+def test_the_last_window_is_scored_though_no_window_count_is_known_ahead():
+    net = small_net()
+    executor = executor_for(net, statistics=MEASURED)
+    result = executor.train_process(1, small_data(), AdaptiveK(2, 8, min_samples=32, every=16), checkpoints=None,
+                                    log=QUIET, eval_dataset=small_data(64, seed=1), eval_every=1000)
+    assert [record.validation is not None for record in result.steps] == [False] * (len(result.steps) - 1) + [True]
+    assert len({record.accumulate_step for record in result.steps}) > 1
