@@ -31,7 +31,7 @@ class AdaptiveK:
     Trustworthy on a noisy estimate: the estimate is a bias-corrected moving average (decay `beta`) of the noise
     scale's two terms; K starts at `k_min` and no decision is taken before `min_samples` global samples are consumed;
     decisions then come at a fixed cadence, every `every` samples, when a window opens; K moves only when the target
-    lies more than `threshold` away from it (up when target >= K·(1 + threshold), to the target's floor; down when
+    lies at least `threshold` away from it (up when target >= K·(1 + threshold), to the target's floor; down when
     target <= K / (1 + threshold), to its ceiling), so it does not oscillate around a boundary.
 
     The learning rate follows the batch by `lr_rule`, the optimizer's rate being the one tuned for `k_min`'s batch
