@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 
 # `AdaptiveK`'s settings after its two bounds, in its signature's order.
-ADAPTIVE_OPTIONS = ("fraction", "lr_rule", "min_samples", "every", "threshold", "beta")
+ADAPTIVE_OPTIONS = ("fraction", "lr_rule", "min_samples", "every", "threshold", "max_change", "beta")
 
 
 class Words:

@@ -28,14 +28,15 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_scripts
 def estimate(value: float, beta: float = 0.99) -> NoiseScale:
     """A NoiseScale whose estimate is `value` (one window taken in: the bias correction makes it exact)."""
     noise = NoiseScale(beta)
-    noise.windows, noise.g2, noise.trace = 1, (1 - beta) * 1.0, (1 - beta) * value
+    noise.windows, noise.g2, noise.trace, noise.kept = 1, (1 - beta) * 1.0, (1 - beta) * value, beta
     return noise
 
 
-def controller(value, k_min=2, k_max=32, per_batch=16, **settings) -> Controller:
-    """A controller over micro-batches of `per_batch` samples whose estimate is `value` (None: none yet)."""
+def controller(value, k_min=2, k_max=32, per_batch=16, max_change=100.0, **settings) -> Controller:
+    """A controller over micro-batches of `per_batch` samples whose estimate is `value` (None: none yet), K free to
+    move as far as the target in one decision unless `max_change` says otherwise."""
     noise = estimate(value) if value is not None else NoiseScale()
-    made = Controller(AdaptiveK(k_min, k_max, **settings), per_batch, noise)
+    made = Controller(AdaptiveK(k_min, k_max, max_change=max_change, **settings), per_batch, noise)
     made.observe(per_batch * 2.0, 2)  # one window of 2 micro-batches: a micro-batch weighs `per_batch`
     return made
 
@@ -71,12 +72,28 @@ def test_k_stays_within_its_bounds_and_without_an_estimate():
     assert controller(None, min_samples=0)(0) == 2  # no estimate (|G|² not positive yet): K stays
 
 
+def test_one_decision_moves_k_by_at_most_max_change():
+    k = controller(16 * 100.0, min_samples=0, every=1, max_change=2.0)
+    assert [k(s) for s in range(5)] == [4, 8, 16, 32, 32]
+    k.noise = estimate(16 * 3.0)
+    assert [k(s) for s in range(5, 10)] == [16, 8, 4, 3, 3]
+    assert controller(16 * 100.0, min_samples=0, max_change=1.5)(0) == 3  # floor(2 x 1.5)
+
+
+def test_the_averages_weigh_a_window_by_its_micro_batches():
+    # A window of 8 when k_min is 2 decays the averages as four windows of 2 would: the horizon is in samples.
+    made = Controller(AdaptiveK(2, 8, beta=0.9), 16, NoiseScale(0.9))
+    assert made.decay(8) == pytest.approx(0.9 ** 4) and made.decay(2) == 0.9
+    made.observe(8 * 16.0, 8)
+    assert made.kept == pytest.approx(0.9 ** 4) and made.micro_weight == pytest.approx(16.0)
+
+
 def test_fraction_scales_the_target():
     assert controller(16 * 20.0, min_samples=0, fraction=0.25)(0) == 5
 
 
 def test_a_token_weighted_estimate_is_converted_by_the_micro_batch_weight():
-    made = Controller(AdaptiveK(2, 64, min_samples=0), 4, estimate(8000.0))
+    made = Controller(AdaptiveK(2, 64, min_samples=0, max_change=100.0), 4, estimate(8000.0))
     made.observe(2 * 4 * 100.0, 2)  # micro-batches of 4 sequences, 400 tokens: B_simple 8000 tokens is 20 of them
     assert made(0) == 20
 
@@ -120,6 +137,7 @@ def test_state_round_trip_continues_the_same_decisions():
     ((2, 8), {"min_samples": -1}, ValueError, "the argument 'min_samples' must be a non-negative int, but got -1."),
     ((2, 8), {"threshold": -0.1}, ValueError, "the argument 'threshold' must be a non-negative float, but got -0.1."),
     ((2, 8), {"beta": 1.0}, ValueError, "the argument 'beta' must be a float in (0, 1), but got 1.0."),
+    ((2, 8), {"max_change": 1.0}, ValueError, "the argument 'max_change' must be a float above 1, but got 1.0."),
 ])
 def test_bad_settings_are_refused(args, kwargs, error, message):
     with raises_exactly(error, f"For 'AdaptiveK', {message}"):
@@ -147,20 +165,21 @@ MEASURED = StatisticsOptions(noise_scale=True)
 DOOR = "For 'GradientAccumulation.train_process', "
 
 
+REFUSED = ("AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=None, every=None, threshold=0.2, max_change=2.0, "
+           "beta=0.99)")
+
+
 @pytest.mark.parametrize("case, message", [
-    ("unmeasured", "the argument 'mini_steps' is AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=None, "
-                   "every=None, threshold=0.2, beta=0.99), which decides from the gradient noise scale, but the "
+    ("unmeasured", f"the argument 'mini_steps' is {REFUSED}, which decides from the gradient noise scale, but the "
                    "executor measures no gradient norm: build it with statistics=StatisticsOptions(noise_scale=True)."),
     ("k_min=1", "the argument 'k_min' must be at least 2 on one rank, but got 1: the noise scale compares the "
                 "micro-batch's gradient with the window's, and a window of one micro-batch has one batch size, so K "
                 "would never move."),
-    ("sum", "the argument 'mini_steps' must be a fixed K or a schedule with a summing loss (reduction 'sum'): "
-            "AdaptiveK decides from the gradient noise scale, which compares mean gradients, but got AdaptiveK(2, 8, "
-            "fraction=1.0, lr_rule='none', min_samples=None, every=None, threshold=0.2, beta=0.99)."),
-    ("cached", "the argument 'mini_steps' must be a fixed K or a schedule with structure='cached': AdaptiveK decides "
-               "from the gradient noise scale, and gradient caching measures no micro-batch's gradient on its own, "
-               "but got AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=None, every=None, threshold=0.2, "
-               "beta=0.99)."),
+    ("sum", f"the argument 'mini_steps' must be a fixed K or a schedule with a summing loss (reduction 'sum'): "
+            f"AdaptiveK decides from the gradient noise scale, which compares mean gradients, but got {REFUSED}."),
+    ("cached", f"the argument 'mini_steps' must be a fixed K or a schedule with structure='cached': AdaptiveK decides "
+               f"from the gradient noise scale, and gradient caching measures no micro-batch's gradient on its own, "
+               f"but got {REFUSED}."),
     ("schedule", "the argument 'mini_steps' scales the learning rate with the batch, which needs the optimizer's rate "
                  "to be a number (or one per group) or a SamplesLR, but it is WarmUpLR: wrap a schedule as "
                  "SamplesLR(schedule), which runs on samples, or give lr_rule='none'."),
@@ -277,14 +296,12 @@ def states_of(net, mini_steps, directory, resume=None, epochs=1):
         directory, "run", save_every=4, resume=resume), log=QUIET)
 
 
-SAVED = ("AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=32, every=32, threshold=0.2, beta=0.99) over "
-         "global micro-batches of 8 samples")
+SAVED = ("AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=32, every=32, threshold=0.2, max_change=2.0, "
+         "beta=0.99) over global micro-batches of 8 samples")
 
 
 @pytest.mark.parametrize("given, this", [
-    (AdaptiveK(2, 16, min_samples=32, every=32), "AdaptiveK(2, 16, fraction=1.0, lr_rule='none', min_samples=32, "
-                                                 "every=32, threshold=0.2, beta=0.99) over global micro-batches of 8 "
-                                                 "samples"),
+    (AdaptiveK(2, 16, min_samples=32, every=32), SAVED.replace("(2, 8,", "(2, 16,")),
     (2, "a fixed K or schedule"),
 ])
 def test_a_resume_with_other_settings_is_refused(given, this, tmp_path):
@@ -307,9 +324,9 @@ def test_an_adaptive_resume_of_a_fixed_k_run_is_refused(tmp_path):
 def test_the_final_checkpoint_records_the_settings_and_where_k_changed(tmp_path):
     result = states_of(small_net(), AdaptiveK(2, 8, min_samples=32, every=32), tmp_path)
     _, meta = load_checkpoint(result.checkpoint)
-    assert json.loads(meta["adaptive_k"]) == {"k_min": 2, "k_max": 8, "fraction": 1.0, "lr_rule": "none",
-                                              "min_samples": 32, "every": 32, "threshold": 0.2, "beta": 0.99,
-                                              "global_micro_batch": 8}
+    assert json.loads(meta["adaptive_k"]) == {
+        "k_min": 2, "k_max": 8, "fraction": 1.0, "lr_rule": "none", "min_samples": 32, "every": 32, "threshold": 0.2,
+        "max_change": 2.0, "beta": 0.99, "global_micro_batch": 8}
     changes, k = [], None
     for start, record in zip(opened_at(result), result.steps):
         if record.accumulate_step != k:
@@ -336,7 +353,8 @@ def test_the_command_line_trains_with_an_adaptive_k_and_shows_it(tmp_path, capsy
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
     # The first decision after 32 windows of K=2 (512 samples), then one every 8 (128 samples).
     assert cli.main(["train", "--model", "mlp", "--batch-size", "8", "--adaptive-k", "2:8", "--lr-rule", "linear",
-                     "--epochs", "3", "--data", data, "--ckpt-dir", str(tmp_path / "ck"), "--no-eval", "--json", "--quiet"]) == 0
+                     "--epochs", "3", "--data", data, "--ckpt-dir", str(tmp_path / "ck"), "--no-eval", "--json",
+                     "--quiet"]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     ks, scales = summary["accumulate_step"], summary["lr_scale"]
     assert len(ks) == summary["optimizer_steps"] and ks[0] == 2 and set(ks) <= set(range(2, 9)) and len(set(ks)) > 1
