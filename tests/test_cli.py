@@ -115,7 +115,7 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
     assert summary["outliers"] == [] and summary["skipped_micro_batches"] == 0
     assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-step", "2"]) == 1
     assert capsys.readouterr().err == ("ms-accum train: error: --accumulate-schedule sets K: give it without "
-                                       "--accumulate-step or --plan.\n")
+                                       "--accumulate-step.\n")
     with pytest.raises(SystemExit) as bad:
         cli.main(argv + ["--accumulate-schedule", "256:2,0:1"])
     assert bad.value.code == 2
