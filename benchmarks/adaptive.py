@@ -167,6 +167,7 @@ def shakespeare_data(task: Task) -> Data:
         Data.
     """
     import mindspore as ms
+    import mindspore.dataset as ds
     from ms_accum import TokenCrossEntropy
     from ms_accum.demo import CharTransformer
     tutorial = _tutorial()
@@ -184,7 +185,15 @@ def shakespeare_data(task: Task) -> Data:
         ms.set_seed(SEED)
         return CharTransformer(len(index) + 1, tutorial.WIDTH, tutorial.HEADS, tutorial.LAYERS, tutorial.MAX_LEN)
 
-    return Data(network, lambda: TokenCrossEntropy(tutorial.IGNORE), lambda: tutorial.dataset(train),
+    # The tutorial's micro-batches, one speech a row, batched again: the same batches, but the dataset's batch size
+    # is the micro-batch's speeches, so the samples consumed count speeches (a dataset of whole micro-batches counts
+    # each as one sample).
+    rows = [(tokens[i], targets[i]) for tokens, targets in train for i in range(len(tokens))]
+
+    def dataset():
+        return ds.GeneratorDataset(rows, column_names=["tokens", "targets"], shuffle=False).batch(task.batch)
+
+    return Data(network, lambda: TokenCrossEntropy(tutorial.IGNORE), dataset,
                 epochs=math.ceil(tail_end(task) / (len(train) * task.batch)), held_out=val, weighted=True,
                 note=f"the tutorial's CharTransformer, Adam, token-weighted, {len(val) * tutorial.VAL_BATCH} "
                      f"held-out speeches")
