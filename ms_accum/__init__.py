@@ -1,7 +1,7 @@
 """ms_accum: gradient accumulation for MindSpore graph mode, equal to large-batch training.
 
 The names a script uses are here, in the order of the documentation (README.md's three ways in, then docs/training.md,
-resume.md, schedules.md, sequence-models.md, data-parallel.md, verify-and-plan.md); each layer's package exports the
+resume.md, schedules.md, adaptive-k.md, sequence-models.md, data-parallel.md, verify-and-plan.md); each layer's package exports the
 rest of its public names:
 
 - ``ms_accum.core``: the window (the buffer and its rules, the guard, graph math, statistics, reducers, losses, dropout
@@ -40,6 +40,8 @@ _EXPORTS = {
     "NonFiniteError": ".train",
     # Schedules and learning rates by samples (docs/schedules.md).
     "AccumulationSchedule": ".train", "rampup": ".train", "SamplesLR": ".train",
+    # K from the noise scale (docs/adaptive-k.md).
+    "AdaptiveK": ".train",
     # Sequence models (docs/sequence-models.md).
     "TokenCrossEntropy": ".core",
     # Data parallel (docs/data-parallel.md).

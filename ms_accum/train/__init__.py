@@ -11,6 +11,7 @@ _EXPORTS = {
     "CheckpointError": ".checkpoint", "save_checkpoint": ".checkpoint", "load_checkpoint": ".checkpoint",
     "load_into": ".checkpoint", "find_latest": ".checkpoint", "list_checkpoints": ".checkpoint",
     "AccumulationSchedule": ".schedule", "rampup": ".schedule", "SamplesLR": ".lr", "scale_lr": ".lr",
+    "AdaptiveK": ".adaptive",
     "count_windows": ".windows",
     "Plan": ".plan", "Trial": ".plan",
     "init_data_parallel": ".distributed", "distributed_launch": ".distributed",

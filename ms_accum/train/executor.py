@@ -19,6 +19,7 @@ from ..deprecation import deprecated as warn_deprecated
 from ..runtime import check_cpu_kernels
 from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions,
                       with_deprecated)
+from .adaptive import AdaptiveK, check_adaptive
 from .plan import Plan
 from .recompute import recompute_cells
 from .records import TrainResult
@@ -214,9 +215,10 @@ class GradientAccumulation:
         Args:
             epoch (int): Number of epochs.
             train_dataset (Dataset): Yields micro-batches: the network's inputs, then the loss's labels.
-            mini_steps (Union[int, dict, Callable], optional): K, micro-batches per optimizer step: an int, or a
-                schedule of the global samples consumed (`ms_accum.train.schedule`), decided when each window opens.
-                Default: ``None``, the plan's K for an executor built by `from_plan` (required otherwise).
+            mini_steps (Union[int, dict, Callable, AdaptiveK], optional): K, micro-batches per optimizer step: an
+                int, or a schedule of the global samples consumed (`ms_accum.train.schedule`), or K chosen from the
+                measured gradient noise scale (`AdaptiveK`), decided when each window opens. Default: ``None``, the
+                plan's K for an executor built by `from_plan` (required otherwise).
             partial_window (str): ``"apply"`` (default) or ``"drop"``.
             checkpoints (Checkpoints, optional): Where and how often to save, and what to resume from; ``None``
                 saves nothing. Default: ``Checkpoints()``, the final network in ``ckpt/gradient_accumulation.ckpt``.
@@ -235,20 +237,29 @@ class GradientAccumulation:
 
         Raises:
             TypeError: If an argument has the wrong type.
-            ValueError: If `epoch` or `mini_steps` is not positive, the dataset is empty, `partial_window` is unknown,
+            ValueError: If `epoch` or `mini_steps` is not positive, or `mini_steps` is an `AdaptiveK` the executor
+                cannot measure the noise scale for (`ms_accum.train.adaptive.check_adaptive`), the dataset is empty,
+                `partial_window` is unknown,
                 the checkpoints' directory is not writable; in data parallel, if the ranks' datasets have different
                 numbers of batches.
             CheckpointError: If the file to resume from cannot be read or would not continue the same training, or a
                 checkpoint cannot be written (docs/resume.md).
         """
         options = with_deprecated({"checkpoints": checkpoints, "log": log}, deprecated, ("checkpoints", "log"))
-        schedule = AccumulationSchedule(self._mini_steps(mini_steps, train_dataset), arg_name="mini_steps")
+        mini_steps = self._mini_steps(mini_steps, train_dataset)
+        if isinstance(mini_steps, AdaptiveK):
+            check_adaptive(mini_steps, self.structure, self.buffer.reduction.name, self.statistics,
+                           1 if self.parallel is None else self.parallel.group_size)
+            schedule = mini_steps
+        else:
+            schedule = AccumulationSchedule(mini_steps, arg_name="mini_steps")
         run = Run(self.parts, self.state, self.parallel, self.guard, self.measure, epoch, train_dataset, schedule,
                   partial_window, options["checkpoints"], options["log"], _validation(eval_dataset, eval_every))
         self._structure.reset()  # start from an empty window whatever happened before
         windows = run.start()
         structure = self.runner(run.largest)  # built once, for the largest K; shorter windows run through it too
-        with self.dropout.drawing():  # the network's nn.Dropout cells draw from the streams until training ends
+        # The network's nn.Dropout cells draw from the streams, and AdaptiveK scales the rate, until training ends.
+        with self.dropout.drawing(), run.rate:
             for k, size, window, opened_at in windows:
                 if size < k and partial_window == "drop":
                     run.drop(window)

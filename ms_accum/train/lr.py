@@ -13,7 +13,7 @@ import math
 from typing import Callable, Union
 
 import mindspore as ms
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, ParameterTuple, Tensor, nn
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int, \
@@ -107,9 +107,9 @@ class SamplesLR(LearningRateSchedule):
         self.samples = 0
         self.lr = Parameter(Tensor(self._evaluate(0), ms.float32), name="samples_lr", requires_grad=False)
 
-    def update(self, samples: int) -> float:
-        """Sets the rate for `samples` samples consumed; returns it."""
-        value = self._evaluate(samples)
+    def update(self, samples: int, scale: float = 1.0) -> float:
+        """Sets the rate for `samples` samples consumed, times `scale` (`AdaptiveK`'s rule); returns it."""
+        value = self._evaluate(samples) * scale
         self.samples = samples
         self.lr.set_data(Tensor(value, ms.float32))
         return value
@@ -126,3 +126,45 @@ class SamplesLR(LearningRateSchedule):
 
     def construct(self, global_step):
         return self.lr
+
+
+class RunRate:
+    """
+    The optimizer's learning rate as a run sets it when each window opens: a `SamplesLR` at the samples consumed, and
+    a factor (`AdaptiveK`'s `lr_rule`) on it or on a rate held in a Parameter, the base being what the optimizer holds
+    when the run starts; leaving the ``with`` block the run trains in puts that back, so the next run starts from it. The rate's value
+    is what MindSpore's own `LearningRateScheduler` callback sets; the optimizer is not otherwise changed.
+
+    Args:
+        optimizer (nn.Optimizer): The user's.
+        scaled (bool): Whether a factor is applied.
+
+    Raises:
+        ValueError: If `scaled` and the rate is neither a number (one, or one per group) nor a `SamplesLR`.
+    """
+
+    def __init__(self, optimizer: nn.Optimizer, scaled: bool) -> None:
+        rate = getattr(optimizer, "learning_rate", None)
+        self.samples_lr = rate if isinstance(rate, SamplesLR) else None
+        held = [rate] if isinstance(rate, Parameter) else list(rate) if isinstance(rate, ParameterTuple) else None
+        if scaled and self.samples_lr is None and held is None:
+            raise ArgumentValueError("{mini_steps:subject} scales the learning rate with the batch, which needs the "
+                                     "optimizer's rate to be a number (or one per group) or a SamplesLR, but it is "
+                                     "{kind}: wrap a schedule as SamplesLR(schedule), which runs on samples, or give "
+                                     "lr_rule='none'.", kind=type(rate).__name__)
+        self.held = [(param, param.asnumpy().copy()) for param in held] if scaled and held else []
+
+    def set(self, samples: int, scale: float) -> None:
+        """The rate for the window that opens after `samples` samples consumed, times `scale`."""
+        if self.samples_lr is not None:
+            self.samples_lr.update(samples, scale)
+        for param, base in self.held:
+            param.set_data(Tensor(base * scale, param.dtype))
+
+    def __enter__(self) -> "RunRate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """The rates held in Parameters back to their values when the run started."""
+        for param, base in self.held:
+            param.set_data(Tensor(base, param.dtype))

@@ -29,6 +29,7 @@ class StepRecord:
     grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
     micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
+    lr_scale: float = 1.0  # the factor on the learning rate for this window (`AdaptiveK`'s lr_rule)
     outliers: List[int] = field(default_factory=list)  # batch indices (in the epoch) left out as outliers
     validation: Optional[Dict[str, float]] = None  # with an eval_dataset, when scored after this window (`Validation`)
 

@@ -105,7 +105,9 @@ class StateCheckpoints:
         self.windows = _runs(meta.get("batch_windows", ""))
         position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
         position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
-        if _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
+        if meta.get("adaptive_k", "") or self.run["adaptive_k"]:
+            _check_adaptive(path, str(meta.get("adaptive_k", "")), saved["global_batches"], self.run["adaptive_k"])
+        elif _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
                 "callable" in (saved["global_batches"], self.run["global_batches"]):
             self._check_schedule(path, saved["global_batches"], self._ahead(epochs, position))
         else:
@@ -254,6 +256,19 @@ def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, M
                               "({saved}), but this run has {batch} ({this}): resuming would not continue the same "
                               "training; {keeps}.", path=path, saved_batch=saved_batch, saved=layout(saved),
                               batch=batch, this=layout(run), keeps=keeps)
+
+
+def _check_adaptive(path: str, saved: str, saved_batches: str, this: str) -> None:
+    """Refuses a resume unless both runs chose K by the same `AdaptiveK` settings over the same global micro-batch:
+    the saved decisions and estimates mean nothing to other settings, and a fixed K or schedule would not continue
+    them."""
+    if saved != this:
+        theirs = saved or Message("the global batch schedule (samples consumed: global batch) {batches}",
+                                  batches=saved_batches)
+        mine = this or "a fixed K or schedule"
+        raise CheckpointError("Checkpoint '{path}' was saved by a run whose K came from {theirs}, but this run's comes "
+                              "from {mine}: resuming would not continue the same training; give the saved run's "
+                              "mini_steps.", path=path, theirs=theirs, mine=mine)
 
 
 def _check_epoch_samples(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple, Union
 
 import numpy as np
 from mindspore import nn
@@ -18,11 +18,12 @@ from ..core.columns import check_columns
 from ..core.parallel import DataParallelInfo
 from ..core.statistics import NoiseScale
 from .distributed import check_same_on_all_ranks, gather_ints
-from .lr import SamplesLR
+from .adaptive import AdaptiveK, Controller
+from .lr import RunRate
 from .options import Checkpoints, GuardOptions, LogOptions, StatisticsOptions
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
-from .schedule import AccumulationSchedule
+from .schedule import AccumulationSchedule, pairs_text
 from .structures import Parts, WindowResult
 from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
@@ -42,27 +43,36 @@ class Run:
         parallel (DataParallelInfo): This rank and the number of ranks; None stand-alone.
         guard (GuardOptions): The executor's, for a window that is not finite.
         statistics (StatisticsOptions): The executor's, for what is measured (the noise scale is the run's own).
-        epoch, dataset, schedule, partial_window, checkpoints, log, validation: `train_process`'s arguments.
+        epoch, dataset, partial_window, checkpoints, log, validation: `train_process`'s arguments.
+        schedule (Union[AccumulationSchedule, AdaptiveK]): K, `train_process`'s `mini_steps`; an `AdaptiveK` is run by
+            the run's own `Controller` from its noise-scale estimate.
     """
 
     def __init__(self, parts: Parts, state: nn.Cell, parallel: Optional[DataParallelInfo], guard: GuardOptions,
-                 statistics: StatisticsOptions, epoch: int, dataset: Dataset, schedule: AccumulationSchedule,
+                 statistics: StatisticsOptions, epoch: int, dataset: Dataset,
+                 schedule: Union[AccumulationSchedule, AdaptiveK],
                  partial_window: str, checkpoints: Optional[Checkpoints], log: LogOptions,
                  validation: Optional[Tuple[Dataset, Validation]] = None) -> None:
         self.parts, self.state, self.parallel, self.guard = parts, state, parallel, guard
         self.buffer = parts.buffer
         self.measured = statistics.measured  # whether the gradient norms are measured
         self.writes = parallel is None or parallel.is_main  # rank 0 alone prints and saves
-        rate = getattr(parts.optimizer, "learning_rate", None)
-        self.samples_lr = rate if isinstance(rate, SamplesLR) else None  # updated when each window opens
-        # The run's own estimate (`ms_accum.core.statistics`), continued by its resumed runs (`start`).
-        self.noise_scale = NoiseScale() if statistics.noise_scale else None
+        adaptive = schedule if isinstance(schedule, AdaptiveK) else None
+        self.rate = RunRate(parts.optimizer, adaptive is not None and adaptive.lr_rule != "none")
+        # The run's own estimate (`ms_accum.core.statistics`), continued by its resumed runs (`start`); AdaptiveK
+        # decides from it, smoothed as it says.
+        self.noise_scale = (NoiseScale(adaptive.beta) if adaptive is not None else
+                            NoiseScale() if statistics.noise_scale else None)
         self.epoch, self.dataset, self.schedule = epoch, dataset, schedule
         self.partial_window, self.checkpoints = partial_window, checkpoints
         self.num_batches = self._check(checkpoints)
         # Global samples in one micro-batch of every rank; the ranks' micro-batches may differ in size.
         self.per_batch = (dataset.get_batch_size() if parallel is None else sum(gather_ints(dataset.get_batch_size())))
+        self.controller = None if adaptive is None else Controller(adaptive, self.per_batch, self.noise_scale)
+        if self.controller is not None:
+            self.schedule = schedule = self.controller  # K from here on comes from it, window by window
         settings = {"accumulate_step": schedule.fixed or 0, "global_batches": schedule.global_batches(self.per_batch),
+                    "adaptive_k": "" if adaptive is None else adaptive.settings(self.per_batch),
                     "partial_window": partial_window, "num_batches": self.num_batches,
                     "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
                     "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch}
@@ -73,7 +83,7 @@ class Run:
                                        self.writes, schedule, given.format)
         self.log = WindowLog(log.every, log.verbose and self.writes, log.on_step, guard.stop_on_nonfinite,
                              guard.loss_scaler is not None)
-        self.position, self.result, self.largest = Position(), TrainResult(), 1
+        self.position, self.result, self.largest, self.lr_scale = Position(), TrainResult(), 1, 1.0
         self.eval_dataset, self.evaluator = (None, None) if validation is None else (
             validation[0], Evaluator(parts.network, parts.loss_fn, validation[1]))
         self.verbose = log.verbose and self.writes
@@ -92,7 +102,7 @@ class Run:
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
         if num_batches <= 0:
             raise ArgumentValueError("{train_dataset:subject} must not be empty, but it has no batches.")
-        if self.schedule.fixed is not None and self.schedule.fixed > num_batches:
+        if getattr(self.schedule, "fixed", None) is not None and self.schedule.fixed > num_batches:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
             warnings.warn(ArgumentWarning("{mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
                                           "window is partial and is {done} at the end of the epoch.",
@@ -107,6 +117,8 @@ class Run:
         self.position, resumed_from = self.states.resume(resume, self.epoch)
         if self.noise_scale is not None:
             self.noise_scale.load(self.states.resumed)
+        if self.controller is not None:
+            self.controller.load(self.states.resumed)
         if self.evaluator is not None:  # the best score so far, continued by resumed runs
             self.evaluator.best = float(self.states.resumed.get("best_score", math.nan))
             if not math.isnan(self.evaluator.best) and os.path.isfile(self._best_path()):
@@ -114,10 +126,15 @@ class Run:
         self.states.extra = self._extra
         if self.parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
-        planned = list(_planned_windows(self.epoch, self.num_batches, self.schedule, self.per_batch, self.position))
-        self.largest = max((k for k, _, _ in planned), default=1)
-        # The run's last step, scored before `on_step` sees it: every window from here on but the dropped ones.
-        self.last_step = self.position.step + sum(size == k or self.partial_window == "apply" for k, size, _ in planned)
+        if self.controller is not None:  # its windows are known only as they open: the last is the last batch's
+            self.largest, self.last_step = self.controller.adaptive.k_max, None
+        else:
+            planned = list(_planned_windows(self.epoch, self.num_batches, self.schedule, self.per_batch,
+                                            self.position))
+            self.largest = max((k for k, _, _ in planned), default=1)
+            # The run's last step, scored before `on_step` sees it: every window from here on but the dropped ones.
+            self.last_step = self.position.step + sum(size == k or self.partial_window == "apply"
+                                                      for k, size, _ in planned)
         if self.noise_scale is not None and self.parallel is None and self.largest == 1:
             given = self.schedule.fixed or "a schedule that is 1 in every window of this run"
             raise ArgumentValueError("{mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
@@ -140,20 +157,28 @@ class Run:
     def open(self, opened_at: int, k: int) -> None:
         """A window of K opens after `opened_at` global samples."""
         self.states.window_opened(opened_at, k)
-        if self.samples_lr is not None:
-            self.samples_lr.update(opened_at)
+        # The factor AdaptiveK's rule puts on the rate, 1 otherwise; recorded when the window closes.
+        self.lr_scale = 1.0 if self.controller is None else self.controller.lr_scale(k)
+        self.rate.set(opened_at, self.lr_scale)
 
     def close(self, k: int, trained: WindowResult) -> bool:
         """A window of K `trained`: its record made, scored when due, logged and kept; its training state saved when
         due. Returns whether the run stops here (`on_step` returned True: early stopping)."""
         self.position.step += 1
         record, figures = self._record(trained, k)
-        if self.evaluator is not None and self.evaluator.due(self.position.step, self.position.step == self.last_step):
+        if self.evaluator is not None and self.evaluator.due(self.position.step, self._last()):
             self._score(record)
         stop = bool(self.log.window(record, figures, self.result))
         self.states.window_closed(self.position, stopping=stop)
         self.result.stopped = stop
         return stop
+
+    def _last(self) -> bool:
+        """Whether the window just closed is the run's last (one with AdaptiveK: the last batch read; a partial window
+        dropped after it leaves it unscored until `finish`)."""
+        if self.last_step is not None:
+            return self.position.step == self.last_step
+        return self.position.epoch == self.epoch and self.position.batch == self.num_batches
 
     def _score(self, record: StepRecord) -> None:
         """The validation scores after `record`'s window, in it; the best network saved when it improved."""
@@ -172,6 +197,8 @@ class Run:
     def _extra(self) -> dict:
         """More of the run's state, saved with every training-state file."""
         extra = {} if self.noise_scale is None else self.noise_scale.state()
+        if self.controller is not None:
+            extra.update(self.controller.state())
         if self.evaluator is not None and not math.isnan(self.evaluator.best):
             extra["best_score"] = self.evaluator.best
         return extra
@@ -185,7 +212,10 @@ class Run:
         if self.checkpoints is not None and self.writes:
             given = self.checkpoints
             meta = {"epoch": self.epoch, "step": self.position.step, "accumulate_step": self.schedule.fixed or 0,
-                    "global_batches": self.settings["global_batches"], **(given.metadata or {})}
+                    "global_batches": self.settings["global_batches"] if self.controller is None else
+                    pairs_text(self.states.history), **(given.metadata or {})}
+            if self.controller is not None:
+                meta["adaptive_k"] = self.settings["adaptive_k"]
             path = os.path.join(os.fspath(given.directory), f"{given.name}.{given.format}")
             self.result.checkpoint = self.states.save(network, path, meta)
         return self.result
@@ -202,6 +232,8 @@ class Run:
         if self.noise_scale is not None and applied and window.has_two_batch_sizes():
             noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
                                                 window.weight)
+            if self.controller is not None:
+                self.controller.observe(window.weight, len(trained.outputs))
         outliers = [position.batch - len(trained.outputs) + int(i) for i in window.left_out_indices]
         record = StepRecord(
             epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(trained.outputs),
@@ -210,7 +242,7 @@ class Run:
             samples_consumed=_samples_read(position.epoch, position.batch, self.num_batches, self.per_batch),
             grad_norm=float(np.sqrt(window_sq_norm)),
             micro_batch_grad_norms=window.micro_batch_norms() if self.measured else [], noise_scale=noise,
-            outliers=outliers)
+            outliers=outliers, lr_scale=self.lr_scale)
         result.steps.append(record)
         result.outliers += [(position.epoch, batch) for batch in outliers]
         return record, window
