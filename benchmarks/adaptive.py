@@ -9,8 +9,9 @@ budget of samples, through `GradientAccumulation.train_process`, and is scored o
 - ramp: a hand-written ramp-up of the global batch (`ms_accum.rampup`), k_min to 8 k_min over most of the budget;
 - adaptive: `ms_accum.AdaptiveK`, K chosen from the measured gradient noise scale.
 
-Learning rates, one rule for all: the rate tuned for k_min, times the task's `lr_rule` of K/k_min ("linear": K/k_min,
-"sqrt": its square root) for the window's K, the rule the adaptive run is given.
+Learning rates, one rule for all: the rate tuned for k_min, times the factor of the task's `lr_rule` for the window's
+K, the rule the adaptive run is given ("linear": S = K/k_min, "sqrt": its square root, "adascale": AdaScale's gain
+from the run's own noise-scale estimate; `lr_scale`).
 
 The target is the smallest fixed K's validation loss at the budget; every contender trains 10 % past the budget, so a
 contender that needs up to 1.10x the samples still reaches it. The table gives each contender's loss at the budget
@@ -40,7 +41,7 @@ SEED = 0
 TAIL = 0.10          # every contender trains 10 % past the budget: reaching the target at up to 1.10x counts
 GOAL_STEPS = 0.70    # the adaptive run: at most this many optimizer steps of the smallest fixed K's ...
 GOAL_SAMPLES = 1.10  # ... at no more than this many of its samples
-RULES = {"none": lambda s: 1.0, "linear": lambda s: s, "sqrt": math.sqrt}
+BAND = 5             # the smallest fixed K's last scores shown beside the target, how much it moves
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Task:
         k_max: AdaptiveK's largest K (the grid and the ramp stop at `grid[-1]` x k_min).
         lr: The learning rate tuned for k_min.
         lr_rule: How every contender scales `lr` with K/k_min ("none", "linear", "sqrt").
-        budget: Samples each contender is compared at (it trains `TAIL` times as many).
+        budget: Samples each contender is compared at (it trains 10 % more: `tail_end`).
         eval_samples: Samples between two validation scores.
         grid: The fixed K's, as multiples of k_min.
         adaptive: AdaptiveK's keyword options (fraction, min_samples, every, threshold, beta).
@@ -74,14 +75,14 @@ class Task:
 
 # The full run's settings, then --quick's (a smoke run: every contender trains a few windows, nothing is measured).
 TASKS = {
-    "mnist": (Task("mnist", batch=16, k_min=2, k_max=32, lr=0.01, lr_rule="linear", budget=65536, eval_samples=4096,
-                   adaptive={"fraction": 0.25}),
-              Task("mnist", batch=16, k_min=2, k_max=8, lr=0.01, lr_rule="linear", budget=2048, eval_samples=512,
-                   grid=(1, 2), adaptive={"fraction": 0.25, "min_samples": 256, "every": 256})),
-    "shakespeare": (Task("shakespeare", batch=8, k_min=2, k_max=32, lr=3e-3, lr_rule="sqrt", budget=6144,
-                         eval_samples=512, adaptive={"fraction": 0.25}),
-                    Task("shakespeare", batch=8, k_min=2, k_max=8, lr=3e-3, lr_rule="sqrt", budget=256,
-                         eval_samples=64, grid=(1, 2), adaptive={"fraction": 0.25, "min_samples": 64, "every": 64})),
+    "mnist": (Task("mnist", batch=16, k_min=2, k_max=32, lr=0.01, lr_rule="adascale", budget=61440, eval_samples=3072,
+                   adaptive={"fraction": 0.5}),
+              Task("mnist", batch=16, k_min=2, k_max=8, lr=0.01, lr_rule="adascale", budget=2048, eval_samples=512,
+                   grid=(1, 2), adaptive={"fraction": 0.5, "min_samples": 256, "every": 256})),
+    "shakespeare": (Task("shakespeare", batch=8, k_min=2, k_max=16, lr=2e-3, lr_rule="sqrt", budget=3840,
+                         eval_samples=384, adaptive={"fraction": 1.0}),
+                    Task("shakespeare", batch=8, k_min=2, k_max=8, lr=2e-3, lr_rule="sqrt", budget=256,
+                         eval_samples=64, grid=(1, 2), adaptive={"fraction": 1.0, "min_samples": 64, "every": 64})),
 }
 MNIST_HELD_OUT = 5000      # test images scored (model noise, not this sample, moves the loss most)
 SHAKESPEARE_HELD_OUT = 10  # held-out batches of the tutorial's 32 speeches scored
@@ -104,6 +105,7 @@ class Data:
         epochs: Epochs of `dataset` that hold the budget and its tail.
         held_out: (inputs, labels) numpy batches scored.
         weighted: Whether the loss returns (loss, tokens): token-weighted windows and validation.
+        micro_weight: A micro-batch's mean weight, the noise scale's unit: samples, or tokens when `weighted`.
         note: What the data is, for the table's title.
     """
 
@@ -113,6 +115,7 @@ class Data:
     epochs: int
     held_out: list
     weighted: bool
+    micro_weight: float
     note: str
 
 
@@ -144,6 +147,7 @@ def mnist_data(task: Task, data_dir: Optional[str]) -> Data:
     return Data(network, lambda: nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                 lambda: create_dataset(data_dir, task.batch, seed=SEED),
                 epochs=math.ceil(tail_end(task) / per_epoch), held_out=held_out, weighted=False,
+                micro_weight=float(task.batch),
                 note=f"LeNet5, real MNIST, {MNIST_HELD_OUT} test images held out")
 
 
@@ -195,43 +199,57 @@ def shakespeare_data(task: Task) -> Data:
 
     return Data(network, lambda: TokenCrossEntropy(tutorial.IGNORE), dataset,
                 epochs=math.ceil(tail_end(task) / (len(train) * task.batch)), held_out=val, weighted=True,
+                micro_weight=float(np.mean([(y != tutorial.IGNORE).sum() for _, y in train])),
                 note=f"the tutorial's CharTransformer, Adam, token-weighted, {len(val) * tutorial.VAL_BATCH} "
                      f"held-out speeches")
 
 
 # ------------------------------------------------------------------------------------------------------- contenders
 def contenders(task: Task) -> Dict[str, dict]:
-    """Each contender's K (an int, a dict schedule or an AdaptiveK) and learning rate (a float, or a callable of the
-    samples consumed for a schedule), by name.
+    """Each contender's `mini_steps` (an int, a dict schedule or an AdaptiveK) by name.
 
     Args:
         task: The task's settings.
 
     Returns:
-        dict, name -> {"k": ..., "lr": ...}.
+        dict, name -> what `train_process` takes as `mini_steps`.
     """
-    rule = RULES[task.lr_rule]
-    out = {}
-    for multiple in task.grid:
-        k = task.k_min * multiple
-        out[f"fixed K={k}"] = {"k": k, "lr": task.lr * rule(multiple)}
+    from ms_accum import rampup
+    out = {f"fixed K={task.k_min * multiple}": task.k_min * multiple for multiple in task.grid}
     # The ramp: the global batch grows from k_min's to the grid's largest in equal steps over the first 3/4 of the
     # budget, Megatron-LM's --rampup-batch-size written by hand.
-    from ms_accum import rampup
-    first, last = task.k_min * task.batch, task.k_min * task.grid[-1] * task.batch
-    increments = task.grid[-1] - 1
-    ramp = rampup(start=first, increment=first, samples_per_increment=task.budget * 3 // 4 // increments,
-                  global_batch=last, batch_size=task.batch)
-
-    def ramp_lr(samples: int) -> float:
-        k = ramp[max(start for start in ramp if start <= samples)]
-        return task.lr * rule(k / task.k_min)
-
-    out[f"ramp K={task.k_min}->{task.k_min * task.grid[-1]}"] = {"k": ramp, "lr": ramp_lr}
+    first, increments = task.k_min * task.batch, task.grid[-1] - 1
+    out[f"ramp K={task.k_min}->{task.k_min * task.grid[-1]}"] = rampup(
+        start=first, increment=first, samples_per_increment=task.budget * 3 // 4 // increments,
+        global_batch=first * task.grid[-1], batch_size=task.batch)
     adaptive = adaptive_k(task)
     if adaptive is not None:
-        out["AdaptiveK"] = {"k": adaptive, "lr": task.lr}
+        out["AdaptiveK"] = adaptive
     return out
+
+
+def lr_scale(rule: str, scale: float, estimate: Optional[float], b0: float) -> float:
+    """The factor on k_min's rate for a window of `scale` = K/k_min, as `AdaptiveK`'s `lr_rule` computes it.
+
+    Args:
+        rule: "none", "linear", "sqrt" or "adascale".
+        scale: K / k_min.
+        estimate: The run's smoothed noise scale (None: none yet), for "adascale".
+        b0: k_min's global batch in the noise scale's unit (samples, or tokens), for "adascale".
+
+    Returns:
+        float.
+    """
+    if rule == "none" or scale == 1.0:
+        return 1.0
+    if rule == "linear":
+        return scale
+    if rule == "sqrt":
+        return math.sqrt(scale)
+    if estimate is None:  # no estimate yet: AdaptiveK takes the gain's limit, S
+        return scale
+    ratio = estimate / b0
+    return (1.0 + ratio) / (1.0 + ratio / scale)
 
 
 def adaptive_k(task: Task):
@@ -279,25 +297,41 @@ def _scorer(network, loss_fn, held_out, weighted: bool) -> Callable[[], float]:
     return score
 
 
-def run(task: Task, data: Data, name: str, k, lr, log: Callable[[str], None]) -> dict:
+def run(task: Task, data: Data, name: str, k, log: Callable[[str], None]) -> dict:
     """Trains one contender for the budget and its tail, scoring it every `task.eval_samples` samples.
+
+    The learning rate is k_min's, `task.lr`, times the factor of `task.lr_rule` for the window's K: AdaptiveK applies
+    its own; for the others a `SamplesLR` computes the same factor when each window opens, "adascale" from the run's
+    own noise-scale estimate (the last window's) and k_min's global batch in the estimate's unit (for tokens, the
+    training set's mean tokens per micro-batch, where AdaptiveK averages the windows it saw).
 
     Args:
         task: The task's settings.
         data: The task's data and network.
         name: The contender's name.
-        k: What `train_process` takes as `mini_steps`.
-        lr: A float, or a callable lr(samples) driven through `SamplesLR`.
+        k: What `train_process` takes as `mini_steps`: an int, a dict schedule or an AdaptiveK.
         log: Where progress goes.
 
     Returns:
         dict: the per-window curves (samples consumed, K, noise scale, lr scale) and the scores (samples, step, loss).
     """
     from mindspore import nn
-    from ms_accum import GradientAccumulation, LogOptions, SamplesLR, StatisticsOptions, WindowOptions
+    from ms_accum import (AccumulationSchedule, AdaptiveK, GradientAccumulation, LogOptions, SamplesLR,
+                          StatisticsOptions, WindowOptions)
     network = data.network()
     loss_fn = data.loss()
-    rate = lr if isinstance(lr, float) else SamplesLR(lr)
+    state = {"estimate": None, "scale": 1.0}  # the run's last noise-scale estimate; the factor of the open window
+    if isinstance(k, AdaptiveK):
+        rate = task.lr
+    else:
+        k_of = AccumulationSchedule(k)
+        b0 = task.k_min * data.micro_weight
+
+        def rate_for(samples: int) -> float:
+            state["scale"] = lr_scale(task.lr_rule, k_of(samples) / task.k_min, state["estimate"], b0)
+            return task.lr * state["scale"]
+
+        rate = SamplesLR(rate_for)
     if task.name == "mnist":
         optimizer = nn.Momentum(network.trainable_params(), rate, 0.9)
     else:
@@ -314,7 +348,8 @@ def run(task: Task, data: Data, name: str, k, lr, log: Callable[[str], None]) ->
         curve["samples"].append(record.samples_consumed)
         curve["k"].append(record.accumulate_step)
         curve["noise_scale"].append(record.noise_scale)
-        curve["lr_scale"].append(getattr(record, "lr_scale", None))
+        curve["lr_scale"].append(state["scale"] if isinstance(rate, SamplesLR) else record.lr_scale)
+        state["estimate"] = record.noise_scale
         curve["loss"].append(record.loss)
         # Scored at the first window that closes at or after each multiple of eval_samples (a window of the
         # adaptive run need not end on one).
@@ -360,7 +395,10 @@ def summarize(task: Task, curves: List[dict]) -> dict:
         for key in ("steps", "samples"):
             mine = row[f"{key}_to_target"]
             row[f"{key}_ratio"] = None if mine is None else mine / reference[f"{key}_to_target"]
-    return {"target": target, "rows": rows}
+    # How much the target itself moves: the smallest fixed K's last scores up to the budget (a constant rate keeps
+    # the weights moving, so one score is one draw of that).
+    band = [score["loss"] for score in curves[0]["scores"] if score["samples"] <= task.budget][-BAND:]
+    return {"target": target, "band": (min(band), max(band)), "rows": rows}
 
 
 def goal(row: dict) -> str:
@@ -389,7 +427,9 @@ def render(task: Task, data: Data, summary: dict) -> str:
              f"{tail_end(task)}), held-out loss every {task.eval_samples} samples",
              f"   target: fixed K={task.k_min}'s held-out loss at the budget, {summary['target']:.4f}; AdaptiveK"
              f"({task.k_min}, {task.k_max}, lr_rule={task.lr_rule!r}, "
-             f"{', '.join(f'{key}={value}' for key, value in task.adaptive.items())}), its noise scale in {unit}",
+             f"{', '.join(f'{key}={value}' for key, value in task.adaptive.items())}), its noise scale in {unit}; "
+             f"fixed K={task.k_min}'s last {BAND} scores to the budget span {summary['band'][0]:.4f}-"
+             f"{summary['band'][1]:.4f}",
              f"   {'contender':<22} {'K':>7} {'loss at budget':>15} {'steps at budget':>16} {'steps to target':>16} "
              f"{'samples to target':>18} {'x steps':>8} {'x samples':>10}"]
     for row in summary["rows"]:
@@ -470,8 +510,7 @@ def measure(name: str, quick: bool, data_dir: Optional[str], log: Callable[[str]
     """
     task = TASKS[name][1 if quick else 0]
     data = mnist_data(task, data_dir) if name == "mnist" else shakespeare_data(task)
-    curves = [run(task, data, contender, spec["k"], spec["lr"], log)
-              for contender, spec in contenders(task).items()]
+    curves = [run(task, data, contender, k, log) for contender, k in contenders(task).items()]
     summary = summarize(task, curves)
     if plot_dir:
         os.makedirs(plot_dir, exist_ok=True)
