@@ -25,6 +25,7 @@ measured, so the machine's load does not change them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -37,7 +38,6 @@ import numpy as np
 
 from . import common
 
-SEED = 0
 TAIL = 0.10          # every contender trains 10 % past the budget: reaching the target at up to 1.10x counts
 GOAL_STEPS = 0.70    # the adaptive run: at most this many optimizer steps of the smallest fixed K's ...
 GOAL_SAMPLES = 1.10  # ... at no more than this many of its samples
@@ -59,6 +59,8 @@ class Task:
         eval_samples: Samples between two validation scores.
         grid: The fixed K's, as multiples of k_min.
         adaptive: AdaptiveK's keyword options (fraction, min_samples, every, threshold, beta).
+        seed: The initial weights' and the data order's seed (the Shakespeare split's too).
+        defaults_too: Whether AdaptiveK also runs with its default min_samples and every.
     """
 
     name: str
@@ -71,12 +73,14 @@ class Task:
     eval_samples: int
     grid: tuple = (1, 2, 4, 8)
     adaptive: dict = field(default_factory=dict)
+    seed: int = 0
+    defaults_too: bool = False
 
 
 # The full run's settings, then --quick's (a smoke run: every contender trains a few windows, nothing is measured).
 TASKS = {
     "mnist": (Task("mnist", batch=16, k_min=2, k_max=32, lr=0.01, lr_rule="adascale", budget=61440, eval_samples=3072,
-                   adaptive={"fraction": 0.5}),
+                   adaptive={"fraction": 0.5, "min_samples": 16384}, defaults_too=True),
               Task("mnist", batch=16, k_min=2, k_max=8, lr=0.01, lr_rule="adascale", budget=2048, eval_samples=512,
                    grid=(1, 2), adaptive={"fraction": 0.5, "min_samples": 256, "every": 256})),
     "shakespeare": (Task("shakespeare", batch=8, k_min=2, k_max=16, lr=2e-3, lr_rule="sqrt", budget=3840,
@@ -141,11 +145,11 @@ def mnist_data(task: Task, data_dir: Optional[str]) -> Data:
     per_epoch = 60000 // task.batch * task.batch
 
     def network():
-        ms.set_seed(SEED)
+        ms.set_seed(task.seed)
         return LeNet5()
 
     return Data(network, lambda: nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                lambda: create_dataset(data_dir, task.batch, seed=SEED),
+                lambda: create_dataset(data_dir, task.batch, seed=task.seed),
                 epochs=math.ceil(tail_end(task) / per_epoch), held_out=held_out, weighted=False,
                 micro_weight=float(task.batch),
                 note=f"LeNet5, real MNIST, {MNIST_HELD_OUT} test images held out")
@@ -176,7 +180,7 @@ def shakespeare_data(task: Task) -> Data:
     from ms_accum.demo import CharTransformer
     tutorial = _tutorial()
     speeches = tutorial.read_speeches(None)  # $MS_ACCUM_SHAKESPEARE, else ../shared/data beside the checkout
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(task.seed)
     vocab_chars = sorted(set("".join(speeches)))
     index = {c: i + 1 for i, c in enumerate(vocab_chars)}  # 0 pads the inputs
     encoded = tutorial.encode(speeches, index)
@@ -186,7 +190,7 @@ def shakespeare_data(task: Task) -> Data:
     train = tutorial.batches([encoded[i] for i in order[held:]], rng, task.batch)
 
     def network():
-        ms.set_seed(SEED)
+        ms.set_seed(task.seed)
         return CharTransformer(len(index) + 1, tutorial.WIDTH, tutorial.HEADS, tutorial.LAYERS, tutorial.MAX_LEN)
 
     # The tutorial's micro-batches, one speech a row, batched again: the same batches, but the dataset's batch size
@@ -225,6 +229,8 @@ def contenders(task: Task) -> Dict[str, dict]:
     adaptive = adaptive_k(task)
     if adaptive is not None:
         out["AdaptiveK"] = adaptive
+        if task.defaults_too:  # and without the task's min_samples and every: its defaults
+            out["AdaptiveK (defaults)"] = adaptive_k(task, min_samples=None, every=None)
     return out
 
 
@@ -252,11 +258,12 @@ def lr_scale(rule: str, scale: float, estimate: Optional[float], b0: float) -> f
     return (1.0 + ratio) / (1.0 + ratio / scale)
 
 
-def adaptive_k(task: Task):
-    """The AdaptiveK contender, or None while this ms_accum has none (issue 52).
+def adaptive_k(task: Task, **changes):
+    """The AdaptiveK contender, or None in an ms_accum without it (before issue 52).
 
     Args:
         task: The task's settings.
+        changes: Keyword options that replace the task's.
 
     Returns:
         ms_accum.AdaptiveK, or None.
@@ -264,7 +271,7 @@ def adaptive_k(task: Task):
     import ms_accum
     if not hasattr(ms_accum, "AdaptiveK"):
         return None
-    return ms_accum.AdaptiveK(task.k_min, task.k_max, lr_rule=task.lr_rule, **task.adaptive)
+    return ms_accum.AdaptiveK(task.k_min, task.k_max, lr_rule=task.lr_rule, **{**task.adaptive, **changes})
 
 
 # ------------------------------------------------------------------------------------------------------------- runs
@@ -423,7 +430,7 @@ def render(task: Task, data: Data, summary: dict) -> str:
     """
     unit = "tokens" if data.weighted else "samples"
     lines = [f"== adaptive. {task.name}: {data.note}; micro-batch {task.batch}, lr {task.lr:g} for K={task.k_min} "
-             f"x {task.lr_rule} of K/{task.k_min} for every contender; budget {task.budget} samples (trained to "
+             f"x {task.lr_rule} of K/{task.k_min} for every contender; seed {task.seed}; budget {task.budget} samples (trained to "
              f"{tail_end(task)}), held-out loss every {task.eval_samples} samples",
              f"   target: fixed K={task.k_min}'s held-out loss at the budget, {summary['target']:.4f}; AdaptiveK"
              f"({task.k_min}, {task.k_max}, lr_rule={task.lr_rule!r}, "
@@ -469,7 +476,7 @@ def plot(task: Task, data: Data, curves: List[dict], summary: dict, path: str) -
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(3, 1, figsize=(7, 8.5), sharex=True)
     for curve in curves:
-        style = {"linewidth": 2.0 if curve["name"] == "AdaptiveK" else 1.0}
+        style = {"linewidth": 2.0 if curve["name"].startswith("AdaptiveK") else 1.0}
         scores = curve["scores"]
         axes[0].plot([s["samples"] for s in scores], [s["loss"] for s in scores], label=curve["name"], **style)
         axes[1].step(curve["samples"], curve["k"], where="pre", **style)
@@ -495,7 +502,7 @@ def plot(task: Task, data: Data, curves: List[dict], summary: dict, path: str) -
 
 # ------------------------------------------------------------------------------------------------------------ entry
 def measure(name: str, quick: bool, data_dir: Optional[str], log: Callable[[str], None],
-            plot_dir: Optional[str] = None) -> dict:
+            plot_dir: Optional[str] = None, seed: int = 0) -> dict:
     """Runs every contender of one task and returns its table and figures.
 
     Args:
@@ -504,17 +511,19 @@ def measure(name: str, quick: bool, data_dir: Optional[str], log: Callable[[str]
         data_dir: The MNIST_Data directory (None: $MS_ACCUM_MNIST or ../shared/data/MNIST_Data).
         log: Where progress goes.
         plot_dir: Where to write the task's PNG (None: none).
+        seed: The initial weights' and the data order's seed.
 
     Returns:
         dict: "text" (the table), "task", "summary", "curves".
     """
-    task = TASKS[name][1 if quick else 0]
+    task = dataclasses.replace(TASKS[name][1 if quick else 0], seed=seed)
     data = mnist_data(task, data_dir) if name == "mnist" else shakespeare_data(task)
     curves = [run(task, data, contender, k, log) for contender, k in contenders(task).items()]
     summary = summarize(task, curves)
     if plot_dir:
         os.makedirs(plot_dir, exist_ok=True)
-        plot(task, data, curves, summary, os.path.join(plot_dir, f"adaptive-k-{name}.png"))
+        suffix = f"-seed{seed}" if seed else ""
+        plot(task, data, curves, summary, os.path.join(plot_dir, f"adaptive-k-{name}{suffix}.png"))
     return {"text": render(task, data, summary), "task": vars(task), "summary": summary, "curves": curves}
 
 
@@ -525,6 +534,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", help="MNIST_Data directory (default $MS_ACCUM_MNIST or ../shared/data/MNIST_Data)")
     parser.add_argument("--json", metavar="PATH", help="also write every curve and figure to PATH")
     parser.add_argument("--plot", metavar="DIR", help="write a PNG per task to DIR")
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and data order (default 0)")
     args = parser.parse_args(argv)
     tasks = args.task.split(",")
     unknown = sorted(set(tasks) - set(TASKS))
@@ -532,11 +542,11 @@ def main(argv=None) -> int:
         parser.error(f"unknown tasks {unknown}; choose from {', '.join(TASKS)}")
     print(common.header(), flush=True)
     print(f"mode    : {'quick (a smoke run: no figure is a measurement)' if args.quick else 'full'}; tasks "
-          f"{', '.join(tasks)}\n", flush=True)
+          f"{', '.join(tasks)}; seed {args.seed}\n", flush=True)
     common.setup()
     results = {"header": common.header(), "quick": args.quick, "adaptive": {}}
     for name in tasks:
-        result = measure(name, args.quick, args.data, common.log, args.plot)
+        result = measure(name, args.quick, args.data, common.log, args.plot, args.seed)
         print(result["text"] + "\n", flush=True)
         results["adaptive"][name] = result
     if args.json:
