@@ -413,7 +413,7 @@ def goal(row: dict) -> str:
     if row["steps_ratio"] is None:
         return "NOT met (target not reached within 1.10x the budget)"
     met = row["steps_ratio"] <= GOAL_STEPS and row["samples_ratio"] <= GOAL_SAMPLES
-    return (f"{row['steps_ratio']:.2f}x the steps at {row['samples_ratio']:.2f}x the samples: "
+    return (f"{row['steps_ratio']:.3f}x the steps at {row['samples_ratio']:.3f}x the samples: "
             f"{'met' if met else 'NOT met'}")
 
 
@@ -461,12 +461,12 @@ def render(task: Task, data: Data, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(task: Task, data: Data, curves: List[dict], summary: dict, path: str) -> None:
+def plot(task: Task, weighted: bool, curves: List[dict], summary: dict, path: str) -> None:
     """A PNG of the held-out loss, K and the noise-scale estimate of every contender against the samples consumed.
 
     Args:
         task: The task's settings.
-        data: The task's data.
+        weighted: Whether the losses and the noise scale are token-weighted.
         curves: `run`'s results.
         summary: `summarize`'s result (the target line).
         path: The PNG to write.
@@ -485,13 +485,12 @@ def plot(task: Task, data: Data, curves: List[dict], summary: dict, path: str) -
             axes[2].plot(*zip(*estimates), **style)
     axes[0].axhline(summary["target"], color="grey", linestyle=":", linewidth=1)
     axes[0].axvline(task.budget, color="grey", linestyle=":", linewidth=1)
-    low = min(min(s["loss"] for s in c["scores"]) for c in curves)
-    axes[0].set_ylim(low * 0.95, curves[0]["scores"][1]["loss"] * 1.1 if len(curves[0]["scores"]) > 1 else None)
-    axes[0].set_ylabel("held-out loss" + (" (nats/token)" if data.weighted else ""))
+    axes[0].set_yscale("log")  # the end of training, where the contenders differ, next to the start
+    axes[0].set_ylabel("held-out loss" + (" (nats/token)" if weighted else ""))
     axes[0].legend(fontsize=8)
     axes[1].set_ylabel("K (micro-batches)")
     axes[1].set_yscale("log", base=2)
-    axes[2].set_ylabel("noise scale B_simple\n(" + ("tokens" if data.weighted else "samples") + ")")
+    axes[2].set_ylabel("noise scale B_simple\n(" + ("tokens" if weighted else "samples") + ")")
     axes[2].set_yscale("log")
     axes[2].set_xlabel("samples consumed")
     axes[0].set_title(f"{task.name}: micro-batch {task.batch}, lr rule {task.lr_rule}", fontsize=10)
@@ -523,8 +522,26 @@ def measure(name: str, quick: bool, data_dir: Optional[str], log: Callable[[str]
     if plot_dir:
         os.makedirs(plot_dir, exist_ok=True)
         suffix = f"-seed{seed}" if seed else ""
-        plot(task, data, curves, summary, os.path.join(plot_dir, f"adaptive-k-{name}{suffix}.png"))
-    return {"text": render(task, data, summary), "task": vars(task), "summary": summary, "curves": curves}
+        plot(task, data.weighted, curves, summary, os.path.join(plot_dir, f"adaptive-k-{name}{suffix}.png"))
+    return {"text": render(task, data, summary), "task": vars(task), "weighted": data.weighted, "summary": summary,
+            "curves": curves}
+
+
+def replot(path: str, plot_dir: str) -> None:
+    """The PNGs of a run's `--json` file again, without training (the figures of that run).
+
+    Args:
+        path: The JSON file `main` wrote.
+        plot_dir: Where to write the PNGs.
+    """
+    with open(path, encoding="utf-8") as handle:
+        results = json.load(handle)
+    os.makedirs(plot_dir, exist_ok=True)
+    for name, result in results["adaptive"].items():
+        task = Task(**{**result["task"], "grid": tuple(result["task"]["grid"])})
+        suffix = f"-seed{task.seed}" if task.seed else ""
+        plot(task, result.get("weighted", name == "shakespeare"), result["curves"], result["summary"],
+             os.path.join(plot_dir, f"adaptive-k-{name}{suffix}.png"))
 
 
 def main(argv=None) -> int:
@@ -535,7 +552,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write every curve and figure to PATH")
     parser.add_argument("--plot", metavar="DIR", help="write a PNG per task to DIR")
     parser.add_argument("--seed", type=int, default=0, help="initial weights and data order (default 0)")
+    parser.add_argument("--replot", metavar="JSON", help="only write the PNGs of a --json file to --plot DIR")
     args = parser.parse_args(argv)
+    if args.replot:
+        replot(args.replot, args.plot or ".")
+        return 0
     tasks = args.task.split(",")
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
