@@ -430,8 +430,8 @@ def render(task: Task, data: Data, summary: dict) -> str:
     """
     unit = "tokens" if data.weighted else "samples"
     lines = [f"== adaptive. {task.name}: {data.note}; micro-batch {task.batch}, lr {task.lr:g} for K={task.k_min} "
-             f"x {task.lr_rule} of K/{task.k_min} for every contender; seed {task.seed}; budget {task.budget} samples (trained to "
-             f"{tail_end(task)}), held-out loss every {task.eval_samples} samples",
+             f"x {task.lr_rule} of K/{task.k_min} for every contender; seed {task.seed}; budget {task.budget} samples "
+             f"(trained to {tail_end(task)}), held-out loss every {task.eval_samples} samples",
              f"   target: fixed K={task.k_min}'s held-out loss at the budget, {summary['target']:.4f}; AdaptiveK"
              f"({task.k_min}, {task.k_max}, lr_rule={task.lr_rule!r}, "
              f"{', '.join(f'{key}={value}' for key, value in task.adaptive.items())}), its noise scale in {unit}; "
