@@ -20,7 +20,7 @@ Importing ms_accum before `mindspore` caps oneDNN's CPU ISA on AVX-512 CPUs (`ms
 oneDNN's AVX-512 convolutions), which MindSpore reads only when its native libraries load; so the public names load on
 first use (PEP 562).
 """
-__version__ = "1.0.0"  # first: `ms_accum.deprecation` compares its table with it
+__version__ = "1.1.0"  # first: `ms_accum.deprecation` compares its table with it
 
 from . import runtime  # noqa: E402,F401  (imports no MindSpore; caps the ISA if MindSpore is not loaded yet)
 from ._exports import lazy  # noqa: E402

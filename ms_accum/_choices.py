@@ -19,6 +19,8 @@ PARTIAL_WINDOWS = ("apply", "drop")
 # The checkpoint files' formats, told apart by their extension: MindSpore's own, and safetensors (MindFormers 2,
 # Hugging Face tools).
 CHECKPOINT_FORMATS = ("ckpt", "safetensors")
+# How `AdaptiveK` moves the learning rate with the batch (`ms_accum.train.adaptive`).
+LR_RULES = ("none", "linear", "sqrt", "adascale")
 # Micro-batches taken into the running statistics before `skip_outliers` judges any.
 OUTLIER_WARMUP = 100
 # The demo networks a command names by a short name, each a factory (``package.module:function``, see

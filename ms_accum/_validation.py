@@ -13,6 +13,10 @@ import string
 from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 
+# `AdaptiveK`'s settings after its two bounds, in its signature's order.
+ADAPTIVE_OPTIONS = ("fraction", "lr_rule", "min_samples", "every", "threshold", "max_change", "beta")
+
+
 class Words:
     """How a message names arguments: the library says ``'name'`` and ``name=value``; the command line subclasses it
     to say its flags (`ms_accum.cli.errors`). The one place either wording is written."""
@@ -40,6 +44,12 @@ class Words:
     def layout(self, k: int, batch: int, ranks: int) -> str:
         """A training state's window: K micro-batches of `batch` samples on each of `ranks` ranks."""
         return f"accumulate_step={k} x batch_size={batch} x {ranks} rank(s)"
+
+    def adaptive(self, settings: dict) -> str:
+        """An `AdaptiveK`'s settings over global micro-batches of ``settings["global_micro_batch"]`` samples."""
+        given = ", ".join(f"{name}={settings[name]!r}" for name in ADAPTIVE_OPTIONS)
+        return (f"AdaptiveK({settings['k_min']}, {settings['k_max']}, {given}) over global micro-batches of "
+                f"{settings['global_micro_batch']} samples")
 
 
 LIBRARY = Words()
@@ -145,6 +155,16 @@ class Layout:
 
     def render(self, words: Words) -> str:
         return words.layout(self.k, self.batch, self.ranks)
+
+
+class Adaptive:
+    """An `AdaptiveK`'s settings, as a training state records them (`AdaptiveK.settings`), inside a message."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = settings
+
+    def render(self, words: Words) -> str:
+        return words.adaptive(self.settings)
 
 
 class MessageError(Message, Exception):

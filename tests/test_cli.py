@@ -302,7 +302,7 @@ def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, caps
 
     bars = []
 
-    def visible_progress(total, desc, quiet):  # the bar a terminal would show, kept to be read
+    def visible_progress(total, desc, quiet, unit):  # the bar a terminal would show, kept to be read
         from tqdm import tqdm
         bars.append(tqdm(total=total, desc=desc, file=io.StringIO()))
         return bars[-1]

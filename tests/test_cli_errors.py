@@ -188,6 +188,18 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
      "For 'ms-accum train', the argument '--accumulate-step' must be at least 2 in some window with --noise-scale on "
      "one rank: the noise scale compares the micro-batch's gradient with the window's, and with one micro-batch per "
      "window they are one batch size, but got 1."),
+    (["train", *MLP_RUN, "--data", "{data}", "--adaptive-k", "2:8", "--ckpt-dir", "{ck}", "--resume"],
+     "Checkpoint '{state}' was saved by a run whose K came from the global batch schedule (samples consumed: global "
+     "batch) 0:16, but this run's comes from --adaptive-k 2:8 --adaptive-fraction 1.0 --lr-rule none --batch-size 8: "
+     "resuming would not continue the same training."),
+    (["train", *MLP_RUN, "--data", "{data}", "--adaptive-k", "1:8", "--ckpt-dir", "{root}/a"],
+     "For 'ms-accum train', the argument '--adaptive-k' must be at least 2 on one rank, but got 1: the noise scale "
+     "compares the micro-batch's gradient with the window's, and a window of one micro-batch has one batch size, so K "
+     "would never move."),
+    (["train", *MLP_RUN, "--data", "{data}", "--adaptive-k", "2:8", "--accumulate-step", "4", "--ckpt-dir", "{root}/a"],
+     "--adaptive-k sets K: give it without --accumulate-step."),
+    (["train", *MLP_RUN, "--data", "{data}", "--lr-rule", "sqrt", "--ckpt-dir", "{root}/a"],
+     "--lr-rule needs --adaptive-k: it says how K follows the noise scale."),
     (["train", "--data", "{data}", "--plan", "{root}/missing.json", "--ckpt-dir", "{root}/p"],
      "For 'ms-accum train', the file '{root}/missing.json' is not a plan written by 'ms-accum plan --output': [Errno "
      "2] No such file or directory: '{root}/missing.json'"),

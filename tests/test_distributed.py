@@ -502,6 +502,24 @@ def test_a_worker_killed_mid_window_then_resumed_under_msrun_is_bit_identical(tm
 
 @pytest.mark.slow  # make test-all
 @pytest.mark.distributed
+def test_adaptive_k_decides_the_same_k_on_every_rank(tmp_path):
+    # AdaptiveK from K=1 (two ranks give the noise scale two batch sizes), the rate scaled linearly, outliers left out
+    # on each rank: every rank decides from the one all-reduced estimate, so the Ks and the parameters agree.
+    code, output = msrun(str(tmp_path / "logs"), RESUME_WORKER, str(tmp_path), "three_graphs", "none",
+                         "adaptive:1:8:linear", "480")
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
+    ranks = [json.loads(log_lines(str(tmp_path / "logs"), rank)[-1]) for rank in range(WORKERS)]
+    assert len(set(ranks[0]["k"])) > 2, ranks[0]["k"]  # K moved
+    for rank in ranks[1:]:
+        assert (rank["k"], rank["noise_scale"], rank["lr_scale"]) == (ranks[0]["k"], ranks[0]["noise_scale"],
+                                                                     ranks[0]["lr_scale"])
+    params = [dict(np.load(tmp_path / f"params_rank{rank}.npz")) for rank in range(WORKERS)]
+    for name, value in params[0].items():
+        assert np.array_equal(params[1][name], value), name
+
+
+@pytest.mark.slow  # make test-all
+@pytest.mark.distributed
 def test_a_two_rank_run_resumes_on_one_process_with_twice_the_micro_batches(tmp_path):
     # 192 samples, micro-batches of 8 per rank: 2 ranks with K=3 and 1 process with K=6 both update on 48 samples,
     # the same ones (DistributedSampler: rank r of n reads r, r + n, ... of one shuffled order).

@@ -61,6 +61,16 @@ def accumulate_schedule(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def k_bounds(text: str) -> tuple:
+    """``MIN:MAX``, the bounds of an adaptive K (`ms_accum.AdaptiveK`), as two ints."""
+    low, colon, high = text.partition(":")
+    if not (colon and low.strip().isdigit() and high.strip().isdigit()) or int(low) < 1:
+        raise argparse.ArgumentTypeError(f"must be MIN:MAX, two positive ints such as 2:16, but got '{text}'")
+    if int(high) < int(low):
+        raise argparse.ArgumentTypeError(f"must be MIN:MAX with MIN <= MAX, but got '{text}'")
+    return int(low), int(high)
+
+
 def memory_size(text: str) -> int:
     """Bytes of a size such as 800MiB or 2GiB (`ms_accum.tools.planner.parse_size`)."""
     from ..tools.planner import parse_size

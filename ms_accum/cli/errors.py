@@ -23,7 +23,8 @@ FLAGS = {"mini_steps": "--accumulate-step", "accumulate_step": "--accumulate-ste
          "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
          "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard",
          "shard_optimizer": "--shard-optimizer", "format": "--ckpt-format",
-         "directory": "--ckpt-dir"}
+         "directory": "--ckpt-dir", "k_min": "--adaptive-k", "k_max": "--adaptive-k",
+         "fraction": "--adaptive-fraction", "lr_rule": "--lr-rule"}
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
 
@@ -61,6 +62,10 @@ class CliWords(Words):
 
     def layout(self, k: int, batch: int, ranks: int) -> str:  # --batch-size is the global micro-batch
         return f"--accumulate-step {k} x --batch-size {batch * ranks}" + (f" over {ranks} workers" if ranks > 1 else "")
+
+    def adaptive(self, settings: dict) -> str:  # the settings the command line cannot give are its defaults
+        return (f"--adaptive-k {settings['k_min']}:{settings['k_max']} --adaptive-fraction {settings['fraction']} "
+                f"--lr-rule {settings['lr_rule']} --batch-size {settings['global_micro_batch']}")
 
 
 class CliError(MessageError):

@@ -116,8 +116,17 @@ def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
 def apply_plan(args: argparse.Namespace):
     """Fills the model, batch size, K and structure from --plan (refusing flags that contradict it), else from
     DEFAULTS; returns the plan, or None without one."""
-    if args.accumulate_schedule is not None and (args.accumulate_step is not None or args.plan is not None):
-        raise CliError("--accumulate-schedule sets K: give it without --accumulate-step or --plan.")
+    for flag, given in (("--accumulate-schedule", args.accumulate_schedule), ("--adaptive-k", args.adaptive_k)):
+        others = [name for name, value in (("--accumulate-step", args.accumulate_step), ("--plan", args.plan),
+                                           ("--accumulate-schedule", args.accumulate_schedule))
+                  if value is not None and name != flag]
+        if given is not None and others:
+            raise CliError(f"{flag} sets K: give it without {' or '.join(others)}.")
+    if args.adaptive_k is None:
+        for flag, given in (("--lr-rule", args.lr_rule != "none"), ("--adaptive-fraction",
+                                                                     args.adaptive_fraction != 1.0)):
+            if given:
+                raise CliError(f"{flag} needs --adaptive-k: it says how K follows the noise scale.")
     if args.plan is None:
         for name, value in DEFAULTS.items():
             if getattr(args, name) is None:

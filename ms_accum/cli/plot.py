@@ -3,35 +3,46 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+
 def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List[int]] = None,
                    noise: Optional[List[Optional[float]]] = None,
                    validation: Optional[List[Tuple[int, float]]] = None) -> str:
-    """Writes the per-step loss curve as a PNG; with `ks`, each step's K, a dashed line marks where K changed; with
-    `noise`, each step's noise scale estimate is drawn on a second axis; `validation`'s (step, loss) are dots."""
+    """Writes the per-step loss curve as a PNG, `validation`'s (step, loss) as dots. When K changes over the run
+    (`ks`, each step's K) or the noise scale was estimated (`noise`, each step's estimate), a second panel shows K and
+    the estimate against the same steps: where an adaptive K followed the noise scale."""
     import matplotlib
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(losses) + 1), losses, linewidth=1, label="window loss")
+    second = noise is not None or len(set(ks or [])) > 1
+    fig, axes = plt.subplots(2 if second else 1, 1, figsize=(6, 5.5 if second else 3.5), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [3, 2] if second else [1]})
+    ax = axes[0][0]
+    steps = range(1, len(losses) + 1)
+    ax.plot(steps, losses, linewidth=1, label="window loss")
     if validation:
         ax.plot(*zip(*validation), "o-", color="tab:green", markersize=3, linewidth=1, label="validation loss")
         ax.legend(fontsize=8)
-    for step in range(1, len(ks or [])):
-        if ks[step] != ks[step - 1]:
-            ax.axvline(step + 1, color="gray", linestyle="--", linewidth=0.8)
-            ax.annotate(f"K={ks[step]}", (step + 1, 1), xycoords=("data", "axes fraction"), fontsize=8,
-                        xytext=(2, -10), textcoords="offset points")
-    ax.set_xlabel("optimizer step")
     ax.set_ylabel("window loss")
-    if noise is not None:
-        steps = [step for step, value in enumerate(noise, 1) if value is not None and value > 0]
-        right = ax.twinx()
-        right.plot(steps, [noise[step - 1] for step in steps], color="tab:orange", linewidth=1)
-        right.set_ylabel("gradient noise scale (samples)", color="tab:orange")
-        right.set_yscale("log")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
+    if second:
+        _k_and_noise(axes[1][0], ks or [], noise)
+    axes[-1][0].set_xlabel("optimizer step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _k_and_noise(ax, ks: List[int], noise: Optional[List[Optional[float]]]) -> None:
+    """Each step's K (a step line) and, on a log axis of its own, the noise scale estimate."""
+    if ks:
+        ax.step(range(1, len(ks) + 1), ks, where="post", color="tab:blue", linewidth=1)
+    ax.set_ylabel("K", color="tab:blue")
+    ax.grid(alpha=0.3)
+    steps = [step for step, value in enumerate(noise or [], 1) if value is not None and value > 0]
+    if steps:
+        right = ax.twinx()
+        right.plot(steps, [noise[step - 1] for step in steps], color="tab:orange", linewidth=1)
+        right.set_ylabel("noise scale B_simple", color="tab:orange")
+        right.set_yscale("log")

@@ -17,6 +17,7 @@ def run(args: argparse.Namespace) -> Optional[dict]:
     """Trains, saves, plots and evaluates; returns the summary, or None on a data-parallel rank other than 0."""
     from ..tools.factory import is_factory
     planned = apply_plan(args)
+    args.noise_scale = args.noise_scale or args.adaptive_k is not None  # what AdaptiveK decides from
     if args.keep_best and args.eval_every is None:
         raise CliError(f"--keep-best {args.keep_best} keeps the best of the scores --eval-every N asks for: give both.")
     factory = is_factory(args.model)
@@ -68,6 +69,7 @@ def _summary(args: argparse.Namespace, job: Job, result, statistics: bool, world
             "accumulate_step": [record.accumulate_step for record in result.steps],
             "grad_norm": [record.grad_norm for record in result.steps] if statistics else None,
             "noise_scale": [record.noise_scale for record in result.steps] if args.noise_scale else None,
+            "lr_scale": [record.lr_scale for record in result.steps] if args.adaptive_k else None,
             "outliers": result.outliers,
             "samples_consumed": result.steps[-1].samples_consumed if result.steps else None,
             "validation": [{"step": record.step, **record.validation} for record in result.steps
@@ -90,9 +92,20 @@ def _evaluate_trained(args: argparse.Namespace, summary: dict, factory: bool, wo
 
 
 def _k_text(args: argparse.Namespace):
-    """K as the command line gave it: an int, or the schedule's ``samples:K,...``."""
+    """K as the command line gave it: an int, the schedule's ``samples:K,...``, or ``adaptive MIN:MAX``."""
     from ..train.schedule import pairs_text
+    if args.adaptive_k is not None:
+        return "adaptive {}:{}".format(*args.adaptive_k)
     return pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_step
+
+
+def _k(args: argparse.Namespace):
+    """`train_process`'s `mini_steps` from the command line: K, a schedule, or an `AdaptiveK`."""
+    if args.adaptive_k is not None:
+        from ..train.adaptive import AdaptiveK
+        with door("ms-accum train"):
+            return AdaptiveK(*args.adaptive_k, fraction=args.adaptive_fraction, lr_rule=args.lr_rule)
+    return args.accumulate_schedule or args.accumulate_step
 
 
 def _executor(args: argparse.Namespace, job: Job, planned, world: int):
@@ -135,12 +148,14 @@ def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation
     bar unless `quiet`, each step written for TensorBoard by `board` (`_tensorboard`'s); its result."""
     from ..train.options import LogOptions
     from ..train.windows import count_windows
-    k = args.accumulate_schedule or args.accumulate_step
-    windows = count_windows(job.dataset.get_dataset_size(), args.epochs, k, args.batch_size,
-                            args.partial_window)
-    with _progress(windows, f"train {label}", quiet) as bar:
+    k, batches = _k(args), job.dataset.get_dataset_size()
+    # An adaptive K's steps are known only as they come: its bar counts the samples consumed.
+    total, unit = ((batches * args.epochs * args.batch_size, "sample") if args.adaptive_k else
+                   (count_windows(batches, args.epochs, k, args.batch_size, args.partial_window), "step"))
+    with _progress(total, f"train {label}", quiet, unit) as bar:
         def on_step(record):
-            bar.update(record.step - bar.n)  # steps count from the start of training, a resumed run's included
+            # Counted from the start of training, a resumed run's included.
+            bar.update((record.samples_consumed if args.adaptive_k else record.step) - bar.n)
             noise = {} if record.noise_scale is None else {"noise_scale": f"{record.noise_scale:.0f}"}
             bar.set_postfix(epoch=record.epoch, K=record.accumulate_step, loss=f"{record.loss:.4f}", **noise,
                             refresh=False)
@@ -155,10 +170,10 @@ def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation
                 board.close()
 
 
-def _progress(total: int, desc: str, quiet: bool):
+def _progress(total: int, desc: str, quiet: bool, unit: str = "step"):
     from tqdm import tqdm
     # disable=None: no bar when stderr is not a terminal (CI logs, pipes), where every refresh is a new line.
-    return tqdm(total=total, desc=desc, unit="step", disable=True if quiet else None, leave=False,
+    return tqdm(total=total, desc=desc, unit=unit, disable=True if quiet else None, leave=False,
                 dynamic_ncols=True)
 
 

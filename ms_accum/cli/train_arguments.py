@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from .._choices import CHECKPOINT_FORMATS, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
+from .._choices import CHECKPOINT_FORMATS, LR_RULES, OUTLIER_WARMUP, PARTIAL_WINDOWS, POLICIES, STRUCTURES
 from .arguments import DEFAULTS, accumulate_schedule, add_data_arguments, add_fallback_arguments, \
-    add_training_arguments, non_negative_int, positive_float, positive_int
+    add_training_arguments, k_bounds, non_negative_int, positive_float, positive_int
 
 
 def add_parser(sub) -> None:
@@ -23,6 +23,14 @@ def add_parser(sub) -> None:
     train.add_argument("--accumulate-schedule", type=accumulate_schedule, metavar="SAMPLES:K,...",
                        help="K as a schedule of the global samples consumed, e.g. 0:2,4096:4,16384:8 (a batch "
                             "ramp-up; instead of --accumulate-step)")
+    train.add_argument("--adaptive-k", type=k_bounds, metavar="MIN:MAX",
+                       help="choose K from the measured gradient noise scale, between MIN and MAX, as training goes "
+                            "(instead of --accumulate-step; turns on --noise-scale; docs/adaptive-k.md)")
+    train.add_argument("--adaptive-fraction", type=positive_float, default=1.0, metavar="F",
+                       help="with --adaptive-k: aim the global batch at F times the noise scale (default 1)")
+    train.add_argument("--lr-rule", choices=LR_RULES, default="none",
+                       help="with --adaptive-k: how the learning rate follows the batch, from the rate for MIN "
+                            "(default none; linear for SGD and Momentum, sqrt for Adam)")
     train.add_argument("--plan", metavar="FILE",
                        help="take --batch-size, --accumulate-step and --structure from a plan that 'ms-accum plan "
                             "--output FILE' wrote for this model")

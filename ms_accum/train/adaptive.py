@@ -9,14 +9,15 @@ run decides as the uninterrupted one.
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Dict, Optional
 
-from .._validation import (ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int,
-                           check_value_in, door)
+from .._choices import LR_RULES
+from .._validation import (ADAPTIVE_OPTIONS, ArgumentTypeError, ArgumentValueError, check_positive_float,
+                           check_positive_int, check_value_in, door)
 from ..core.statistics import NoiseScale
 
-LR_RULES = ("none", "linear", "sqrt", "adascale")
 MIN_WINDOWS = 32  # default `min_samples`: this many windows of k_min, to average before the first decision
 EVERY_WINDOWS = 8  # default `every`: this many windows of k_min between decisions
 
@@ -27,11 +28,13 @@ class AdaptiveK:
     estimate of B_simple, within ``[k_min, k_max]``. Pass it as `train_process`'s `mini_steps`; the executor must
     measure the gradient norms (``StatisticsOptions(noise_scale=True)``).
 
-    Trustworthy on a noisy estimate: the estimate is a bias-corrected moving average (decay `beta`) of the noise
-    scale's two terms; K starts at `k_min` and no decision is taken before `min_samples` global samples are consumed;
-    decisions then come at a fixed cadence, every `every` samples, when a window opens; K moves only when the target
-    lies more than `threshold` away from it (up when target >= K·(1 + threshold), to the target's floor; down when
-    target <= K / (1 + threshold), to its ceiling), so it does not oscillate around a boundary.
+    Trustworthy on a noisy estimate: the estimate is a bias-corrected moving average of the noise scale's two terms,
+    decaying by `beta` per `k_min` micro-batches' worth of samples, so its horizon is the same number of samples
+    whatever K is (a window of K weighs K / k_min windows of `k_min`); K starts at `k_min` and no decision is taken
+    before `min_samples` global samples are consumed; decisions then come at a fixed cadence, every `every` samples,
+    when a window opens; K moves only when the target lies at least `threshold` away from it (up when target >=
+    K·(1 + threshold), to the target's floor; down when target <= K / (1 + threshold), to its ceiling), and by at most
+    a factor `max_change` in one decision, so it neither oscillates around a boundary nor leaps on one estimate.
 
     The learning rate follows the batch by `lr_rule`, the optimizer's rate being the one tuned for `k_min`'s batch
     (a number, or `SamplesLR`, whose schedule keeps running on samples): ``"none"`` leaves it; ``"linear"`` multiplies
@@ -49,24 +52,27 @@ class AdaptiveK:
             of `k_min`.
         every (int, optional): Global samples between decisions. Default: ``None``, 8 windows of `k_min`.
         threshold (float): How far (relative) the target must lie from K to move it. Default: ``0.2``.
-        beta (float): Decay of the estimate's moving averages, in (0, 1). Default: ``0.99``.
+        max_change (float): The most K is multiplied or divided by in one decision, above 1. Default: ``2.0``.
+        beta (float): Decay of the estimate's moving averages per `k_min` micro-batches, in (0, 1). Default: ``0.99``.
 
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If a bound is not positive or `k_min` > `k_max`, `fraction` is not positive, `lr_rule` is unknown,
-            `min_samples` is negative, `every` not positive, `threshold` negative or `beta` outside (0, 1).
+            `min_samples` is negative, `every` not positive, `threshold` negative, `max_change` not above 1 or `beta`
+            outside (0, 1).
 
     Examples:
         >>> from ms_accum import AdaptiveK
         >>> AdaptiveK(2, 32, fraction=0.5, lr_rule="sqrt")
-        AdaptiveK(2, 32, fraction=0.5, lr_rule='sqrt', min_samples=None, every=None, threshold=0.2, beta=0.99)
+        AdaptiveK(2, 32, fraction=0.5, lr_rule='sqrt', min_samples=None, every=None, threshold=0.2, max_change=2.0, \
+beta=0.99)
         >>> # executor.train_process(3, dataset, mini_steps=AdaptiveK(2, 32))
     """
 
     @door("AdaptiveK")
     def __init__(self, k_min: int, k_max: int, fraction: float = 1.0, lr_rule: str = "none", *,
                  min_samples: Optional[int] = None, every: Optional[int] = None, threshold: float = 0.2,
-                 beta: float = 0.99) -> None:
+                 max_change: float = 2.0, beta: float = 0.99) -> None:
         self.k_min = check_positive_int(k_min, "k_min")
         self.k_max = check_positive_int(k_max, "k_max")
         if k_max < k_min:
@@ -83,6 +89,9 @@ class AdaptiveK:
             raise ArgumentValueError("{threshold:subject} must be a non-negative float, but got {value}.",
                                      value=threshold)
         self.threshold = float(threshold)
+        if check_positive_float(max_change, "max_change") <= 1:
+            raise ArgumentValueError("{max_change:subject} must be a float above 1, but got {value}.", value=max_change)
+        self.max_change = float(max_change)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)):
             raise ArgumentTypeError("{beta:subject} must be a float in (0, 1), but got {value!r}.", value=beta)
         if not 0 < beta < 1:
@@ -90,13 +99,15 @@ class AdaptiveK:
         self.beta = float(beta)
 
     def settings(self, per_batch: int) -> str:
-        """The settings a training state records for a run over global micro-batches of `per_batch` samples; a resumed
-        run must give the same (`ms_accum.train.resume`)."""
-        return f"{self!r} over global micro-batches of {per_batch} samples"
+        """The settings a training state records, as JSON, for a run over global micro-batches of `per_batch` samples;
+        a resumed run must give the same (`ms_accum.train.resume`)."""
+        return json.dumps({"k_min": self.k_min, "k_max": self.k_max,
+                           **{name: getattr(self, name) for name in ADAPTIVE_OPTIONS}, "global_micro_batch": per_batch})
 
     def __repr__(self) -> str:
         return (f"AdaptiveK({self.k_min}, {self.k_max}, fraction={self.fraction}, lr_rule={self.lr_rule!r}, "
-                f"min_samples={self.min_samples}, every={self.every}, threshold={self.threshold}, beta={self.beta})")
+                f"min_samples={self.min_samples}, every={self.every}, threshold={self.threshold}, "
+                f"max_change={self.max_change}, beta={self.beta})")
 
 
 class Controller:
@@ -114,7 +125,7 @@ class Controller:
         next_decision (int): The samples consumed from which the next decision is taken.
         decisions (int): Decisions taken so far (each may keep K).
         weight (float): The moving average of a global micro-batch's weight (samples, or tokens under
-            ``"weighted_mean"``: the noise scale's unit), not yet bias-corrected; `windows` taken into it.
+            ``"weighted_mean"``: the noise scale's unit), not yet bias-corrected; `kept`, its zero start's weight.
     """
 
     fixed = None  # as `AccumulationSchedule.fixed`: K changes
@@ -125,7 +136,7 @@ class Controller:
                             else adaptive.min_samples)
         self.every = EVERY_WINDOWS * adaptive.k_min * per_batch if adaptive.every is None else adaptive.every
         self.k, self.next_decision, self.decisions = adaptive.k_min, self.min_samples, 0
-        self.weight, self.windows = 0.0, 0
+        self.weight, self.kept = 0.0, 1.0
 
     def __call__(self, samples: int) -> int:
         """K for the window that opens after `samples` global samples consumed: decided anew when a decision is due."""
@@ -144,9 +155,9 @@ class Controller:
             return self.k
         a = self.adaptive
         if aim >= self.k * (1.0 + a.threshold):
-            return min(a.k_max, max(self.k, math.floor(aim)))
+            return min(a.k_max, math.floor(self.k * a.max_change), max(self.k, math.floor(aim)))
         if aim <= self.k / (1.0 + a.threshold):
-            return max(a.k_min, min(self.k, math.ceil(aim)))
+            return max(a.k_min, math.ceil(self.k / a.max_change), min(self.k, math.ceil(aim)))
         return self.k
 
     def aim(self) -> Optional[float]:
@@ -159,15 +170,17 @@ class Controller:
     @property
     def micro_weight(self) -> Optional[float]:
         """The bias-corrected average weight of a global micro-batch; None before any window."""
-        if self.windows == 0:
-            return None
-        return self.weight / (1.0 - self.adaptive.beta ** self.windows)
+        return None if self.kept == 1.0 else self.weight / (1.0 - self.kept)
+
+    def decay(self, micro_batches: int) -> float:
+        """The averages' decay for a window of `micro_batches` per rank: `beta` per `k_min` of them."""
+        return self.adaptive.beta ** (micro_batches / self.adaptive.k_min)
 
     def observe(self, window_weight: float, micro_batches: int) -> None:
         """Takes a window into the averages: its total weight over all ranks, `micro_batches` per rank."""
-        beta = self.adaptive.beta
-        self.weight = beta * self.weight + (1.0 - beta) * window_weight / micro_batches
-        self.windows += 1
+        decay = self.decay(micro_batches)
+        self.weight = decay * self.weight + (1.0 - decay) * window_weight / micro_batches
+        self.kept *= decay
 
     def lr_scale(self, k: int) -> float:
         """The factor on the learning rate for a window of `k` (`AdaptiveK`'s `lr_rule`)."""
@@ -190,16 +203,16 @@ class Controller:
 
     def state(self) -> Dict[str, float]:
         """What a training state saves, to resume the decisions exactly."""
-        return {"adaptive_k": self.k, "adaptive_next": self.next_decision, "adaptive_decisions": self.decisions,
-                "adaptive_weight": self.weight, "adaptive_windows": self.windows}
+        return {"controller_k": self.k, "controller_next": self.next_decision, "controller_decisions": self.decisions,
+                "controller_weight": self.weight, "controller_kept": self.kept}
 
     def load(self, state: dict) -> None:
         """Restores what `state` saved (keys missing: a fresh start)."""
-        self.k = int(state.get("adaptive_k", self.adaptive.k_min))
-        self.next_decision = int(state.get("adaptive_next", self.min_samples))
-        self.decisions = int(state.get("adaptive_decisions", 0))
-        self.weight = float(state.get("adaptive_weight", 0.0))
-        self.windows = int(state.get("adaptive_windows", 0))
+        self.k = int(state.get("controller_k", self.adaptive.k_min))
+        self.next_decision = int(state.get("controller_next", self.min_samples))
+        self.decisions = int(state.get("controller_decisions", 0))
+        self.weight = float(state.get("controller_weight", 0.0))
+        self.kept = float(state.get("controller_kept", 1.0))
 
 
 def check_adaptive(adaptive: AdaptiveK, structure: str, reduction: str, measured: bool, ranks: int) -> None:
@@ -207,8 +220,9 @@ def check_adaptive(adaptive: AdaptiveK, structure: str, reduction: str, measured
     `structure` and `reduction`, whether it `measured` the gradient norms, over `ranks` ranks."""
     if structure == "cached":
         raise ArgumentValueError("{mini_steps:subject} must be a fixed K or a schedule with {structure=}: AdaptiveK "
-                                 "decides from the gradient noise scale, and gradient caching measures no micro-batch's "
-                                 "gradient on its own, but got {adaptive!r}.", structure="cached", adaptive=adaptive)
+                                 "decides from the gradient noise scale, and gradient caching measures no "
+                                 "micro-batch's gradient on its own, but got {adaptive!r}.", structure="cached",
+                                 adaptive=adaptive)
     if reduction == "sum":
         raise ArgumentValueError("{mini_steps:subject} must be a fixed K or a schedule with a summing loss "
                                  "(reduction 'sum'): AdaptiveK decides from the gradient noise scale, which compares "

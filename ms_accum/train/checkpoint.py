@@ -16,6 +16,7 @@ import re
 import shutil
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
+import numpy as np
 import mindspore as ms
 from mindspore import Parameter, log as ms_log, nn
 
@@ -75,7 +76,10 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
             raise ArgumentTypeError("{metadata:subject} must map names to int, float, bool or str, but '{key}' is "
                                     "{name}.", key=key, name=type(value).__name__)
     append = {_META_PREFIX + "format_version": FORMAT_VERSION}
-    append.update({_META_PREFIX + key: value for key, value in metadata.items()})
+    # A Python float would be stored as a float32 Tensor: as numpy's float64 it comes back as it was, so a resumed run's
+    # running averages (the noise scale's, AdaptiveK's) continue bit for bit.
+    append.update({_META_PREFIX + key: np.float64(value) if type(value) is float else value
+                   for key, value in metadata.items()})
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     file_format = checkpoint_format(path)

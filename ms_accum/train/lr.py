@@ -13,7 +13,7 @@ import math
 from typing import Callable, Union
 
 import mindspore as ms
-from mindspore import Parameter, ParameterTuple, Tensor, nn
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int, \
@@ -111,7 +111,7 @@ class SamplesLR(LearningRateSchedule):
         """Sets the rate for `samples` samples consumed, times `scale` (`AdaptiveK`'s rule); returns it."""
         value = self._evaluate(samples) * scale
         self.samples = samples
-        self.lr.set_data(Tensor(value, ms.float32))
+        ops.assign(self.lr, Tensor(value, ms.float32))  # in place: PyNative ignores set_data (docs/mindspore.md)
         return value
 
     def _evaluate(self, samples: int) -> float:
@@ -133,7 +133,8 @@ class RunRate:
     The optimizer's learning rate as a run sets it when each window opens: a `SamplesLR` at the samples consumed, and
     a factor (`AdaptiveK`'s `lr_rule`) on it or on a rate held in a Parameter, the base being what the optimizer holds
     when the run starts; leaving the ``with`` block the run trains in puts that back, so the next run starts from it. The rate's value
-    is what MindSpore's own `LearningRateScheduler` callback sets; the optimizer is not otherwise changed.
+    is assigned as MindSpore's own `LearningRateScheduler` callback assigns it (`ops.assign`: in place, as PyNative's
+    compiled optimizer reads it; docs/mindspore.md); the optimizer is not otherwise changed.
 
     Args:
         optimizer (nn.Optimizer): The user's.
@@ -159,7 +160,7 @@ class RunRate:
         if self.samples_lr is not None:
             self.samples_lr.update(samples, scale)
         for param, base in self.held:
-            param.set_data(Tensor(base * scale, param.dtype))
+            ops.assign(param, Tensor(base * scale, param.dtype))
 
     def __enter__(self) -> "RunRate":
         return self
@@ -167,4 +168,4 @@ class RunRate:
     def __exit__(self, *exc) -> None:
         """The rates held in Parameters back to their values when the run started."""
         for param, base in self.held:
-            param.set_data(Tensor(base, param.dtype))
+            ops.assign(param, Tensor(base, param.dtype))

@@ -2,6 +2,7 @@
 devices as before or on another number of them (the same global batch per update, the same data order)."""
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from dataclasses import asdict
@@ -9,7 +10,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
-from .._validation import Layout, Message, Setting
+from .._validation import Adaptive, Layout, Message, Setting
 from ..core.dropout import is_random_state
 
 from .schedule import AccumulationSchedule, pairs_text
@@ -259,16 +260,17 @@ def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, M
 
 
 def _check_adaptive(path: str, saved: str, saved_batches: str, this: str) -> None:
-    """Refuses a resume unless both runs chose K by the same `AdaptiveK` settings over the same global micro-batch:
-    the saved decisions and estimates mean nothing to other settings, and a fixed K or schedule would not continue
-    them."""
-    if saved != this:
-        theirs = saved or Message("the global batch schedule (samples consumed: global batch) {batches}",
-                                  batches=saved_batches)
-        mine = this or "a fixed K or schedule"
+    """Refuses a resume unless both runs chose K by the same `AdaptiveK` settings over the same global micro-batch
+    (`AdaptiveK.settings`, JSON): the saved decisions and estimates mean nothing to other settings, and a fixed K or
+    schedule would not continue them."""
+    saved_settings, settings = (json.loads(text) if text else None for text in (saved, this))
+    if saved_settings != settings:
+        theirs = Adaptive(saved_settings) if saved else Message(
+            "the global batch schedule (samples consumed: global batch) {batches}", batches=saved_batches)
+        mine = Adaptive(settings) if this else "a fixed K or schedule"
         raise CheckpointError("Checkpoint '{path}' was saved by a run whose K came from {theirs}, but this run's comes "
-                              "from {mine}: resuming would not continue the same training; give the saved run's "
-                              "mini_steps.", path=path, theirs=theirs, mine=mine)
+                              "from {mine}: resuming would not continue the same training.", path=path,
+                              theirs=theirs, mine=mine)
 
 
 def _check_epoch_samples(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:

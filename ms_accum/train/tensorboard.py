@@ -30,7 +30,7 @@ class TensorBoardLog:
     r"""
     Writes each optimizer step's figures for TensorBoard: ``train/loss``, ``train/accumulate_step`` (K),
     ``train/samples_consumed``, ``train/learning_rate`` (given the optimizer), ``train/grad_norm`` and
-    ``train/noise_scale`` (when measured), ``train/loss_scale``, and ``validation/<score>`` when scored; the x axis is
+    ``train/noise_scale`` (when measured), ``train/lr_scale`` (`AdaptiveK`'s factor), ``train/loss_scale``, and ``validation/<score>`` when scored; the x axis is
     the optimizer step. Give it as `LogOptions(on_step=...)`; in data parallel build it on rank 0 only.
 
     Args:
@@ -67,7 +67,7 @@ class TensorBoardLog:
     def __call__(self, record: StepRecord) -> None:
         figures = {"loss": record.loss, "accumulate_step": record.accumulate_step,
                    "samples_consumed": record.samples_consumed, "loss_scale": record.loss_scale,
-                   "grad_norm": record.grad_norm, "noise_scale": record.noise_scale}
+                   "grad_norm": record.grad_norm, "noise_scale": record.noise_scale, "lr_scale": record.lr_scale}
         if self.optimizer is not None:
             figures["learning_rate"] = learning_rate_at(self.optimizer, record.step)
         for name, value in figures.items():

@@ -14,7 +14,8 @@ Every run reads its data through MindSpore's DistributedSampler (``num_shards``:
 micro-batches of BATCH on each rank, so runs on different numbers of ranks read the same global order. Under msrun each
 rank writes its final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
 KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file. MINI_STEPS is K or a
-schedule, ``samples:K,...`` (`ms_accum.train.schedule.parse_schedule`). DROPOUT (default 0) above 0 trains a small
+schedule, ``samples:K,...`` (`ms_accum.train.schedule.parse_schedule`), or ``adaptive:K_MIN:K_MAX:RULE``: an
+`AdaptiveK` deciding every 2 windows of K_MIN from 4 on, with the noise scale and outlier skipping on (test_adaptive.py). DROPOUT (default 0) above 0 trains a small
 network with an `nn.Dropout` of that rate instead of the MLP (test_dropout.py).
 """
 import json
@@ -28,7 +29,7 @@ import mindspore.dataset as ds
 from mindspore import nn
 
 import ms_accum.train.checkpoint
-from ms_accum import GradientAccumulation
+from ms_accum import AdaptiveK, GradientAccumulation, StatisticsOptions
 from ms_accum.train.options import QUIET, Checkpoints
 from ms_accum.demo.models import MLP
 from ms_accum.graphs.cached import _CachedPass
@@ -104,9 +105,17 @@ def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_S
         [nn.Flatten(), nn.Dense(28 * 28, 64), nn.ReLU(), nn.Dropout(p=float(dropout)), nn.Dense(64, 10)])
     # Adam: its moments and beta powers are state that must survive the kill too.
     optimizer = nn.Adam(net.trainable_params(), 1e-3)
+    adaptive = mini_steps.startswith("adaptive:")
+    statistics = StatisticsOptions(noise_scale=True, skip_outliers=2.0, outlier_warmup=8) if adaptive else None
     executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer,
-                                    structure=structure)
-    schedule = parse_schedule(mini_steps) if ":" in mini_steps else int(mini_steps)
+                                    structure=structure, statistics=statistics)
+    if adaptive:
+        _, k_min, k_max, rule = mini_steps.split(":")
+        window = int(k_min) * BATCH * ranks
+        schedule = AdaptiveK(int(k_min), int(k_max), lr_rule=rule, min_samples=4 * window, every=2 * window,
+                             threshold=0.1)
+    else:
+        schedule = parse_schedule(mini_steps) if ":" in mini_steps else int(mini_steps)
     checkpoints = Checkpoints(ckpt_dir, "run", save_every=SAVE_EVERY, keep_last=int(keep_last) or None,
                               resume=True if resume == "latest" else resume)
     result = executor.train_process(EPOCHS, dataset, schedule, checkpoints=checkpoints, log=QUIET)
@@ -115,7 +124,10 @@ def main(ckpt_dir: str, structure: str, fault: str, mini_steps: str = str(MINI_S
                  **{p.name: p.asnumpy() for p in net.trainable_params()})
     print(json.dumps({"checkpoint": result.checkpoint, "resumed_from": result.resumed_from,
                       "steps": [record.step for record in result.steps],
-                      "k": [record.accumulate_step for record in result.steps]}), flush=True)
+                      "k": [record.accumulate_step for record in result.steps],
+                      "noise_scale": [record.noise_scale for record in result.steps],
+                      "lr_scale": [record.lr_scale for record in result.steps],
+                      "skipped_micro_batches": result.skipped_micro_batches}), flush=True)
 
 
 if __name__ == "__main__":
