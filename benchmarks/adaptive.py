@@ -280,6 +280,8 @@ def _scorer(network, loss_fn, held_out, weighted: bool) -> Callable[[], float]:
     from mindspore import Tensor, nn
 
     class Scored(nn.Cell):
+        """The network and its loss: the loss, or (loss, tokens)."""
+
         def __init__(self):
             super().__init__(auto_prefix=False)
             self.network, self.loss_fn = network, loss_fn
@@ -373,6 +375,7 @@ def run(task: Task, data: Data, name: str, k, log: Callable[[str], None]) -> dic
 
 # ---------------------------------------------------------------------------------------------------------- figures
 def _first(scores: List[dict], test: Callable[[dict], bool]) -> Optional[dict]:
+    """The first of `scores` that passes `test`, None if none does."""
     return next((score for score in scores if test(score)), None)
 
 
@@ -545,6 +548,7 @@ def replot(path: str, plot_dir: str) -> None:
 
 
 def main(argv=None) -> int:
+    """The command: each task's table (and with --plot its PNG, with --json every curve); returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adaptive", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default=",".join(TASKS), help="comma-separated: " + ", ".join(TASKS))
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few windows: measures nothing")
