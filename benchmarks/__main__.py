@@ -25,6 +25,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
     "plan_budget": "memory: a plan for a 132 MiB encoder with AdamW at 1400 MiB, against training with it",
     "sharding": "memory and speed: the optimizer state sharded over 2 and 4 msrun ranks, a 192 MiB MLP and an encoder",
     "dropout": "memory and speed: ms_accum's dropout against MindSpore's kernel, a BERT-shaped encoder and the recipe",
+    "adaptive": "steps and samples to a held-out loss: fixed K, a ramp and AdaptiveK on MNIST and Shakespeare",
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
@@ -158,11 +159,19 @@ def main(argv=None) -> int:
         for table in dropout.speed(time_layers, time_seq, rounds, steps, WARMUP[mode]):
             show(table)
 
+    if section("adaptive"):
+        from . import adaptive
+        results["adaptive"] = {}
+        for task in adaptive.TASKS:
+            result = adaptive.measure(task, args.quick, args.data, common.log)
+            print(result["text"] + "\n", flush=True)
+            results["adaptive"][task] = result
+
     print(f"total {time.time() - started:.0f} s; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=1)
+            json.dump(results, handle, indent=1, default=str)
     return 0
 
 
