@@ -190,11 +190,10 @@ class NoiseScale:
     B_big is the window's total weight over all ranks.
 
     Args:
-        beta (float): The moving averages' decay per window. Default: ``0.99``.
+        beta (float): The moving averages' decay. Default: ``0.99``.
 
     Attributes:
         windows (int): Windows taken into the averages.
-        kept (float): The weight the averages' zero start still has (the product of the decays): their bias.
         value (float, optional): The current estimate, None before the first window.
     """
 
@@ -203,37 +202,31 @@ class NoiseScale:
         self.windows = 0
         self.g2 = 0.0  # the moving averages, not yet bias-corrected
         self.trace = 0.0
-        self.kept = 1.0
 
-    def update(self, micro_sq_norm_mean: float, b_small: float, window_sq_norm: float, b_big: float,
-               decay: Optional[float] = None) -> Optional[float]:
-        """Takes one window: the mean of its micro-batches' squared norms at `b_small`, its own at `b_big`, with the
-        averages' `decay` (default `beta`; `AdaptiveK` gives a larger window more weight); returns the estimate (None
-        while |G|² is not positive)."""
-        decay = self.beta if decay is None else decay
+    def update(self, micro_sq_norm_mean: float, b_small: float, window_sq_norm: float, b_big: float) -> Optional[float]:
+        """Takes one window: the mean of its micro-batches' squared norms at `b_small`, its own at `b_big`; returns the
+        estimate (None while |G|² is not positive)."""
         g2 = (b_big * window_sq_norm - b_small * micro_sq_norm_mean) / (b_big - b_small)
         trace = (micro_sq_norm_mean - window_sq_norm) / (1.0 / b_small - 1.0 / b_big)
         self.windows += 1
-        self.g2 = decay * self.g2 + (1.0 - decay) * g2
-        self.trace = decay * self.trace + (1.0 - decay) * trace
-        self.kept *= decay
+        self.g2 = self.beta * self.g2 + (1.0 - self.beta) * g2
+        self.trace = self.beta * self.trace + (1.0 - self.beta) * trace
         return self.value
 
     @property
     def value(self) -> Optional[float]:
         if self.windows == 0:
             return None
-        correction = 1.0 - self.kept  # the same for both averages: it cancels in the ratio
+        correction = 1.0 - self.beta ** self.windows  # the same for both averages: it cancels in the ratio
         g2, trace = self.g2 / correction, self.trace / correction
         return trace / g2 if g2 > 0 and math.isfinite(g2) else None
 
     def state(self) -> dict:
         """What a training state saves, to resume the averages exactly."""
-        return {"noise_windows": self.windows, "noise_g2": self.g2, "noise_trace": self.trace, "noise_kept": self.kept}
+        return {"noise_windows": self.windows, "noise_g2": self.g2, "noise_trace": self.trace}
 
     def load(self, state: dict) -> None:
         """Restores what `state` saved (keys missing: a fresh start)."""
         self.windows = int(state.get("noise_windows", 0))
         self.g2 = float(state.get("noise_g2", 0.0))
         self.trace = float(state.get("noise_trace", 0.0))
-        self.kept = float(state.get("noise_kept", self.beta ** self.windows))  # older files: every decay was beta

@@ -28,13 +28,12 @@ class AdaptiveK:
     estimate of B_simple, within ``[k_min, k_max]``. Pass it as `train_process`'s `mini_steps`; the executor must
     measure the gradient norms (``StatisticsOptions(noise_scale=True)``).
 
-    Trustworthy on a noisy estimate: the estimate is a bias-corrected moving average of the noise scale's two terms,
-    decaying by `beta` per `k_min` micro-batches' worth of samples, so its horizon is the same number of samples
-    whatever K is (a window of K weighs K / k_min windows of `k_min`); K starts at `k_min` and no decision is taken
-    before `min_samples` global samples are consumed; decisions then come at a fixed cadence, every `every` samples,
-    when a window opens; K moves only when the target lies at least `threshold` away from it (up when target >=
-    K·(1 + threshold), to the target's floor; down when target <= K / (1 + threshold), to its ceiling), and by at most
-    a factor `max_change` in one decision, so it neither oscillates around a boundary nor leaps on one estimate.
+    Trustworthy on a noisy estimate: the estimate is a bias-corrected moving average (decay `beta` per window) of the
+    noise scale's two terms; K starts at `k_min` and no decision is taken before `min_samples` global samples are
+    consumed; decisions then come at a fixed cadence, every `every` samples, when a window opens; K moves only when the
+    target lies at least `threshold` away from it (up when target >= K·(1 + threshold), to the target's floor; down
+    when target <= K / (1 + threshold), to its ceiling), so it does not oscillate around a boundary; with `max_change`,
+    by at most that factor in one decision.
 
     The learning rate follows the batch by `lr_rule`, the optimizer's rate being the one tuned for `k_min`'s batch
     (a number, or `SamplesLR`, whose schedule keeps running on samples): ``"none"`` leaves it; ``"linear"`` multiplies
@@ -52,8 +51,9 @@ class AdaptiveK:
             of `k_min`.
         every (int, optional): Global samples between decisions. Default: ``None``, 8 windows of `k_min`.
         threshold (float): How far (relative) the target must lie from K to move it. Default: ``0.2``.
-        max_change (float): The most K is multiplied or divided by in one decision, above 1. Default: ``2.0``.
-        beta (float): Decay of the estimate's moving averages per `k_min` micro-batches, in (0, 1). Default: ``0.99``.
+        max_change (float, optional): The most K is multiplied or divided by in one decision, above 1. Default:
+            ``None``, as far as the target.
+        beta (float): Decay of the estimate's moving averages per window, in (0, 1). Default: ``0.99``.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -64,7 +64,7 @@ class AdaptiveK:
     Examples:
         >>> from ms_accum import AdaptiveK
         >>> AdaptiveK(2, 32, fraction=0.5, lr_rule="sqrt")
-        AdaptiveK(2, 32, fraction=0.5, lr_rule='sqrt', min_samples=None, every=None, threshold=0.2, max_change=2.0, \
+        AdaptiveK(2, 32, fraction=0.5, lr_rule='sqrt', min_samples=None, every=None, threshold=0.2, max_change=None, \
 beta=0.99)
         >>> # executor.train_process(3, dataset, mini_steps=AdaptiveK(2, 32))
     """
@@ -72,7 +72,7 @@ beta=0.99)
     @door("AdaptiveK")
     def __init__(self, k_min: int, k_max: int, fraction: float = 1.0, lr_rule: str = "none", *,
                  min_samples: Optional[int] = None, every: Optional[int] = None, threshold: float = 0.2,
-                 max_change: float = 2.0, beta: float = 0.99) -> None:
+                 max_change: Optional[float] = None, beta: float = 0.99) -> None:
         self.k_min = check_positive_int(k_min, "k_min")
         self.k_max = check_positive_int(k_max, "k_max")
         if k_max < k_min:
@@ -89,9 +89,9 @@ beta=0.99)
             raise ArgumentValueError("{threshold:subject} must be a non-negative float, but got {value}.",
                                      value=threshold)
         self.threshold = float(threshold)
-        if check_positive_float(max_change, "max_change") <= 1:
+        if max_change is not None and check_positive_float(max_change, "max_change") <= 1:
             raise ArgumentValueError("{max_change:subject} must be a float above 1, but got {value}.", value=max_change)
-        self.max_change = float(max_change)
+        self.max_change = None if max_change is None else float(max_change)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)):
             raise ArgumentTypeError("{beta:subject} must be a float in (0, 1), but got {value!r}.", value=beta)
         if not 0 < beta < 1:
@@ -125,7 +125,7 @@ class Controller:
         next_decision (int): The samples consumed from which the next decision is taken.
         decisions (int): Decisions taken so far (each may keep K).
         weight (float): The moving average of a global micro-batch's weight (samples, or tokens under
-            ``"weighted_mean"``: the noise scale's unit), not yet bias-corrected; `kept`, its zero start's weight.
+            ``"weighted_mean"``: the noise scale's unit), not yet bias-corrected; `windows` taken into it.
     """
 
     fixed = None  # as `AccumulationSchedule.fixed`: K changes
@@ -136,7 +136,9 @@ class Controller:
                             else adaptive.min_samples)
         self.every = EVERY_WINDOWS * adaptive.k_min * per_batch if adaptive.every is None else adaptive.every
         self.k, self.next_decision, self.decisions = adaptive.k_min, self.min_samples, 0
-        self.weight, self.kept = 0.0, 1.0
+        self.weight, self.windows = 0.0, 0
+        # With no max_change, K goes as far as the target in one decision.
+        self.max_change = math.inf if adaptive.max_change is None else adaptive.max_change
 
     def __call__(self, samples: int) -> int:
         """K for the window that opens after `samples` global samples consumed: decided anew when a decision is due."""
@@ -155,9 +157,10 @@ class Controller:
             return self.k
         a = self.adaptive
         if aim >= self.k * (1.0 + a.threshold):
-            return min(a.k_max, math.floor(self.k * a.max_change), max(self.k, math.floor(aim)))
+            most = a.k_max if math.isinf(self.max_change) else math.floor(self.k * self.max_change)
+            return min(a.k_max, most, max(self.k, math.floor(aim)))
         if aim <= self.k / (1.0 + a.threshold):
-            return max(a.k_min, math.ceil(self.k / a.max_change), min(self.k, math.ceil(aim)))
+            return max(a.k_min, min(self.k, math.ceil(aim)), math.ceil(self.k / self.max_change))
         return self.k
 
     def aim(self) -> Optional[float]:
@@ -170,17 +173,15 @@ class Controller:
     @property
     def micro_weight(self) -> Optional[float]:
         """The bias-corrected average weight of a global micro-batch; None before any window."""
-        return None if self.kept == 1.0 else self.weight / (1.0 - self.kept)
-
-    def decay(self, micro_batches: int) -> float:
-        """The averages' decay for a window of `micro_batches` per rank: `beta` per `k_min` of them."""
-        return self.adaptive.beta ** (micro_batches / self.adaptive.k_min)
+        if self.windows == 0:
+            return None
+        return self.weight / (1.0 - self.adaptive.beta ** self.windows)
 
     def observe(self, window_weight: float, micro_batches: int) -> None:
         """Takes a window into the averages: its total weight over all ranks, `micro_batches` per rank."""
-        decay = self.decay(micro_batches)
-        self.weight = decay * self.weight + (1.0 - decay) * window_weight / micro_batches
-        self.kept *= decay
+        beta = self.adaptive.beta
+        self.weight = beta * self.weight + (1.0 - beta) * window_weight / micro_batches
+        self.windows += 1
 
     def lr_scale(self, k: int) -> float:
         """The factor on the learning rate for a window of `k` (`AdaptiveK`'s `lr_rule`)."""
@@ -204,7 +205,7 @@ class Controller:
     def state(self) -> Dict[str, float]:
         """What a training state saves, to resume the decisions exactly."""
         return {"controller_k": self.k, "controller_next": self.next_decision, "controller_decisions": self.decisions,
-                "controller_weight": self.weight, "controller_kept": self.kept}
+                "controller_weight": self.weight, "controller_windows": self.windows}
 
     def load(self, state: dict) -> None:
         """Restores what `state` saved (keys missing: a fresh start)."""
@@ -212,7 +213,7 @@ class Controller:
         self.next_decision = int(state.get("controller_next", self.min_samples))
         self.decisions = int(state.get("controller_decisions", 0))
         self.weight = float(state.get("controller_weight", 0.0))
-        self.kept = float(state.get("controller_kept", 1.0))
+        self.windows = int(state.get("controller_windows", 0))
 
 
 def check_adaptive(adaptive: AdaptiveK, structure: str, reduction: str, measured: bool, ranks: int) -> None:
