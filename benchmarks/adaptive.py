@@ -234,30 +234,6 @@ def contenders(task: Task) -> Dict[str, dict]:
     return out
 
 
-def lr_scale(rule: str, scale: float, estimate: Optional[float], b0: float) -> float:
-    """The factor on k_min's rate for a window of `scale` = K/k_min, as `AdaptiveK`'s `lr_rule` computes it.
-
-    Args:
-        rule: "none", "linear", "sqrt" or "adascale".
-        scale: K / k_min.
-        estimate: The run's smoothed noise scale (None: none yet), for "adascale".
-        b0: k_min's global batch in the noise scale's unit (samples, or tokens), for "adascale".
-
-    Returns:
-        float.
-    """
-    if rule == "none" or scale == 1.0:
-        return 1.0
-    if rule == "linear":
-        return scale
-    if rule == "sqrt":
-        return math.sqrt(scale)
-    if estimate is None:  # no estimate yet: AdaptiveK takes the gain's limit, S
-        return scale
-    ratio = estimate / b0
-    return (1.0 + ratio) / (1.0 + ratio / scale)
-
-
 def adaptive_k(task: Task, **changes):
     """The AdaptiveK contender, or None in an ms_accum without it (before issue 52).
 
@@ -327,6 +303,7 @@ def run(task: Task, data: Data, name: str, k, log: Callable[[str], None]) -> dic
     from mindspore import nn
     from ms_accum import (AccumulationSchedule, AdaptiveK, GradientAccumulation, LogOptions, SamplesLR,
                           StatisticsOptions, WindowOptions)
+    from ms_accum.train.adaptive import lr_factor  # the rule AdaptiveK applies, for the fixed K and the ramp too
     network = data.network()
     loss_fn = data.loss()
     state = {"estimate": None, "scale": 1.0}  # the run's last noise-scale estimate; the factor of the open window
@@ -337,7 +314,7 @@ def run(task: Task, data: Data, name: str, k, log: Callable[[str], None]) -> dic
         b0 = task.k_min * data.micro_weight
 
         def rate_for(samples: int) -> float:
-            state["scale"] = lr_scale(task.lr_rule, k_of(samples) / task.k_min, state["estimate"], b0)
+            state["scale"] = lr_factor(task.lr_rule, k_of(samples) / task.k_min, state["estimate"], b0)
             return task.lr * state["scale"]
 
         rate = SamplesLR(rate_for)

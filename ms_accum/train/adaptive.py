@@ -185,18 +185,9 @@ class Controller:
 
     def lr_scale(self, k: int) -> float:
         """The factor on the learning rate for a window of `k` (`AdaptiveK`'s `lr_rule`)."""
-        scale, rule = k / self.adaptive.k_min, self.adaptive.lr_rule
-        if rule == "none" or scale == 1.0:
-            return 1.0
-        if rule == "linear":
-            return scale
-        if rule == "sqrt":
-            return math.sqrt(scale)
-        estimate, micro = self.noise.value, self.micro_weight
-        if estimate is None or micro is None:  # |G|² not positive: noise dominates, the gain's limit is S
-            return scale
-        ratio = estimate / (self.adaptive.k_min * micro)  # B_simple / B0
-        return (1.0 + ratio) / (1.0 + ratio / scale)
+        micro = self.micro_weight
+        return lr_factor(self.adaptive.lr_rule, k / self.adaptive.k_min, self.noise.value,
+                         None if micro is None else self.adaptive.k_min * micro)
 
     def global_batches(self, per_batch: int) -> str:
         """What a training state records as the run's global batches: decided as it goes."""
@@ -214,6 +205,22 @@ class Controller:
         self.decisions = int(state.get("controller_decisions", 0))
         self.weight = float(state.get("controller_weight", 0.0))
         self.windows = int(state.get("controller_windows", 0))
+
+
+def lr_factor(rule: str, scale: float, noise_scale: Optional[float], b0: Optional[float]) -> float:
+    """The factor `rule` (`AdaptiveK`'s `lr_rule`) puts on the rate tuned for k_min, for a window of `scale` = K / k_min;
+    ``"adascale"`` reads the noise scale and k_min's global batch `b0`, in one unit (None: no estimate yet, or |G|² not
+    positive: noise dominates, and the gain is its limit, S)."""
+    if rule == "none" or scale == 1.0:
+        return 1.0
+    if rule == "linear":
+        return scale
+    if rule == "sqrt":
+        return math.sqrt(scale)
+    if noise_scale is None or b0 is None:
+        return scale
+    ratio = noise_scale / b0  # B_simple / B0
+    return (1.0 + ratio) / (1.0 + ratio / scale)
 
 
 def check_adaptive(adaptive: AdaptiveK, structure: str, reduction: str, measured: bool, ranks: int) -> None:
