@@ -1,8 +1,8 @@
 """ms_accum: gradient accumulation for MindSpore graph mode, equal to large-batch training.
 
 The names a script uses are here, in the order of the documentation (README.md's three ways in, then docs/training.md,
-resume.md, schedules.md, adaptive-k.md, sequence-models.md, data-parallel.md, verify-and-plan.md); each layer's package exports the
-rest of its public names:
+resume.md, schedules.md, adaptive-k.md, sequence-models.md, data-parallel.md, verify-and-plan.md); each layer's
+package exports the rest of its public names:
 
 - ``ms_accum.core``: the window (the buffer and its rules, the guard, graph math, statistics, reducers, losses, dropout
   streams);

@@ -17,6 +17,12 @@ from typing import Any, Iterable, Optional, Tuple, Type, Union
 ADAPTIVE_OPTIONS = ("fraction", "lr_rule", "min_samples", "every", "threshold", "max_change", "beta")
 
 
+def adaptive_call(settings: dict) -> str:
+    """The call that builds an `AdaptiveK` of `settings` (its arguments by name): its repr, and how messages say it."""
+    given = ", ".join(f"{name}={settings[name]!r}" for name in ADAPTIVE_OPTIONS)
+    return f"AdaptiveK({settings['k_min']}, {settings['k_max']}, {given})"
+
+
 class Words:
     """How a message names arguments: the library says ``'name'`` and ``name=value``; the command line subclasses it
     to say its flags (`ms_accum.cli.errors`). The one place either wording is written."""
@@ -47,9 +53,7 @@ class Words:
 
     def adaptive(self, settings: dict) -> str:
         """An `AdaptiveK`'s settings over global micro-batches of ``settings["global_micro_batch"]`` samples."""
-        given = ", ".join(f"{name}={settings[name]!r}" for name in ADAPTIVE_OPTIONS)
-        return (f"AdaptiveK({settings['k_min']}, {settings['k_max']}, {given}) over global micro-batches of "
-                f"{settings['global_micro_batch']} samples")
+        return f"{adaptive_call(settings)} over global micro-batches of {settings['global_micro_batch']} samples"
 
 
 LIBRARY = Words()

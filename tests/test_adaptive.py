@@ -156,8 +156,8 @@ MEASURED = StatisticsOptions(noise_scale=True)
 DOOR = "For 'GradientAccumulation.train_process', "
 
 
-REFUSED = ("AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=None, every=None, threshold=0.2, max_change=None, "
-           "beta=0.99)")
+REFUSED = ("AdaptiveK(2, 8, fraction=1.0, lr_rule='none', min_samples=None, every=None, threshold=0.2, "
+           "max_change=None, beta=0.99)")
 
 
 @pytest.mark.parametrize("case, message", [

@@ -14,8 +14,8 @@ import math
 from typing import Dict, Optional
 
 from .._choices import LR_RULES
-from .._validation import (ADAPTIVE_OPTIONS, ArgumentTypeError, ArgumentValueError, check_positive_float,
-                           check_positive_int, check_value_in, door)
+from .._validation import (ADAPTIVE_OPTIONS, ArgumentTypeError, ArgumentValueError, adaptive_call,
+                           check_positive_float, check_positive_int, check_value_in, door)
 from ..core.statistics import NoiseScale
 
 MIN_WINDOWS = 32  # default `min_samples`: this many windows of k_min, to average before the first decision
@@ -101,13 +101,13 @@ beta=0.99)
     def settings(self, per_batch: int) -> str:
         """The settings a training state records, as JSON, for a run over global micro-batches of `per_batch` samples;
         a resumed run must give the same (`ms_accum.train.resume`)."""
-        return json.dumps({"k_min": self.k_min, "k_max": self.k_max,
-                           **{name: getattr(self, name) for name in ADAPTIVE_OPTIONS}, "global_micro_batch": per_batch})
+        return json.dumps({**self._arguments(), "global_micro_batch": per_batch})
+
+    def _arguments(self) -> dict:
+        return {"k_min": self.k_min, "k_max": self.k_max, **{name: getattr(self, name) for name in ADAPTIVE_OPTIONS}}
 
     def __repr__(self) -> str:
-        return (f"AdaptiveK({self.k_min}, {self.k_max}, fraction={self.fraction}, lr_rule={self.lr_rule!r}, "
-                f"min_samples={self.min_samples}, every={self.every}, threshold={self.threshold}, "
-                f"max_change={self.max_change}, beta={self.beta})")
+        return adaptive_call(self._arguments())
 
 
 class Controller:
@@ -137,8 +137,6 @@ class Controller:
         self.every = EVERY_WINDOWS * adaptive.k_min * per_batch if adaptive.every is None else adaptive.every
         self.k, self.next_decision, self.decisions = adaptive.k_min, self.min_samples, 0
         self.weight, self.windows = 0.0, 0
-        # With no max_change, K goes as far as the target in one decision.
-        self.max_change = math.inf if adaptive.max_change is None else adaptive.max_change
 
     def __call__(self, samples: int) -> int:
         """K for the window that opens after `samples` global samples consumed: decided anew when a decision is due."""
@@ -156,11 +154,11 @@ class Controller:
         if aim is None:
             return self.k
         a = self.adaptive
+        change = a.max_change or math.inf  # None: as far as the target in one decision
         if aim >= self.k * (1.0 + a.threshold):
-            most = a.k_max if math.isinf(self.max_change) else math.floor(self.k * self.max_change)
-            return min(a.k_max, most, max(self.k, math.floor(aim)))
+            return min(a.k_max, max(self.k, math.floor(min(aim, self.k * change))))
         if aim <= self.k / (1.0 + a.threshold):
-            return max(a.k_min, min(self.k, math.ceil(aim)), math.ceil(self.k / self.max_change))
+            return max(a.k_min, min(self.k, math.ceil(max(aim, self.k / change))))
         return self.k
 
     def aim(self) -> Optional[float]:
@@ -208,9 +206,9 @@ class Controller:
 
 
 def lr_factor(rule: str, scale: float, noise_scale: Optional[float], b0: Optional[float]) -> float:
-    """The factor `rule` (`AdaptiveK`'s `lr_rule`) puts on the rate tuned for k_min, for a window of `scale` = K / k_min;
-    ``"adascale"`` reads the noise scale and k_min's global batch `b0`, in one unit (None: no estimate yet, or |G|² not
-    positive: noise dominates, and the gain is its limit, S)."""
+    """The factor `rule` (`AdaptiveK`'s `lr_rule`) puts on the rate tuned for k_min, for a window of `scale` =
+    K / k_min; ``"adascale"`` reads the noise scale and k_min's global batch `b0`, in one unit (None: no estimate yet,
+    or |G|² not positive: noise dominates, and the gain is its limit, S)."""
     if rule == "none" or scale == 1.0:
         return 1.0
     if rule == "linear":

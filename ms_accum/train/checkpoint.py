@@ -70,16 +70,7 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
             `CheckpointError`; the message names the file, its directory and the cause. The temporary files are
             removed and no other file changes.
     """
-    metadata = dict(metadata or {})
-    for key, value in metadata.items():
-        if not isinstance(value, (int, float, str, bool)):
-            raise ArgumentTypeError("{metadata:subject} must map names to int, float, bool or str, but '{key}' is "
-                                    "{name}.", key=key, name=type(value).__name__)
-    append = {_META_PREFIX + "format_version": FORMAT_VERSION}
-    # A Python float would be stored as a float32 Tensor: as numpy's float64 it comes back as it was, so a resumed run's
-    # running averages (the noise scale's, AdaptiveK's) continue bit for bit.
-    append.update({_META_PREFIX + key: np.float64(value) if type(value) is float else value
-                   for key, value in metadata.items()})
+    append = _appended(metadata or {})
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     file_format = checkpoint_format(path)
@@ -111,6 +102,20 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
                 os.remove(leftover)
     _fsync_dir(directory)
     return path
+
+
+def _appended(metadata: Dict[str, MetaValue]) -> Dict[str, MetaValue]:
+    """`metadata`, checked, as the file's entries: prefixed, with ms_accum's format version."""
+    for key, value in metadata.items():
+        if not isinstance(value, (int, float, str, bool)):
+            raise ArgumentTypeError("{metadata:subject} must map names to int, float, bool or str, but '{key}' is "
+                                    "{name}.", key=key, name=type(value).__name__)
+    append = {_META_PREFIX + "format_version": FORMAT_VERSION}
+    # A Python float would be stored as a float32 Tensor: as numpy's float64 it comes back as it was, so a resumed run's
+    # running averages (the noise scale's, AdaptiveK's) continue bit for bit.
+    append.update({_META_PREFIX + key: np.float64(value) if type(value) is float else value
+                   for key, value in metadata.items()})
+    return append
 
 
 def checkpoint_format(path: str) -> str:

@@ -246,13 +246,7 @@ class GradientAccumulation:
                 checkpoint cannot be written (docs/resume.md).
         """
         options = with_deprecated({"checkpoints": checkpoints, "log": log}, deprecated, ("checkpoints", "log"))
-        mini_steps = self._mini_steps(mini_steps, train_dataset)
-        if isinstance(mini_steps, AdaptiveK):
-            check_adaptive(mini_steps, self.structure, self.buffer.reduction.name, self.statistics,
-                           1 if self.parallel is None else self.parallel.group_size)
-            schedule = mini_steps
-        else:
-            schedule = AccumulationSchedule(mini_steps, arg_name="mini_steps")
+        schedule = self._schedule(self._mini_steps(mini_steps, train_dataset))
         run = Run(self.parts, self.state, self.parallel, self.guard, self.measure, epoch, train_dataset, schedule,
                   partial_window, options["checkpoints"], options["log"], _validation(eval_dataset, eval_every))
         self._structure.reset()  # start from an empty window whatever happened before
@@ -260,16 +254,16 @@ class GradientAccumulation:
         structure = self.runner(run.largest)  # built once, for the largest K; shorter windows run through it too
         # The network's nn.Dropout cells draw from the streams, and AdaptiveK scales the rate, until training ends.
         with self.dropout.drawing(), run.rate:
-            for k, size, window, opened_at in windows:
-                if size < k and partial_window == "drop":
-                    run.drop(window)
-                    continue
-                run.open(opened_at, k)
-                with door("GradientAccumulation", final=True):  # a graph's refusal is about the executor's arguments
-                    trained = structure.run(window, size)
-                if run.close(k, trained):
-                    break
+            _train_windows(run, windows, structure, partial_window)
         return run.finish(self.network)
+
+    def _schedule(self, mini_steps: Union[ScheduleLike, AdaptiveK]) -> Union[AccumulationSchedule, AdaptiveK]:
+        """K as the run takes it: a schedule, or an `AdaptiveK` this executor can measure the noise scale for."""
+        if not isinstance(mini_steps, AdaptiveK):
+            return AccumulationSchedule(mini_steps, arg_name="mini_steps")
+        check_adaptive(mini_steps, self.structure, self.buffer.reduction.name, self.statistics,
+                       1 if self.parallel is None else self.parallel.group_size)
+        return mini_steps
 
     def _mini_steps(self, mini_steps: Optional[ScheduleLike], train_dataset: Dataset) -> ScheduleLike:
         """`mini_steps`, or the plan's K; a plan also fixes the micro-batch."""
@@ -283,6 +277,20 @@ class GradientAccumulation:
                                      "samples, but its batch size is {value}.", batch_size2=self.plan.batch_size,
                                      value=train_dataset.get_batch_size())
         return self.plan.accumulate_step if mini_steps is None else mini_steps
+
+
+def _train_windows(run: Run, windows, structure: Structure, partial_window: str) -> None:
+    """Trains `run`'s windows through `structure` (a partial one dropped if `partial_window` says so), until the last
+    or until `on_step` stops the run."""
+    for k, size, window, opened_at in windows:
+        if size < k and partial_window == "drop":
+            run.drop(window)
+            continue
+        run.open(opened_at, k)
+        with door("GradientAccumulation", final=True):  # a graph's refusal is about the executor's arguments
+            trained = structure.run(window, size)
+        if run.close(k, trained):
+            break
 
 
 def _validation(eval_dataset: Optional[Dataset], eval_every) -> Optional[Tuple[Dataset, Validation]]:

@@ -132,9 +132,9 @@ class RunRate:
     """
     The optimizer's learning rate as a run sets it when each window opens: a `SamplesLR` at the samples consumed, and
     a factor (`AdaptiveK`'s `lr_rule`) on it or on a rate held in a Parameter, the base being what the optimizer holds
-    when the run starts; leaving the ``with`` block the run trains in puts that back, so the next run starts from it. The rate's value
-    is assigned as MindSpore's own `LearningRateScheduler` callback assigns it (`ops.assign`: in place, as PyNative's
-    compiled optimizer reads it; docs/mindspore.md); the optimizer is not otherwise changed.
+    when the run starts; leaving the ``with`` block the run trains in puts that back, so the next run starts from it.
+    The rate's value is assigned as MindSpore's own `LearningRateScheduler` callback assigns it (`ops.assign`: in
+    place, as PyNative's compiled optimizer reads it; docs/mindspore.md); the optimizer is not otherwise changed.
 
     Args:
         optimizer (nn.Optimizer): The user's.

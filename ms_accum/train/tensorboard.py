@@ -30,8 +30,9 @@ class TensorBoardLog:
     r"""
     Writes each optimizer step's figures for TensorBoard: ``train/loss``, ``train/accumulate_step`` (K),
     ``train/samples_consumed``, ``train/learning_rate`` (given the optimizer), ``train/grad_norm`` and
-    ``train/noise_scale`` (when measured), ``train/lr_scale`` (`AdaptiveK`'s factor), ``train/loss_scale``, and ``validation/<score>`` when scored; the x axis is
-    the optimizer step. Give it as `LogOptions(on_step=...)`; in data parallel build it on rank 0 only.
+    ``train/noise_scale`` (when measured), ``train/lr_scale`` (`AdaptiveK`'s factor), ``train/loss_scale``, and
+    ``validation/<score>`` when scored; the x axis is the optimizer step. Give it as `LogOptions(on_step=...)`; in
+    data parallel build it on rank 0 only.
 
     Args:
         logdir (str): The event files' directory (``tensorboard --logdir DIR`` shows them).

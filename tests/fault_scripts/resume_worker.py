@@ -15,8 +15,9 @@ micro-batches of BATCH on each rank, so runs on different numbers of ranks read 
 rank writes its final parameters to CKPT_DIR/params_rank<r>.npz; ``FAULT@R`` injects the fault on rank R only.
 KEEP_LAST 0 keeps every state; RESUME is ``latest`` (the newest state, if any) or a state file. MINI_STEPS is K or a
 schedule, ``samples:K,...`` (`ms_accum.train.schedule.parse_schedule`), or ``adaptive:K_MIN:K_MAX:RULE``: an
-`AdaptiveK` deciding every 2 windows of K_MIN from 4 on, with the noise scale and outlier skipping on (test_adaptive.py). DROPOUT (default 0) above 0 trains a small
-network with an `nn.Dropout` of that rate instead of the MLP (test_dropout.py).
+`AdaptiveK` deciding every 2 windows of K_MIN from 4 on, with the noise scale and outlier skipping on
+(test_adaptive.py). DROPOUT (default 0) above 0 trains a small network with an `nn.Dropout` of that rate instead of
+the MLP (test_dropout.py).
 """
 import json
 import os
