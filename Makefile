@@ -2,7 +2,9 @@
 # module's unit tests, the equivalence core at K=4, one resume, the README's code blocks with their msrun launch);
 # `make test-all` runs every test (what CI runs). Each creates .venv and installs everything the first time.
 PYTHON ?= python3
-VENV := .venv
+# Another supported MindSpore than the newest, in an environment of its own: `make test MINDSPORE=2.9.0`.
+MINDSPORE ?=
+VENV := .venv$(if $(MINDSPORE),-mindspore-$(MINDSPORE))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -16,7 +18,7 @@ export MS_ACCUM_MNIST
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test]" $(if $(MINDSPORE),"mindspore==$(MINDSPORE)")
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -22,6 +22,10 @@ first use (PEP 562).
 """
 __version__ = "1.1.0"  # first: `ms_accum.deprecation` compares its table with it
 
+from ._mindspore import check_version as _check_version, installed_version as _installed_version  # noqa: E402
+
+_check_version(_installed_version())  # a MindSpore outside the tested range is refused here (docs/mindspore.md)
+
 from . import runtime  # noqa: E402,F401  (imports no MindSpore; caps the ISA if MindSpore is not loaded yet)
 from ._exports import lazy  # noqa: E402
 
