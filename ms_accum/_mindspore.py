@@ -71,3 +71,32 @@ def check_version(version: Optional[str]) -> None:
         warnings.warn(f"{text} {UNSUPPORTED_VARIABLE}=1: going on untested.", UserWarning, stacklevel=3)
         return
     raise ImportError(f"{text} To try it anyway, set {UNSUPPORTED_VARIABLE}=1.")
+
+
+# oneDNN, which MindSpore bundles for its CPU kernels (mindspore/lib): libdnnl.so.2 (oneDNN 2.x) in MindSpore 2.8,
+# libdnnl.so.3 (oneDNN 3.x) in 2.9 and 2.10. Asked for the ISA its kernels run (`ms_accum.runtime`): the slow AVX-512
+# convolutions (docs/mindspore.md, oneDNN's AVX-512 convolutions).
+ONEDNN_LIBRARIES = ("libdnnl.so.3", "libdnnl.so.2")
+# The variable that caps oneDNN's ISA, read when the library loads: ONEDNN_MAX_CPU_ISA in oneDNN 3.x, only the older
+# DNNL_MAX_CPU_ISA in the oneDNN 2.2 of MindSpore 2.8 (measured: the first alone left 2.8 on AVX-512).
+ONEDNN_ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def onednn() -> Optional["ctypes.CDLL"]:
+    """The oneDNN library this process loaded (the one MindSpore loaded: found in the process's mappings, or by its
+    known names, never loading a second copy); None where it is not loaded or cannot be opened."""
+    import ctypes
+    candidates = list(ONEDNN_LIBRARIES)
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:  # Linux: the file MindSpore loaded, whatever its name
+            candidates[:0] = sorted({line.split()[-1] for line in maps if "/libdnnl.so" in line})
+    except OSError:
+        pass
+    for candidate in candidates:
+        try:
+            library = ctypes.CDLL(candidate, mode=os.RTLD_NOLOAD)
+            library.dnnl_get_effective_cpu_isa  # noqa: B018  (a library without it is not oneDNN)
+        except (OSError, AttributeError):
+            continue
+        return library
+    return None

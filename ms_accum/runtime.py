@@ -14,16 +14,18 @@ import sys
 import warnings
 from typing import Optional
 
+from . import _mindspore
 from ._choices import DEVICES
 from ._validation import check_value_in, door
 
 ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
-# dnnl_cpu_isa_t values of oneDNN 3.x (dnnl_types.h): each ISA's bits include those of the ISAs below it.
-_ISA_NAMES = {0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0xf: "avx2_vnni", 0x1f: "avx2_vnni_2", 0x27: "avx512_core",
-              0x67: "avx512_core_vnni", 0xe7: "avx512_core_bf16", 0x1e7: "avx10_1_512", 0xfe7: "avx512_core_amx",
-              0x1fe7: "avx512_core_amx_fp16", 0x3fe7: "avx10_2_512_amx_2"}
-_AVX512_BIT = 0x20
-_DNNL_LIBRARY = "libdnnl.so.3"  # the oneDNN that MindSpore 2.10 ships in mindspore/lib
+# oneDNN's dnnl_cpu_isa_t codes are bit sets, each ISA's bits holding those of the ISAs below it; some values moved
+# between oneDNN 2.x (MindSpore 2.8) and 3.x (2.9, 2.10), hence two codes for some names. A code is named by the
+# largest ISA whose bits it holds (`isa_name`), so a CPU newer than this table still reads as what it at least is.
+_ISA_CODES = {"sse41": (0x1,), "avx": (0x3,), "avx2": (0x7,), "avx2_vnni": (0xf, 0x407), "avx2_vnni_2": (0x1f,),
+              "avx512_core": (0x27,), "avx512_core_vnni": (0x67,), "avx512_core_bf16": (0xe7,),
+              "avx512_core_fp16": (0x1ef,), "avx512_core_amx": (0xfef, 0x3e7), "avx512_core_amx_fp16": (0x1fef,)}
+_AVX512_BIT = 0x20  # avx512_core's own bit, in both oneDNN 2.x and 3.x: every AVX-512 ISA holds it
 # What this process did: whether ms_accum set the variable (else the user did), whether it did so before MindSpore
 # loaded (in time), and whether it has warned.
 _state = {"set_here": False, "capped_before_load": False, "warned": False}
@@ -48,18 +50,31 @@ def prefer_fast_cpu_kernels() -> Optional[str]:
     oneDNN 3.10 inside MindSpore 2.10 runs AVX-512 convolutions on such CPUs that are many times slower than its AVX2
     ones (docs/mindspore.md, oneDNN's AVX-512 convolutions); on AVX2-only CPUs the cap changes nothing, so it is left
     unset there. oneDNN reads the variable once, when MindSpore's libraries load: importing `ms_accum` first calls this.
+    The oneDNN of MindSpore 2.8 reads the variable under its older name, which is set too
+    (`ms_accum._mindspore.ONEDNN_ISA_VARIABLES`): every supported MindSpore then runs the same kernels.
 
     Returns:
         str, the value in effect (the user's, or ``"AVX2"``), or None when nothing was set.
     """
-    if ISA_VARIABLE in os.environ:
-        return os.environ[ISA_VARIABLE]
+    chosen = _user_choice()
+    if chosen is not None:
+        for variable in _mindspore.ONEDNN_ISA_VARIABLES:  # the user's choice under every oneDNN's name
+            os.environ.setdefault(variable, chosen)
+        return chosen
     if "avx512f" in _cpu_flags():
-        os.environ[ISA_VARIABLE] = "AVX2"
+        for variable in _mindspore.ONEDNN_ISA_VARIABLES:
+            os.environ[variable] = "AVX2"
         _state["set_here"] = True
         _state["capped_before_load"] = "mindspore" not in sys.modules
         return "AVX2"
     return None
+
+
+def _user_choice() -> Optional[str]:
+    """The ISA cap the user set, under either of oneDNN's names; None when ms_accum set it or nobody did."""
+    if _state["set_here"]:
+        return None
+    return next((os.environ[v] for v in _mindspore.ONEDNN_ISA_VARIABLES if v in os.environ), None)
 
 
 def cpu_kernel_isa() -> Optional[str]:
@@ -67,21 +82,30 @@ def cpu_kernel_isa() -> Optional[str]:
     The instruction set that MindSpore's oneDNN runs its CPU kernels with, as oneDNN reports it.
 
     Returns:
-        str, e.g. ``"avx2"`` or ``"avx512_core_bf16"``; None when MindSpore (so its oneDNN) is not loaded yet, or its
-        oneDNN cannot be asked.
+        str, e.g. ``"avx2"`` or ``"avx512_core_bf16"`` (`isa_name`); None when MindSpore (so its oneDNN) is not loaded
+        yet, or its oneDNN cannot be asked.
     """
     code = _isa_code()
-    return None if code is None else _ISA_NAMES.get(code, hex(code))
+    return None if code is None else isa_name(code)
+
+
+def isa_name(code: int) -> str:
+    """The name of oneDNN's ISA `code`: its own, else the largest known ISA whose bits it holds, with the code
+    (``"avx512_core_fp16 (0x1ff)"``); ``hex(code)`` when it holds none."""
+    exact = [name for name, codes in _ISA_CODES.items() if code in codes]
+    if exact:
+        return exact[0]
+    held = [(bin(c).count("1"), name) for name, codes in _ISA_CODES.items() for c in codes if c & ~code == 0]
+    return f"{max(held)[1]} ({hex(code)})" if held else hex(code)
 
 
 def _isa_code() -> Optional[int]:
     if "mindspore" not in sys.modules:
         return None
-    try:  # RTLD_NOLOAD: the library MindSpore loaded, never a second copy
-        library = ctypes.CDLL(_DNNL_LIBRARY, mode=os.RTLD_NOLOAD)
-        ask = library.dnnl_get_effective_cpu_isa
-    except (OSError, AttributeError):
+    library = _mindspore.onednn()
+    if library is None:
         return None
+    ask = library.dnnl_get_effective_cpu_isa
     ask.restype = ctypes.c_int
     return int(ask())
 
@@ -109,13 +133,13 @@ def check_cpu_kernels() -> bool:
     if _state["warned"]:  # said once; the kernels of a process do not change once MindSpore has loaded them
         return True
     import mindspore as ms
-    user_set = ISA_VARIABLE in os.environ and not _state["set_here"]
+    user_set = _user_choice() is not None
     slow = slow_cpu_kernels(ms.get_context("device_target"), _isa_code(), _cpu_flags(), user_set,
                             _state["capped_before_load"])
     if slow:
         _state["warned"] = True
         warnings.warn(f"MindSpore's oneDNN runs AVX-512 kernels on this CPU ({cpu_kernel_isa()}), "
-                      f"whose convolutions in MindSpore 2.10 are several times slower than its AVX2 ones "
+                      f"whose convolutions in MindSpore are several times slower than its AVX2 ones "
                       f"(docs/mindspore.md, oneDNN's AVX-512 convolutions): mindspore was imported before ms_accum, "
                       f"too late for ms_accum to cap them. Fix: import ms_accum before mindspore, or set "
                       f"{ISA_VARIABLE}=AVX2 before starting Python.", RuntimeWarning, stacklevel=3)
