@@ -13,7 +13,11 @@ STAMP := $(VENV)/.installed
 MS_ACCUM_MNIST ?= $(wildcard $(CURDIR)/../shared/data/MNIST_Data)
 export MS_ACCUM_MNIST
 
-.PHONY: run test test-all bench install clean
+# The older supported MindSpore releases that CI tests with the quick tier, oldest first (docs/mindspore.md, versions);
+# the newest, pyproject.toml's resolution, gets every test.
+OLDER_MINDSPORE := 2.8.0 2.9.0
+
+.PHONY: run test test-all ci bench install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,9 +44,15 @@ test: $(STAMP)
 test-all: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "slow or not slow"
 
+# What CI runs (.ci/run): the quick tier on each older release, each in an environment of its own, then every test on
+# the newest; each run leaves its results in .versions/ and tests/test_versions.py compares them, the newest last.
+ci:
+	for version in $(OLDER_MINDSPORE); do $(MAKE) test MINDSPORE=$$version || exit 1; done
+	$(MAKE) test-all
+
 # The lasting benchmark suite (benchmarks/README.md): run it on a quiet machine.
 bench: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) ckpt/*.ckpt ckpt/*.png
+	rm -rf .venv .venv-mindspore-* .versions ckpt/*.ckpt ckpt/*.png
