@@ -1,5 +1,6 @@
 """_mindspore, MindSpore's doorway: the releases ms_accum supports, refused outside them before anything is built.
 This file runs on every MindSpore of CI's matrix."""
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -38,6 +39,12 @@ def test_the_declared_range_is_the_refused_ones_complement_and_holds_the_tested_
         assert version in declared and _mindspore.supported(version), version
     for version in ("2.7.2", "2.7.1.post1", "2.7.0", "2.11.0", "3.0.0", "1.10.1"):
         assert version not in declared and not _mindspore.supported(version), version
+
+
+def test_pip_keeps_the_mindspore_it_finds():
+    # pip keeps an installed MindSpore that satisfies ms_accum's requirement: the installed package's, as pip reads it
+    requires = [r for r in importlib.metadata.requires("ms_accum") if r.startswith("mindspore")]
+    assert requires and ms.__version__ in SpecifierSet(requires[0][len("mindspore"):].split(";")[0]), requires
 
 
 def test_running_on_a_supported_release():
