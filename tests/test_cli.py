@@ -79,7 +79,9 @@ def test_verify_reports_every_parameter_and_passes(model, synthetic, capsys):
     code = cli.main(["verify", "--model", model, "--accumulate-step", "4", "--batch-size", "8", "--data", synthetic])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.splitlines()[-1].startswith("PASSED: 4 accumulated micro-batches vs one big batch")
+    assert out.splitlines()[-1].startswith("PASSED: 3 windows of 4 accumulated micro-batches vs 3 big-batch steps")
+    assert "3 windows of K=4 x B=8 against 3 steps on one batch of 32 (learning rate 0.01, 0.005, 0.0025)" in \
+        out.splitlines()[0]
     assert "SYNTHETIC" in out.splitlines()[0]
     names = [p.name for p in (LeNet5() if model == "lenet5" else MLP()).trainable_params()]
     rows = [line.split() for line in out.splitlines()[2:-1]]
@@ -93,6 +95,30 @@ def test_verify_exits_1_when_the_updates_differ_beyond_the_tolerance(synthetic, 
     report = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert code == 1 and report["passed"] is False and report["max_abs_diff"] > 0
     assert set(report["per_parameter"]) == {p.name for p in LeNet5().trainable_params()}
+
+
+def _left_as_it_is(grad_sum):
+    return grad_sum
+
+
+def test_verify_names_the_first_window_that_differs(synthetic, monkeypatch, capsys):
+    argv = ["verify", "--model", "mlp", "--accumulate-step", "2", "--batch-size", "8", "--data", synthetic]
+    assert cli.main(argv + ["--windows", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (report["windows"], report["first_failed_window"], report["learning_rates"]) == (2, None, [0.01, 0.005])
+    assert [sorted(window) for window in report["per_window"]] == [["max_abs_diff", "max_rel_diff"]] * 2
+    # The buffer's clear broken on purpose (tests/test_verify.py): the second window fails, and the verdict says so.
+    monkeypatch.setattr("ms_accum.core._ops.zero_finite", _left_as_it_is)
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3].startswith("FAILED: 3 windows of 2 accumulated micro-batches vs 3 big-batch steps: window 2 of 3 "
+                              "first differs, max abs diff ")
+    assert out[-2].startswith("max abs diff after window 1, 2, 3: ")
+    assert out[-1].startswith("cause: a buffer not cleared after the update: after window 1's update")
+    assert cli.main(argv + ["--json"]) == 1
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["first_failed_window"] == 2 and report["passed"] is False
+    assert report["per_window"][0]["max_abs_diff"] <= 1e-6 < report["per_window"][1]["max_abs_diff"]
 
 
 @pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
@@ -216,6 +242,7 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
      "argument --device: invalid choice: 'TPU' (choose from 'CPU', 'GPU', 'Ascend')"),
     (["verify", "--rtol", "0"], "argument --rtol: must be a positive float, but got 0"),
     (["verify", "--accumulate-step", "-1"], "argument --accumulate-step: must be a positive int, but got -1"),
+    (["verify", "--windows", "0"], "argument --windows: must be a positive int, but got 0"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

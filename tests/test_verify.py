@@ -9,11 +9,79 @@ import mindspore as ms
 from mindspore import nn
 
 from ms_accum import verify_equivalence
+from ms_accum.core import _ops
 from conftest import batch_for, make_net, raises_exactly
 
 
 def loss_fn():
     return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def small_net():
+    ms.set_seed(0)
+    return nn.SequentialCell([nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 3)])
+
+
+def small_batch(n=16):
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, 8)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
+
+
+def state_of(network, optimizer):
+    """Every value the updates change: the network's parameters, the optimizer's step, moments and rates."""
+    owned = [*network.get_parameters(), *(p for _, p in optimizer.parameters_and_names())]
+    return {p.name: p.asnumpy().copy() for p in owned}
+
+
+# Rates that move at every step: a list read at global_step, and a schedule MindSpore builds as such a list.
+MOVING = [
+    ("sgd", lambda params: nn.SGD(params, nn.piecewise_constant_lr([1, 2, 3], [0.1, 0.05, 0.02]))),
+    ("momentum", lambda params: nn.Momentum(params, [0.1, 0.05, 0.02], 0.9)),
+    ("adam", lambda params: nn.Adam(params, [0.01, 0.005, 0.002])),
+]
+
+
+@pytest.mark.parametrize("name,optimizer", MOVING, ids=[name for name, _ in MOVING])
+def test_passes_over_three_windows_with_a_moving_rate_and_leaves_everything_as_given(name, optimizer):
+    network = small_net()
+    optimizer = optimizer(network.trainable_params())
+    before = state_of(network, optimizer)
+    report = verify_equivalence(network, loss_fn(), optimizer, small_batch(), 4)
+    assert report.passed, str(report)
+    assert (report.windows, report.first_failed_window, len(report.per_window)) == (3, None, 3)
+    assert report.max_abs_diff == max(a for a, _ in report.per_window) <= 1e-6
+    assert report.max_abs_diff == max(a for a, _ in report.per_parameter.values())
+    assert str(report).startswith("PASSED: 3 windows of 4 accumulated micro-batches vs 3 big-batch steps: max abs ")
+    after = state_of(network, optimizer)
+    assert after.keys() == before.keys() and all(np.array_equal(after[k], before[k]) for k in before)
+    assert int(after["global_step"][0]) == 0
+
+
+def _left_as_it_is(grad_sum):
+    return grad_sum  # a def: graph mode cannot parse a lambda written inside a call
+
+
+def test_a_window_that_keeps_the_last_ones_gradient_fails_at_window_2(monkeypatch):
+    # The buffer's clear after an update, broken on purpose: `_step` zeroes the buffer through `zero_finite`, which
+    # the graph reads from `_ops` when it is compiled, so each cell built while it is patched keeps the window's mean.
+    monkeypatch.setattr(_ops, "zero_finite", _left_as_it_is)
+    for structure in ("auto", "cached"):
+        network = small_net()
+        report = verify_equivalence(network, loss_fn(), nn.Momentum(network.trainable_params(), 0.1, 0.9),
+                                    small_batch(), 4, structure=structure)
+        assert not report.passed and report.first_failed_window == 2, str(report)
+        assert report.per_window[0][0] <= 1e-6 < report.per_window[1][0]
+        assert "window 2 of 3 first differs" in str(report).splitlines()[0]
+        assert [cause.name for cause in report.causes] == ["a buffer not cleared after the update"]
+        assert "after window 1's update the accumulation buffer still held" in report.causes[0].evidence
+    # One window never sees it: the first window starts from a zero buffer.
+    network = small_net()
+    assert verify_equivalence(network, loss_fn(), nn.Momentum(network.trainable_params(), 0.1, 0.9), small_batch(),
+                              4, windows=1).passed
+    monkeypatch.undo()  # and a cell built once the clear is back passes again
+    network = small_net()
+    assert verify_equivalence(network, loss_fn(), nn.Momentum(network.trainable_params(), 0.1, 0.9), small_batch(),
+                              4).passed
 
 
 @pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
@@ -29,6 +97,23 @@ def test_passes_and_leaves_network_and_optimizer_untouched(kind, k, n):
     assert str(report).startswith("PASSED: ")
     after = [p.asnumpy() for _, p in optimizer.parameters_and_names()]
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_what_earlier_windows_carried_is_named_at_the_first_that_differs():
+    # Read from each run's record, no network needed: the first window that kept its buffer, the first step count
+    # that differs up to the failing window, and nothing from a window after it.
+    from ms_accum.tools.verify import _carried, _Run
+    expected = _Run(steps=[1, 2, 3])
+    clean = _Run(steps=[1, 2, 3], left=[0.0, 0.0, 0.0])
+    assert _carried(expected, clean, 2) == []
+    kept = _Run(steps=[1, 2, 3], left=[0.0, 0.25, 0.5])
+    assert _carried(expected, kept, 2) == []
+    [cause] = _carried(expected, kept, 3)
+    assert cause.evidence.startswith("after window 2's update the accumulation buffer still held values up to "
+                                     "2.500e-01 instead of zeros, so window 3 added")
+    [cause] = _carried(expected, _Run(steps=[1, 1, 2], left=[0.0] * 3), 2)
+    assert cause.name == "an optimizer that counted other steps"
+    assert cause.evidence.startswith("after window 2 the optimizer's global_step is 1, after 2 big-batch steps 2: ")
 
 
 def test_detects_batchnorm_which_accumulation_cannot_reproduce():
@@ -116,6 +201,12 @@ def test_bad_arguments():
     with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'rtol' must be a positive float, but got "
                                     "-1.0."):
         verify_equivalence(*args, 2, rtol=-1.0)
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'windows' must be a positive int, but got "
+                                    "0."):
+        verify_equivalence(*args, 2, windows=0)
+    with raises_exactly(TypeError, "For 'verify_equivalence', the argument 'windows' must be a positive int, but got "
+                                   "2.0 of type float."):
+        verify_equivalence(*args, 2, windows=2.0)
     # It builds a TrainAccumulationCell and its buffer: a bad reduction is still refused in its own name.
     with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'reduction' must be one of ['mean', 'sum', "
                                     "'weighted_mean'], but got 'avg'."):

@@ -191,7 +191,8 @@ OPTIMIZER_DEFAULTS = {"lenet5": {"optimizer": "momentum", "lr": 0.01, "momentum"
 
 
 def make_optimizer(settings: dict, params) -> nn.Optimizer:
-    """The optimizer that `settings` (``optimizer``: momentum, sgd or adam; ``lr``; ``momentum``) describes."""
+    """The optimizer that `settings` (``optimizer``: momentum, sgd or adam; ``lr``, a rate or a list of one per step,
+    as MindSpore's optimizers take it; ``momentum``) describes."""
     if settings["optimizer"] == "momentum":
         return nn.Momentum(params, settings["lr"], settings["momentum"])
     if settings["optimizer"] == "sgd":

@@ -93,3 +93,29 @@ def explain(batchnorm: List[str], window_grads: List[np.ndarray], big_grads: Lis
                 "loss runs once on the whole window's outputs, docs/cached.md), or make the loss a mean of per-sample "
                 "terms"))
     return causes
+
+
+# What a later window can carry over that no model or setting of the user's explains: the window's own machinery.
+_CARRIED_FIX = ("not your model's doing: report it with your MindSpore and ms_accum versions; PyNative mode "
+                "(ms.set_context(mode=ms.PYNATIVE_MODE)) runs the window without compiling it")
+
+
+def uncleared_buffer(window: int, held: float) -> Cause:
+    """The cause of a later window's difference when the buffer still held something after window `window`'s
+    update: up to `held` in magnitude, in its sums or counters."""
+    return Cause(
+        name="a buffer not cleared after the update",
+        evidence=f"after window {window}'s update the accumulation buffer still held values up to {held:.3e} instead "
+                 f"of zeros, so window {window + 1} added its micro-batches to what window {window} left",
+        fix=_CARRIED_FIX)
+
+
+def miscounted_steps(window: int, expected: int, actual: int) -> Cause:
+    """The cause of a difference when the optimizer's ``global_step`` after window `window` is `actual`, where the
+    big batch's steps left `expected`."""
+    return Cause(
+        name="an optimizer that counted other steps",
+        evidence=f"after window {window} the optimizer's global_step is {actual}, after {window} big-batch steps "
+                 f"{expected}: a learning rate that changes with the step (a list, a LearningRateSchedule) is read at "
+                 f"another step, and every update should step it once",
+        fix=_CARRIED_FIX)
