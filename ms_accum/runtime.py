@@ -100,7 +100,7 @@ def isa_name(code: int) -> str:
 
 
 def _isa_code() -> Optional[int]:
-    if "mindspore" not in sys.modules:
+    if "mindspore" not in sys.modules:  # nothing loaded yet: asking now would fix the answer too early (cached)
         return None
     library = _mindspore.onednn()
     if library is None:

@@ -19,6 +19,7 @@ from mindspore import Tensor, amp, nn, ops
 
 from ms_accum import GradientAccumulation, verify_equivalence
 from ms_accum.graphs import TrainCachedWindowCell
+from ms_accum._mindspore import DROPOUT_SEEDS, dropout_op
 from ms_accum.core.dropout import DropoutStreams
 from conftest import mnist_dir, params_of, raises_exactly, requires_mnist
 
@@ -262,8 +263,8 @@ def test_other_random_ops_need_seeds_and_graph_mode():
     in its kernels, which agree between the passes only when seeded and in graph mode."""
     unseeded = TwoTower(dropout=0.5)
     for tower in (unseeded.query, unseeded.doc):  # as built without mindspore.set_seed
-        tower.dropout.dropout.add_prim_attr("Seed0", 0)
-        tower.dropout.dropout.add_prim_attr("Seed1", 0)
+        for seed in DROPOUT_SEEDS:
+            dropout_op(tower.dropout).add_prim_attr(seed, 0)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
         TrainCachedWindowCell(unseeded, InfoNCE(), nn.SGD(unseeded.trainable_params()))

@@ -50,9 +50,7 @@ def free_port() -> int:
 # is not; on this machine it is for both launches, and the second scheduler fails to bind the port (msrun then exits
 # 1 though training completes). So a node other than 0 runs msrun with the master address taken as remote, as it
 # is on a real node.
-REMOTE_MASTER = ("import sys; from mindspore.parallel.cluster.process_entity import _api; "
-                 "_api._is_local_ip = lambda ip: False; from mindspore.parallel.cluster.run import main; "
-                 "sys.argv[0] = 'msrun'; sys.exit(main())")
+REMOTE_MASTER = "import sys; from ms_accum._mindspore import msrun_as_remote_node; sys.exit(msrun_as_remote_node())"
 
 
 def start_msrun(log_dir, command, env=None, workers=WORKERS, local_workers=WORKERS, node=None, port=None):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
+from ms_accum._mindspore import recomputed
 from ms_accum.graphs import TrainAccumulationCell
 from ms_accum.train.recompute import recompute_cells
 from conftest import batch_for, make_net, params_of, raises_exactly
@@ -15,7 +16,7 @@ def train_window(recompute):
     if recompute:
         assert recompute_cells(net, ["conv1", "conv2", "fc1"]) == ["conv1", "conv2", "fc1"]
         # Cell.recompute() leaves its mark in the cell's graph flags; unmarked cells have none.
-        assert "output_recompute" in net.conv1.get_flags() and "output_recompute" not in net.fc2.get_flags()
+        assert recomputed(net.conv1) and not recomputed(net.fc2)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = TrainAccumulationCell(nn.WithLossCell(net, loss), nn.Momentum(net.trainable_params(), 0.05, 0.9), 2)
     cell.set_train()
@@ -48,7 +49,7 @@ def test_executor_option_recomputes_and_trains_the_same():
         net = make_net("lenet5")
         executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                                         nn.Momentum(net.trainable_params(), 0.05, 0.9), recompute=recompute)
-        assert ("output_recompute" in net.conv2.get_flags()) == bool(recompute)
+        assert recomputed(net.conv2) == bool(recompute)
         executor.train_process(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4), 2, ckpt_dir=None,
                                verbose=False)
         trained.append(params_of(net))

@@ -8,6 +8,8 @@ from typing import Optional
 
 from mindspore import nn
 
+from .._mindspore import WITH_LOSS_BACKBONE, WITH_LOSS_FN, with_loss_cells
+
 
 def label_columns(loss_fn: nn.Cell) -> int:
     """How many label columns `loss_fn` takes: the required positional arguments of its `construct` after the
@@ -37,11 +39,13 @@ class WithLossColumns(nn.WithLossCell):
 
     def __init__(self, backbone: nn.Cell, loss_fn: nn.Cell, labels: int = 1) -> None:
         super().__init__(backbone, loss_fn)
+        with_loss_cells(self)  # MindSpore's names for the two Cells, which construct reads, hold in this release
         self.labels = labels
 
     def construct(self, *columns):
         split = len(columns) - self.labels
-        return self._loss_fn(self._backbone(*columns[:split]), *columns[split:])
+        network, loss_fn = getattr(self, WITH_LOSS_BACKBONE), getattr(self, WITH_LOSS_FN)
+        return loss_fn(network(*columns[:split]), *columns[split:])
 
 
 def with_loss(network: nn.Cell, loss_fn: nn.Cell) -> nn.Cell:

@@ -30,8 +30,9 @@ from typing import Iterator, List, Tuple
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from mindspore.ops.function import random_func
 
+from .._mindspore import (DROPOUT_OP, RANDOM_EFFECT_ATTR, RANDOM_SEED_ATTRS, aot_primitive, dropout_op,
+                          dropout_settings, mark_random, prim_attrs, primitives, random_functions)
 from . import native
 
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's step: 2^64 / the golden ratio
@@ -108,18 +109,17 @@ def _threshold(keep_prob: float) -> int:
 def _primitive(path: str, slot: int) -> ops.Custom:
     """The forward primitive of `slot`, whose backward calls the grad kernel on ``dout`` with the offset the forward
     drew from. Built here, not in a method: graph mode parses the function that encloses a `bprop`."""
-    grad = ops.Custom(f"{path}:SeededDropoutGrad", out_shape=lambda dout, *_: dout, out_dtype=lambda dout, *_: dout,
-                      func_type="aot")
+    grad = aot_primitive(path, "SeededDropoutGrad", out_shape=lambda dout, *_: dout, out_dtype=lambda dout, *_: dout)
     slot_tensor = Tensor(slot, ms.int64)
 
     def bprop(x, out, dout):
         return (grad(dout[0], slot_tensor, out[1]),)
 
-    primitive = ops.Custom(f"{path}:SeededDropout{slot}", out_shape=lambda x: (x, []),
-                           out_dtype=lambda x: (x, ms.int64), func_type="aot", bprop=bprop)
+    primitive = aot_primitive(path, f"SeededDropout{slot}", out_shape=lambda x: (x, []),
+                              out_dtype=lambda x: (x, ms.int64), bprop=bprop)
     # A random op, as MindSpore marks its own: never merged with another call, nor its dropped output a lost side
     # effect; and not run again in a recomputed forward, which would draw further on.
-    primitive.add_prim_attr("side_effect_hidden", True)
+    mark_random(primitive)
     primitive.recompute(False)
     return primitive
 
@@ -202,10 +202,10 @@ def _dropout_layers(network: nn.Cell) -> Iterator[Tuple[str, nn.Cell, ops.Dropou
     """(path, cell, primitive) of each `nn.Dropout` of `network` whose construct is `nn.Dropout`'s (it calls its
     ``dropout`` primitive and drops the mask)."""
     for path, cell in network.cells_and_names():
-        prim = vars(cell).get("dropout")
-        if isinstance(cell, nn.Dropout) and type(cell).construct is nn.Dropout.construct and \
-                isinstance(prim, ops.Dropout):
-            yield path, cell, prim
+        if isinstance(cell, nn.Dropout) and type(cell).construct is nn.Dropout.construct:
+            prim = dropout_op(cell)
+            if prim is not None:
+                yield path, cell, prim
 
 
 class DropoutStreams(nn.Cell):
@@ -248,7 +248,8 @@ class DropoutStreams(nn.Cell):
         self._swaps = []  # (cell, MindSpore's primitive, the SeededDropout drawn instead)
         state = []
         for path, cell, prim in _dropout_layers(network):
-            op = SeededDropout(prim.attrs["keep_prob"], op_seed(int(prim.attrs["Seed0"]), int(prim.attrs["Seed1"])))
+            keep_prob, seed0, seed1 = dropout_settings(prim)
+            op = SeededDropout(keep_prob, op_seed(seed0, seed1))
             self._swaps.append((cell, prim, op))
             name = f"{STATE_PREFIX}{path}"
             state += [Parameter(Tensor(op.seed, ms.int64), name=f"{name}.seed", requires_grad=False),
@@ -287,7 +288,7 @@ class DropoutStreams(nn.Cell):
         if self._open == 0:
             self.push()
             for cell, _, op in self._swaps:
-                setattr(cell, "dropout", op.primitive)
+                setattr(cell, DROPOUT_OP, op.primitive)
         self._open += 1
         try:
             yield self
@@ -295,7 +296,7 @@ class DropoutStreams(nn.Cell):
             self._open -= 1
             if self._open == 0:
                 for cell, prim, _ in self._swaps:
-                    setattr(cell, "dropout", prim)
+                    setattr(cell, DROPOUT_OP, prim)
                 self.pull()
 
     def __len__(self) -> int:
@@ -322,14 +323,14 @@ def is_random_state(param: Parameter) -> bool:
     return bool(getattr(param, _STATE_FLAG, False))
 
 
-# MindSpore's random functions (its own list) and its dropout functions, which draw from kernels' engines.
-_RANDOM_FUNCTIONS = frozenset(random_func.__all__) | {"bernoulli", "dropout", "dropout1d", "dropout2d", "dropout3d"}
+# MindSpore's dropout functions, which draw from kernels' engines as its random functions (`random_functions`) do.
+_DROPOUT_FUNCTIONS = frozenset({"bernoulli", "dropout", "dropout1d", "dropout2d", "dropout3d"})
 
 
 def _is_random_primitive(prim) -> bool:
-    attrs = getattr(prim, "attrs", {})
-    return bool(attrs.get("side_effect_hidden")) or "dropout" in type(prim).__name__.lower() or \
-        any(key in attrs for key in ("seed", "seed2", "Seed0", "Seed1"))
+    attrs = prim_attrs(prim)
+    return bool(attrs.get(RANDOM_EFFECT_ATTR)) or "dropout" in type(prim).__name__.lower() or \
+        any(key in attrs for pair in RANDOM_SEED_ATTRS for key in pair)
 
 
 def _random_calls(cls: type) -> List[str]:
@@ -350,7 +351,7 @@ def _random_calls(cls: type) -> List[str]:
                 name, shown = func.id, func.id
             else:
                 continue
-            if name in _RANDOM_FUNCTIONS or "dropout" in name:
+            if name in _DROPOUT_FUNCTIONS or name in random_functions() or "dropout" in name:
                 found.append(shown)
     return sorted(set(found))
 
@@ -361,8 +362,8 @@ def uncovered_random_ops(network: nn.Cell, streams: DropoutStreams) -> List[str]
     ``ops.uniform``, ...); one line per Cell, naming it and what it calls."""
     found = []
     for path, cell in network.cells_and_names():
-        prims = [f"{attribute} ({type(value).__name__})" for attribute, value in vars(cell).items()
-                 if isinstance(value, ops.Primitive) and not streams.covers(value) and _is_random_primitive(value)]
+        prims = [f"{attribute} ({type(value).__name__})" for attribute, value in primitives(cell).items()
+                 if not streams.covers(value) and _is_random_primitive(value)]
         calls = _random_calls(type(cell))
         if prims or calls:
             what = ", ".join([*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)])

@@ -30,6 +30,7 @@ from mindspore import Parameter, Tensor, amp, nn, ops
 
 from . import _ops
 from .._choices import POLICIES
+from .._mindspore import primitives
 from .._validation import ArgumentValueError, check_isinstance, check_value_in, door
 
 LossScaler = Union[amp.StaticLossScaler, amp.DynamicLossScaler]
@@ -59,7 +60,7 @@ def sparse_gradient_cell(network) -> Optional[str]:
     `nn.WithLossCell`, the name is its network's: what the user built and named."""
     network = network.backbone_network if isinstance(network, nn.WithLossCell) else network
     for name, cell in network.cells_and_names():
-        if any(isinstance(p, ops.SparseGatherV2) for p in getattr(cell, "_primitives", {}).values()):
+        if any(isinstance(p, ops.SparseGatherV2) for p in primitives(cell).values()):
             return name or type(cell).__name__
     return None
 

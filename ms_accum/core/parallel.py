@@ -13,8 +13,9 @@ from typing import List, Optional, Sequence, Union
 
 import mindspore as ms
 from mindspore import nn, ops
-from mindspore.communication import GlobalComm, get_group_size, get_rank
+from mindspore.communication import get_group_size, get_rank
 
+from .._mindspore import communication_initialized, world_group
 from .._validation import ArgumentValueError, door
 
 
@@ -63,7 +64,7 @@ def data_parallel_info() -> Optional[DataParallelInfo]:
                                  mode=mode)
     # Without init(), get_rank() and get_group_size() answer 0 and 1 rather than fail (measured), so the
     # collectives would be compiled for a group that does not exist: check the flag init() sets.
-    if not GlobalComm.INITED:
+    if not communication_initialized():
         if mode == ms.ParallelMode.STAND_ALONE:
             return None
         raise ArgumentValueError("the parallel mode is '{mode}', which needs mindspore.communication.init() first, "
@@ -142,9 +143,9 @@ class AllReduceSums:
     """
 
     def __init__(self, group: Optional[str] = None) -> None:
-        # GlobalComm.WORLD_COMM_GROUP is set by init() to the backend's group (mccl_world_group on CPU); reading
-        # it here, not as a default argument, picks that value up.
-        self.group = GlobalComm.WORLD_COMM_GROUP if group is None else group
+        # init() names the backend's group (mccl_world_group on CPU); reading it here, not as a default argument,
+        # picks that name up.
+        self.group = world_group() if group is None else group
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, self.group)
         self.sum_divisor = sum_divisor(self.group)
 
@@ -188,7 +189,7 @@ class InPlaceAllReduce(nn.Cell):
 
     def __init__(self, group: Optional[str] = None) -> None:
         super().__init__()
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP if group is None else group)
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, world_group() if group is None else group)
 
     def construct(self, *tensors):
         done = []

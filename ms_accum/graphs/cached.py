@@ -19,8 +19,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.communication import GlobalComm
 
+from .._mindspore import RANDOM_SEED_ATTRS, prim_attrs, primitives, world_group
 from .._validation import ArgumentTypeError, ArgumentValueError, check_isinstance, check_positive_float, door
 from ..core.buffer import AccumulationBuffer
 from ..core.dropout import DrawMarks, DropoutStreams, dropout_streams, seeded_layers
@@ -86,9 +86,6 @@ def check_loss_signature(loss_fn: nn.Cell) -> None:
                                 structure='cached') from None
 
 
-_SEED_ATTRS = (("Seed0", "Seed1"), ("seed", "seed2"))  # how MindSpore's random primitives name their two seeds
-
-
 def check_same_masks(network: nn.Cell) -> None:
     """Refuses a network whose random ops would draw other values in pass 2 than in pass 1.
 
@@ -100,11 +97,10 @@ def check_same_masks(network: nn.Cell) -> None:
     Unseeded kernels, and PyNative (one kernel shared by both passes), draw other values.
     """
     seeded = seeded_layers(network)
-    random_ops = [(name or type(cell).__name__, type(prim).__name__, [prim.attrs[a] for a in pair])
+    random_ops = [(name or type(cell).__name__, type(prim).__name__, [prim_attrs(prim)[a] for a in pair])
                   for name, cell in network.cells_and_names()
-                  for prim in vars(cell).values() if isinstance(prim, ops.Primitive)
-                  and not any(prim is drawn for drawn in seeded)
-                  for pair in _SEED_ATTRS if all(a in prim.attrs for a in pair)]
+                  for prim in primitives(cell).values() if not any(prim is drawn for drawn in seeded)
+                  for pair in RANDOM_SEED_ATTRS if all(a in prim_attrs(prim) for a in pair)]
     if not random_ops:
         return
     where, kind, _ = random_ops[0]
@@ -142,7 +138,7 @@ class _CachedLossGrad(nn.Cell):
         self.divisor = float(buffer.reducer.sum_divisor)
         self.gathered = isinstance(buffer.reducer, AllReduceSums)
         if self.gathered:
-            self.all_gather = ops.AllGather(GlobalComm.WORLD_COMM_GROUP)
+            self.all_gather = ops.AllGather(world_group())
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
 
     def _loss(self, labels, *fields):

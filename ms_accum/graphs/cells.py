@@ -13,6 +13,7 @@ import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
 from ..core import _ops
+from .._mindspore import loss_of
 from .._validation import (Argument, ArgumentValueError, check_isinstance, check_positive_float, check_positive_int,
                            door)
 from ..core.buffer import AccumulationBuffer
@@ -47,7 +48,7 @@ def own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[Accum
     """The buffer a window Cell trains on: the one given (which decides the policy, the scaler and the reduction), or
     a new one with `policy`, `loss_scaler` and `reduction`, which honours what the loss of a `nn.WithLossCell` says
     it computes (`window_reduction`)."""
-    loss_fn = getattr(network, "_loss_fn", None)
+    loss_fn = loss_of(network)
     if buffer is None:
         check_isinstance(optimizer, "optimizer", nn.Optimizer)
         data_parallel_info()  # an unsupported parallel mode is refused before anything is built

@@ -15,7 +15,8 @@ from typing import List
 
 import numpy as np
 from mindspore import nn
-from mindspore.nn.layer.normalization import _BatchNorm
+
+from .._mindspore import batchnorm_types
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def batchnorm_cells(network: nn.Cell) -> List[str]:
     """Paths of BatchNorm layers (MindSpore's BatchNorm1d/2d/3d and their subclasses) that normalize by the batch's
     own statistics when training."""
     return [name or type(cell).__name__ for name, cell in network.cells_and_names()
-            if isinstance(cell, _BatchNorm) and cell.use_batch_statistics is not False]
+            if isinstance(cell, batchnorm_types()) and cell.use_batch_statistics is not False]
 
 
 def stochastic_cells(network: nn.Cell) -> List[str]:

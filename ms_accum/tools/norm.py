@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import List
 
 from mindspore import nn
-from mindspore.nn.layer.normalization import _BatchNorm
 
+from .._mindspore import batchnorm_types
 from .._validation import check_isinstance, check_positive_int, door
 
 
@@ -60,7 +60,7 @@ def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
     for path, cell in list(network.cells_and_names()):
         for name, child in list(cell.name_cells().items()):
             full = f"{path}.{name}" if path else name
-            if not isinstance(child, _BatchNorm) or child.use_batch_statistics is False:
+            if not isinstance(child, batchnorm_types()) or child.use_batch_statistics is False:
                 continue
             channels = child.num_features
             groups = 1 if isinstance(child, nn.BatchNorm1d) else _groups_for(channels, num_groups)

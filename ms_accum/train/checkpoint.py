@@ -18,9 +18,10 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, log as ms_log, nn
+from mindspore import Parameter, nn
 
 from .._choices import CHECKPOINT_FORMATS
+from .._mindspore import mindspore_logger
 from .._validation import ArgumentTypeError, ArgumentValueError, MessageError, Setting, door
 from ..core.dropout import is_random_state
 
@@ -158,7 +159,7 @@ def _copy_with_metadata(source: str, target: str, metadata: Dict[str, MetaValue]
 
 @contextlib.contextmanager
 def _quiet_mindspore_log():
-    logger = getattr(ms_log, "_get_logger", lambda: None)()
+    logger = mindspore_logger()
     disabled = getattr(logger, "disabled", None)
     if logger is not None:
         logger.disabled = True

@@ -13,8 +13,9 @@ from typing import List, Mapping, Optional
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
-from mindspore.communication import GlobalComm, get_group_size, get_rank, init
+from mindspore.communication import get_group_size, get_rank, init
 
+from .._mindspore import world_group
 from .._validation import ArgumentValueError, check_isinstance, door
 from ..core.parallel import DataParallelInfo
 
@@ -88,7 +89,7 @@ def init_data_parallel(gradients_mean: Optional[bool] = None) -> DataParallelInf
 class _AllReduceSum(nn.Cell):
     def __init__(self) -> None:
         super().__init__()
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, world_group())
 
     def construct(self, x):
         return self.all_reduce(x)

@@ -14,8 +14,8 @@ from typing import Callable, Union
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
-from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+from .._mindspore import LearningRateSchedule
 from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int, \
     check_value_in, door
 

@@ -15,8 +15,8 @@ from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn
-from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+from .._mindspore import LearningRateSchedule, optimizer_attribute
 from .._validation import ArgumentTypeError, ArgumentValueError
 from ..core.buffer import AccumulationBuffer
 from ..core.parallel import DataParallelInfo, in_buckets
@@ -174,8 +174,8 @@ def check_shardable(optimizer: nn.Optimizer, ranks: int,
                     shard_optimizer: Union[bool, OptimizerFactory]) -> OptimizerFactory:
     """What builds each rank's optimizer: `shard_optimizer` itself if it is a factory, else (True) ms_accum's rebuild
     of `optimizer`'s class (`REBUILT`); refuses, with the reason, an optimizer that cannot be sharded so."""
-    for flag in ("use_lazy", "use_offload"):
-        if getattr(optimizer, flag, False):
+    for flag in ("use_lazy", "use_offload"):  # nn.Adam's; other classes have neither
+        if optimizer_attribute(optimizer, flag, False):
             raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer}: it was built with "
                                      "{flag}=True, whose state does not live in its Parameters.", flag=flag)
     if len(optimizer.parameters) < ranks:
@@ -195,11 +195,11 @@ def check_shardable(optimizer: nn.Optimizer, ranks: int,
         raise ArgumentValueError("{shard_optimizer:subject} must be a factory params -> optimizer that builds your "
                                  "{name} over a rank's parameters: ms_accum rebuilds {names} by itself, but got True.",
                                  name=kind.__name__, names=names)
-    if optimizer.dynamic_weight_decay:
+    if optimizer_attribute(optimizer, "dynamic_weight_decay"):
         raise ArgumentValueError("{shard_optimizer:subject} must be a factory params -> optimizer that builds your "
                                  "{name} over a rank's parameters when its weight decay is a Cell (a schedule, which "
                                  "ms_accum does not read back), but got True.", name=kind.__name__)
-    arguments = {name: _number(getattr(optimizer, name)) for name in REBUILT[kind]}
+    arguments = {name: _number(optimizer_attribute(optimizer, name)) for name in REBUILT[kind]}
     return lambda params: _rebuild(optimizer, params, arguments)
 
 
@@ -253,15 +253,18 @@ def _rebuild(optimizer: nn.Optimizer, params: List[Parameter], arguments: Dict[s
     position = {id(param): i for i, param in enumerate(optimizer.parameters)}
     rates = optimizer.learning_rate  # one per parameter with groups of their own rates, else one for all
     per_parameter = isinstance(rates, (tuple, nn.CellList))
-    if not optimizer.is_group:
-        return type(optimizer)(params, learning_rate=_rate(rates), weight_decay=_number(optimizer.weight_decay) /
-                               optimizer.loss_scale, **arguments)
+    loss_scale = optimizer_attribute(optimizer, "loss_scale")
+    if not optimizer_attribute(optimizer, "is_group"):
+        return type(optimizer)(params, learning_rate=_rate(rates), weight_decay=_number(
+            optimizer_attribute(optimizer, "weight_decay")) / loss_scale, **arguments)
+    decays = optimizer_attribute(optimizer, "group_weight_decay")
+    centralizations = optimizer_attribute(optimizer, "group_grad_centralization")
     groups: Dict[tuple, dict] = {}
     for param in params:
         i = position[id(param)]
         rate = rates[i] if per_parameter else rates
-        decay = optimizer.group_weight_decay[i] / optimizer.loss_scale
-        centralized = optimizer.group_grad_centralization[i]
+        decay = decays[i] / loss_scale
+        centralized = centralizations[i]
         group = groups.get((id(rate), decay, centralized))
         if group is None:
             group = groups[(id(rate), decay, centralized)] = {"params": [], "lr": _rate(rate), "weight_decay": decay,

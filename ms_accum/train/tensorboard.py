@@ -8,8 +8,8 @@ from typing import Optional
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
-from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+from .._mindspore import LearningRateSchedule
 from .._validation import ArgumentValueError, check_isinstance, check_writable_dir, door
 from .records import StepRecord
 
