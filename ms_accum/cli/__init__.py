@@ -33,7 +33,7 @@ from typing import List, Optional
 from .. import runtime  # noqa: F401  (imported with the package, before MindSpore: oneDNN's CPU ISA is capped)
 from ..deprecation import message
 from . import evaluate, plan, train, train_arguments, verify
-from .arguments import non_negative_float, non_negative_int, positive_float, positive_int
+from .arguments import add_removed_flags, non_negative_float, non_negative_int, positive_float, positive_int
 from .errors import FLAGS, CliError, error_line, warning_printer
 
 __all__ = ["main", "build_parser", "positive_int", "positive_float", "non_negative_int", "non_negative_float",
@@ -41,11 +41,14 @@ __all__ = ["main", "build_parser", "positive_int", "positive_float", "non_negati
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: a sub-command per task, each with its own options."""
+    """The command line: a sub-command per task, each with its own options, and a refusal for each flag the
+    deprecation table lists as removed."""
     parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train_arguments, evaluate, verify, plan):
         command.add_parser(sub)
+    for name, command in sub.choices.items():
+        add_removed_flags(command, name)
     return parser
 
 

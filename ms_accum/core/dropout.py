@@ -32,7 +32,11 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.ops.function import random_func
 
+from ..deprecation import module_getattr
 from . import native
+
+# 0.3's seeding functions (seed_dropout, ...) fail with the deprecation table's line, naming the streams.
+__getattr__ = module_getattr(__name__)
 
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's step: 2^64 / the golden ratio
 _MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
