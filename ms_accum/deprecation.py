@@ -6,22 +6,33 @@ no longer has it. Everything in the package that warns of a deprecation does so 
 (`tests/test_deprecation.py` checks both, and fails when an entry outlives its removal version).
 
 Removal needs a major version (semantic versioning): what is deprecated in 1.x is removed in 2.0.0. Entries whose
-version has come stay in the table as the record of what went and what replaces it; a package's ``__getattr__`` names
-the replacement in its `AttributeError` (`no_attribute`).
+version has come stay in the table as the record of what went and what replaces it, and what went fails with the
+table's line (`tests/test_deprecation.py` walks every such entry), as the error Python would raise:
 
-No import hook: a removed module path (``ms_accum.data``, ...) fails as any missing module does, and this table says
-where its names went. The 0.2 paths were served for one release by a finder on ``sys.meta_path`` that ran at every
-``import ms_accum``; nothing deprecated today needs one, since a name that moved is served by its package's PEP 562
-``__getattr__`` and a keyword by its callable.
+- a name of a package or module: `AttributeError`, from its PEP 562 ``__getattr__`` (`no_attribute`;
+  `module_getattr` for a module that has no other); a name of a removed module is said with the module's line;
+- a keyword of a callable: Python's `TypeError` for an unexpected keyword, the table's line after it; an attribute of
+  a class's instances: Python's `AttributeError`, the line after it (both by the decorator `removed_from`);
+- a command-line flag: argparse's error for that argument, with the line (`ms_accum.cli.arguments.add_removed_flags`).
+
+No import hook: a removed module path fails at ``import ms_accum.data`` as any missing module does (only an import
+hook could say more), while ``ms_accum.data`` as an attribute names its replacement, and this table and the
+documentation say where its names went. The 0.2 paths were served for one release by a finder on ``sys.meta_path``
+that ran at every ``import ms_accum``; nothing deprecated today needs one, since a name that moved is served by its
+package's ``__getattr__`` and a keyword by its callable.
 
 The keys: ``ms_accum.x.Name`` for a module, a name or an attribute; ``Callable(keyword=...)`` for a keyword of that
 callable (``ms_accum.x.Callable(keyword=...)``); ``ms-accum <command> --flag`` for a command-line flag.
 """
+import dis
 import functools
+import sys
 import warnings
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from . import __version__
+
+_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
 
 
 class Deprecation(NamedTuple):
@@ -146,11 +157,98 @@ def deprecated(key: str, stacklevel: int = 2) -> None:
     warnings.warn(message(key), DeprecationWarning, stacklevel=stacklevel + 1)
 
 
+def removal(key: str) -> str:
+    """The table's line for `key`, gone, said after Python's own error that names it: ``removed in ms_accum 1.0.0; use
+    'accumulate_step'.``"""
+    return f"removed in ms_accum {TABLE[key].removed_in}; {TABLE[key].use}."
+
+
 def no_attribute(module: str, name: str) -> AttributeError:
-    """For a package's ``__getattr__``: the error for ``module.name``, naming its replacement when the table has it."""
+    """For a package's ``__getattr__``: the error for ``module.name``, naming its replacement when the table has it,
+    and, for a removed module, where each name the table lists under it went (``ms_accum.executor.windows_per_epoch``
+    is reached through ``ms_accum.executor``, which fails first)."""
     key = f"{module}.{name}"
-    text = message(key) if key in TABLE else f"module '{module}' has no attribute '{name}'"
+    if key not in TABLE:
+        return AttributeError(f"module '{module}' has no attribute '{name}'")
+    inner = [message(inner) for inner in TABLE
+             if inner.startswith(f"{key}.") and inner[len(key) + 1:].isidentifier() and removed(inner)]
+    text = " ".join([message(key), *inner])
+    try:
+        importer = sys._getframe(2)  # this, the module's __getattr__, the code that asked for the name
+    except ValueError:
+        importer = None
+    if importer is not None and importer.f_lasti >= 0 and importer.f_code.co_code[importer.f_lasti] == _IMPORT_FROM:
+        # ``from module import name``: Python would raise ImportError, and it replaces an AttributeError's text with
+        # its own "cannot import name"; an ImportError raised here is kept.
+        return ImportError(text, name=module)
     return AttributeError(text)
+
+
+def module_getattr(module: str) -> Callable[[str], None]:
+    """The PEP 562 ``__getattr__`` of a module that has none of its own: a name the table lists as removed from it
+    fails with the table's line (`no_attribute`). ``__getattr__ = module_getattr(__name__)``."""
+    def __getattr__(name: str) -> None:  # noqa: N807
+        raise no_attribute(module, name)
+    return __getattr__
+
+
+def removed_from(owner: str) -> Callable:
+    """A decorator: the function or class `owner` refuses each keyword the table lists as removed from it (the key
+    ``f"{owner}({keyword}=...)"``) with Python's `TypeError` for an unexpected keyword, the table's line after it
+    (`removal`); a class's instances fail for each attribute the table lists (``f"{owner}.{name}"``) with Python's
+    `AttributeError`, the line after it.
+
+    Args:
+        owner (str): The callable's path as the table keys it (``"ms_accum.train.Plan"``).
+
+    Raises:
+        KeyError: When decorating, if the table lists nothing removed from `owner` (the decorator would do nothing).
+    """
+    keywords, attributes = {}, {}
+    for key in TABLE:
+        rest = key[len(owner):]
+        if key.startswith(owner) and removed(key):
+            if rest.startswith("(") and rest.endswith("=...)"):
+                keywords[rest[1:-len("=...)")]] = key
+            elif rest.startswith(".") and rest[1:].isidentifier():
+                attributes[rest[1:]] = key
+    if not keywords and not attributes:
+        raise KeyError(f"the deprecation table lists nothing removed from '{owner}'")
+
+    def decorate(target):
+        function = target.__init__ if isinstance(target, type) else target
+
+        @functools.wraps(function)
+        def refusing(*args, **kwargs):
+            for keyword in kwargs:  # the first one given, as Python names the first unexpected keyword
+                if keyword in keywords:
+                    raise TypeError(f"{function.__qualname__}() got an unexpected keyword argument '{keyword}': "
+                                    f"{removal(keywords[keyword])}")
+            return function(*args, **kwargs)
+
+        if not isinstance(target, type):
+            return refusing
+        if keywords:
+            target.__init__ = refusing
+        if attributes:
+            target.__getattr__ = _refusing_getattr(getattr(target, "__getattr__", None), attributes)
+        return target
+    return decorate
+
+
+def _refusing_getattr(inherited: Optional[Callable], attributes: Dict[str, str]) -> Callable:
+    """A class's ``__getattr__`` (called only when an attribute is not found) that says where each removed one went;
+    any other name goes to the class's own `inherited`, or fails as Python's would, with its suggestions."""
+    def __getattr__(self, name: str):  # noqa: N807
+        if name in attributes:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}': "
+                                 f"{removal(attributes[name])}")
+        if inherited is not None:
+            return inherited(self, name)
+        error = AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        error.name, error.obj = name, self  # Python 3.10+ suggests a close name from these
+        raise error
+    return __getattr__
 
 
 def renamed_keywords(owner: str, **renames: str) -> Callable:
@@ -168,7 +266,8 @@ def renamed_keywords(owner: str, **renames: str) -> Callable:
     keys = {old: f"{owner}({old}=...)" for old in renames}
     for key in keys.values():
         if removed(key):  # raises KeyError for a keyword the table does not have
-            raise RuntimeError(f"'{key}' outlived its removal in ms_accum {TABLE[key].removed_in}: delete it.")
+            raise RuntimeError(f"'{key}' outlived its removal in ms_accum {TABLE[key].removed_in}: delete it (and "
+                               f"decorate its callable with removed_from, which refuses it with the table's line).")
 
     def decorate(target):
         function = target.__init__ if isinstance(target, type) else target

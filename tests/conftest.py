@@ -23,6 +23,13 @@ def _graph_mode_by_default():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_traceback_asked(monkeypatch):
+    # The command line's output as a user sees it by default, even where the developer's shell sets the variable
+    # (`ms_accum.cli.failure`); subprocesses inherit the removal.
+    monkeypatch.delenv("MS_ACCUM_TRACEBACK", raising=False)
+
+
 @pytest.fixture(params=list(MODES))
 def mode(request):
     ms.set_context(mode=MODES[request.param])

@@ -165,7 +165,6 @@ def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, ca
                                        "returned a tuple of 2."),
             ("users_model:no_optimizer", "the factory 'users_model:no_optimizer' must return an nn.Optimizer as its "
                                          "optimizer, but returned a str."),
-            ("users_model:broken", "the factory 'users_model:broken' failed: RuntimeError: no weights here."),
             ("users_model:missing", "the module 'users_model' has no function 'missing' (the factory "
                                     "'users_model:missing')."),
             ("not_a_module_anywhere:build", "the module 'not_a_module_anywhere' of the factory "
@@ -173,6 +172,14 @@ def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, ca
                                             "No module named 'not_a_module_anywhere'.")]:
         assert cli.main(argv + ["--model", spec]) == 1
         assert capsys.readouterr().err == f"ms-accum verify: error: For 'ms-accum verify', {message}\n"
+    # A factory that raises: its frame, then the line (tests/test_cli_errors.py shows the user's frames in full).
+    assert cli.main(argv + ["--model", "users_model:broken"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "Traceback (most recent call last, your code's frames):"
+    assert lines[1].startswith(f'  File "{tmp_path / "users_model.py"}", line ') and lines[1].endswith(", in broken")
+    assert lines[-3:] == ['    raise RuntimeError("no weights here")', "RuntimeError: no weights here",
+                          "ms-accum verify: error: For 'ms-accum verify', the factory 'users_model:broken' failed: "
+                          "RuntimeError: no weights here."]
     with pytest.raises(SystemExit) as bad:
         cli.main(argv + ["--model", "users_model"])
     assert bad.value.code == 2

@@ -4,8 +4,12 @@
   training and 128 evaluation samples) is evaluated in its own micro-batches, or in --eval-batch-size; an evaluation
   split that yields no batch, or data of another shape, is one line naming the factory, the split and the batch size,
   and `train` still reports the checkpoint it saved.
-- Each command, with the data failing where it is read, ends with one line on stderr, never a traceback (run as a user
-  runs it, in a fresh process, so MindSpore's own log would show too).
+- Each command, with the data failing where it is read, ends with one line on stderr, after the frames of the user's
+  code that raised (run as a user runs it, in a fresh process, so MindSpore's own log would show too).
+- When something fails (`ms_accum.cli.failure`): a bad argument is one line; an error in the user's code shows the
+  user's frames (file, line, code; those MindSpore quotes of a construct it compiled or a dataset's function too),
+  then the line; an error in ms_accum's own code says it is a bug and how to report it; --traceback and
+  MS_ACCUM_TRACEBACK=1 show the whole stack of any error.
 - Every error the command line prints names flags, files and commands, never the library's classes, methods or
   keywords: the walk below checks each whole message, and each against that rule.
 """
@@ -97,23 +101,46 @@ def test_an_evaluation_that_cannot_run_is_one_line_and_train_still_reports_its_c
     assert json.loads(out.stdout.strip().splitlines()[-1])["checkpoint"] == ckpt
 
 
+def without_markers(stderr: str) -> list:
+    """The lines of `stderr` without the position markers (``^^^^``, ``~~^^~``) under a frame's code, which Python
+    3.11 on prints and other versions do not."""
+    return [line for line in stderr.rstrip("\n").splitlines() if line.strip(" ^~")]
+
+
+def frame(path: str, function: str, code: str) -> list:
+    """A frame of `path`'s `function` at its line `code` as a traceback prints it: the file and line, then the code."""
+    lines = open(path, encoding="utf-8").read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"def {function}("))
+    number = next(i for i, line in enumerate(lines) if i > start and line.strip() == code) + 1
+    return [f'  File "{path}", line {number}, in {function}', f"    {code}"]
+
+
+TOKENS = os.path.join(FIXTURES, "tokens.py")
+GONE = 'raise OSError("the disk went away")'
+
+
 @pytest.mark.slow  # make test-all: make test keeps the core (docs/testing.md)
 @pytest.mark.parametrize("command", ["train", "eval", "verify", "plan"])
 def test_each_command_ends_in_one_line_when_its_data_fails_where_it_is_read(command, tmp_path):
     """The factory's data raises where the command reads it: in the training pipeline, in the evaluation pipeline, in
-    `sample` (verify reads K*B samples; the planner's trial reads its windows in a fresh process)."""
+    `sample` (verify reads K*B samples; the planner's trial reads its windows in a fresh process). The user's frames
+    come first, those MindSpore quotes of the pipeline's map function too; the planner's trial reports only its
+    error's line."""
     ckpt = str(tmp_path / "tokens_failing_eval.ckpt")
+    header = "Traceback (most recent call last, your code's frames):"
+    pipeline = [header, *frame(TOKENS, "read", GONE), DISK]
     commands = {
         "train": (["train", "--model", "tokens:failing_train", "--batch-size", "16", "--ckpt-dir", str(tmp_path)],
-                  f"ms-accum train: error: {DISK} (while training on dataset(16, 'train', 0, 1) of the factory "
-                  f"'tokens:failing_train')"),
-        "eval": (["eval", "--ckpt", ckpt],
+                  pipeline, f"ms-accum train: error: {DISK} (while training on dataset(16, 'train', 0, 1) of the "
+                            f"factory 'tokens:failing_train')"),
+        "eval": (["eval", "--ckpt", ckpt], pipeline,
                  f"ms-accum eval: error: For 'ms-accum eval', evaluating the factory 'tokens:failing_eval' on its "
                  f"dataset(16, 'eval', 0, 1) failed: {DISK}."),
         "verify": (["verify", "--model", "tokens:failing_sample", "--batch-size", "4"],
+                   [header, *frame(TOKENS, "failing", GONE), "OSError: the disk went away"],
                    "ms-accum verify: error: For 'ms-accum verify', sample(16) of the factory 'tokens:failing_sample' "
                    "failed: OSError: the disk went away."),
-        "plan": (["plan", "--model", "tokens:failing_sample", "--global-batch", "16", "--memory", "1GiB"],
+        "plan": (["plan", "--model", "tokens:failing_sample", "--global-batch", "16", "--memory", "1GiB"], [],
                  "ms-accum plan: error: For 'ms-accum plan', a micro-batch of 1 sample(s) could not be trained: "
                  "sample(65) of the factory 'tokens:failing_sample' failed: OSError: the disk went away."),
     }
@@ -121,9 +148,240 @@ def test_each_command_ends_in_one_line_when_its_data_fails_where_it_is_read(comm
         made = run_cli("train", "--model", "tokens:failing_eval", "--batch-size", "16", "--ckpt-dir", str(tmp_path),
                        "--no-eval", "--quiet", cwd=tmp_path)
         assert made.returncode == 0, made.stderr[-2000:]
-    argv, message = commands[command]
+    argv, frames, message = commands[command]
     out = run_cli(*argv, "--quiet", cwd=tmp_path)
-    assert out.returncode == 1 and one_line(out.stderr) == message
+    assert out.returncode == 1 and without_markers(out.stderr) == [*frames, message], out.stderr[-3000:]
+
+
+# --- Whose error it was: the user's frames, one line, or a bug. ---
+
+HEADER = "Traceback (most recent call last, your code's frames):"
+ZERO = '''\
+def helper(width):
+    return width // 0
+
+
+def build():
+    width = helper(16)
+    return width
+'''
+ZERO_LINE = ("ms-accum train: error: For 'ms-accum train', the factory 'zero_factory:build' failed: ZeroDivisionError: "
+             "integer division or modulo by zero.")
+
+
+@pytest.fixture
+def zero_factory(tmp_path, monkeypatch):
+    """A user's factory, beside the command as a user's module is, whose build() calls a helper that divides by 0."""
+    path = tmp_path / "zero_factory.py"
+    path.write_text(ZERO)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "zero_factory", raising=False)  # imported again, from this test's directory
+    return str(path)
+
+
+def test_an_error_in_the_users_code_shows_its_frames_then_the_line(zero_factory, capsys):
+    assert cli.main(["train", "--model", "zero_factory:build", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert without_markers(err) == [
+        HEADER, *frame(zero_factory, "build", "width = helper(16)"), *frame(zero_factory, "helper", "return width // 0"),
+        "ZeroDivisionError: integer division or modulo by zero", ZERO_LINE]
+    assert f"{os.sep}ms_accum{os.sep}" not in err  # the user's frames only
+
+
+@pytest.mark.parametrize("asked", ["after the command", "before it", "MS_ACCUM_TRACEBACK=1"])
+def test_traceback_shows_the_whole_stack_of_any_error(asked, zero_factory, capsys, monkeypatch):
+    """Every frame of every exception of the chain, ms_accum's included, then the line; for an argument refused too.
+    Asked by --traceback after the command or before it, or by the environment."""
+    before, after = (["--traceback"] if asked == "before it" else []), (["--traceback"] if asked.startswith("after")
+                                                                         else [])
+    if asked.startswith("MS_"):
+        monkeypatch.setenv(*asked.split("="))
+    assert cli.main([*before, "train", "--model", "zero_factory:build", "--quiet", *after]) == 1
+    lines = without_markers(capsys.readouterr().err)
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1] == ZERO_LINE
+    text = "\n".join(lines)
+    for shown in (os.path.join("ms_accum", "tools", "factory.py"), os.path.join("ms_accum", "cli", "__init__.py"),
+                  "\n".join(frame(zero_factory, "helper", "return width // 0")),
+                  "The above exception was the direct cause of the following exception:",
+                  "ms_accum._validation.ArgumentValueError: For 'ms-accum train', the factory 'zero_factory:build' "
+                  "failed"):
+        assert shown in text, shown
+    assert cli.main([*before, "train", "--lr-rule", "sqrt", "--quiet", *after]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and os.path.join("ms_accum", "cli", "job.py") in lines[-4]
+    assert lines[-1] == "ms-accum train: error: --lr-rule needs --adaptive-k: it says how K follows the noise scale."
+
+
+def test_a_bad_argument_is_one_line_and_argparse_keeps_its_own(capsys):
+    assert cli.main(["train", "--lr-rule", "sqrt", "--quiet"]) == 1
+    assert capsys.readouterr().err == ("ms-accum train: error: --lr-rule needs --adaptive-k: it says how K follows the "
+                                       "noise scale.\n")
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error: as argparse prints it, --traceback or not
+        cli.main(["train", "--batch-size", "0", "--traceback"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "Traceback" not in err
+    assert cli_error(err) == "ms-accum train: error: argument --batch-size: must be a positive int, but got 0"
+
+
+def test_an_error_in_ms_accum_s_own_code_says_it_is_a_bug(capsys, monkeypatch):
+    """A bug stands in: the command reads an option no parser defines. operator.attrgetter is C, so the error is raised
+    in ms_accum's own frame (`main`), as a bug's would be."""
+    import operator
+    monkeypatch.setattr(cli.train, "run", operator.attrgetter("no_such_option"))
+    assert cli.main(["train", "--quiet"]) == 1
+    assert capsys.readouterr().err == (
+        f"ms-accum train: error: AttributeError: 'Namespace' object has no attribute 'no_such_option'\n"
+        f"ms-accum train: this is a bug in ms_accum {ms_accum.__version__}: please report it with the output of the "
+        f"same command with --traceback on the ms_accum issue tracker.\n")
+    assert cli.main(["train", "--quiet", "--traceback"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-2:] == [
+        "ms-accum train: error: AttributeError: 'Namespace' object has no attribute 'no_such_option'",
+        f"ms-accum train: this is a bug in ms_accum {ms_accum.__version__}: please report it with this output on the "
+        f"ms_accum issue tracker."]
+
+
+def test_help_says_what_a_failure_shows():
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001  (argparse keeps them only there)
+    for helped in (parser, *commands.values()):
+        text = " ".join(helped.format_help().split())
+        assert "your code's frames" in text and "--traceback, or MS_ACCUM_TRACEBACK=1" in text, helped.prog
+    assert set(commands) == {"train", "eval", "verify", "plan"}
+    assert all("--traceback" in command.format_help() for command in commands.values())
+
+
+# The message MindSpore 2.10 raises for a construct it cannot compile (a matmul of shapes 3 and 5 in the training
+# branch of the user's network), and for a dataset's map function that raised: its lines, with these files.
+COMPILED = """For 'MatMulExt' op, shape1[-1] must be equal to shape2[-2], but got 3 and 5.
+
+----------------------------------------------------
+- C++ Call Stack: (For framework developers)
+----------------------------------------------------
+mindspore/ops/infer/ops_func_impl//matmul_ext.cc:43 CheckMatMulShapes
+
+----------------------------------------------------
+- The Traceback of Net Construct Code:
+----------------------------------------------------
+# 0 In file {cells}:130, 14~35
+        out = self.network(*inputs)
+              ^~~~~~~~~~~~~~~~~~~~~
+# 1 In file {user}:7~8, 8~37
+        if self.training:
+# 2 In file {user}:8, 12~37
+            y = ops.matmul(y, self.w)
+            ^~~~~~~~~~~~~~~~~~~~~~~~~
+# 3 In file {user}:8, 16~37
+            y = ops.matmul(y, self.w)
+                ^~~~~~~~~~~~~~~~~~~~~
+# 4 In file {mindspore}:8724, 11~49
+    return auto_generate.matmul_ext(input, other)
+           ^~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+ (See file 'rank_0/om/analyze_fail.ir' for more details.)"""
+MAPPED = """Exception thrown from user defined Python function in dataset.
+
+------------------------------------------------------------------
+- Python Call Stack:
+------------------------------------------------------------------
+map operation: [PyFunc] failed. Error description:
+ZeroDivisionError: Traceback (most recent call last):
+  File "{mindspore}", line 202, in __call__
+    result = self.transform(*args)
+             ^^^^^^^^^^^^^^^^^^^^^
+  File "{user}", line 13, in boom
+    return a / helper(3)
+               ^^^^^^^^^
+  File "{user}", line 17, in helper
+    return width // 0
+           ~~~~~~^^~~
+ZeroDivisionError: integer division or modulo by zero
+"""
+NETWORK = '''\
+from mindspore import nn, ops
+
+
+class Wide(nn.Cell):
+    def construct(self, x):
+        y = self.dense(x)
+        if self.training:
+            y = ops.matmul(y, self.w)
+        return y
+
+
+def boom(a):
+    return a / helper(3)
+
+
+def helper(width):
+    return width // 0
+'''
+
+
+def test_the_frames_mindspore_quotes_are_the_users(tmp_path):
+    """A graph's compile error and a pipeline's Python error are raised from MindSpore's frames; the user's lines are
+    in its message, and shown as frames: one per function of the user's (the construct's innermost expression)."""
+    import mindspore
+    from ms_accum.cli import failure
+    from ms_accum.graphs import cells
+    user = tmp_path / "wide_network.py"
+    user.write_text(NETWORK)
+    files = {"cells": cells.__file__, "user": str(user), "mindspore": mindspore.__file__}
+    assert failure.users_traceback(RuntimeError(COMPILED.format(**files))).splitlines() == [
+        HEADER, *frame(str(user), "construct", "y = ops.matmul(y, self.w)"),
+        "RuntimeError: For 'MatMulExt' op, shape1[-1] must be equal to shape2[-2], but got 3 and 5."]
+    assert failure.users_traceback(RuntimeError(MAPPED.format(**files))).splitlines() == [
+        HEADER, *frame(str(user), "boom", "return a / helper(3)"), *frame(str(user), "helper", "return width // 0"),
+        "RuntimeError: Exception thrown from user defined Python function in dataset. ZeroDivisionError: integer "
+        "division or modulo by zero"]
+    assert failure.users_traceback(RuntimeError(COMPILED.format(cells=cells.__file__, user=cells.__file__,
+                                                                mindspore=mindspore.__file__))) == ""
+
+
+WIDE_FACTORY = '''\
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.dataset import NumpySlicesDataset
+
+
+class Wide(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(6, 3)
+        self.w = Parameter(Tensor(np.ones((5, 7), np.float32)))
+
+    def construct(self, x):
+        y = self.dense(x)
+        if self.training:
+            y = ops.matmul(y, self.w)
+        return y
+
+
+def build():
+    network = Wide()
+
+    def sample(n):
+        return np.ones((n, 6), np.float32), np.zeros(n, np.int32)
+
+    def dataset(batch_size, usage, shard_id, num_shards):
+        return NumpySlicesDataset(sample(32), column_names=["data", "label"], shuffle=False).batch(batch_size, True)
+    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+            nn.SGD(network.trainable_params()), sample, dataset)
+'''
+
+
+@pytest.mark.slow  # make test-all: compiles a graph
+def test_a_construct_that_does_not_compile_shows_the_users_line(tmp_path, monkeypatch, capsys):
+    """The network takes sample(2) in inference mode (the factory's check) and fails to compile for training: the
+    line MindSpore names in the user's construct is shown as the user's frame."""
+    user = tmp_path / "wide_factory.py"
+    user.write_text(WIDE_FACTORY)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--model", "wide_factory:build", "--batch-size", "8", "--quiet", "--no-eval"]) == 1
+    lines = without_markers(capsys.readouterr().err)
+    assert lines[:3] == [HEADER, *frame(str(user), "construct", "y = ops.matmul(y, self.w)")], lines
+    assert lines[-1].startswith("ms-accum train: error: RuntimeError: For 'MatMulExt' op, shape1[-1] must be equal to "
+                                "shape2[-2], but got 3 and 5.")
 
 
 # --- The walk: every error the command line can print, whole, in the command's terms. ---
@@ -285,10 +543,13 @@ def test_a_warning_and_a_full_disk_are_told_in_the_command_s_terms(files, tmp_pa
 
 def test_an_error_the_tool_did_not_foresee_is_one_line_saying_what_the_command_was_doing(files, capsys, monkeypatch):
     """Not the tool's own error: its type, its first line, and what the command was doing."""
+    import mindspore.dataset
     from ms_accum.demo import data
 
     def unreadable(*args, **kwargs):
         raise MemoryError("cannot allocate the decoded images\n\nC++ stack of the allocator")
+    # Raised in MindSpore's reader, which it stands for: a frame of this file would be the user's code.
+    unreadable.__code__ = unreadable.__code__.replace(co_filename=mindspore.dataset.__file__)
     monkeypatch.setattr(data, "dataset_for", unreadable)
     assert cli.main(["train", *MLP_RUN, "--data", files["data"], "--ckpt-dir", files["root"] + "/m"]) == 1
     assert capsys.readouterr().err == ("ms-accum train: error: MemoryError: cannot allocate the decoded images (while "

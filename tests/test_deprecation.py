@@ -1,6 +1,7 @@
-"""The deprecation table (`ms_accum.deprecation`): every entry well formed, nothing outliving its removal version,
-every deprecation warning the package gives taken from the table, and the table's warning pointing at the user's
-line."""
+"""The deprecation table (`ms_accum.deprecation`): every entry well formed, every removed entry failing with the
+table's line (as the error Python would raise: a keyword's TypeError, a name's AttributeError or ImportError,
+argparse's error for a flag), every deprecation warning the package gives taken from the table, and the table's
+warning pointing at the user's line."""
 import ast
 import importlib
 import inspect
@@ -21,18 +22,24 @@ KEYWORD = re.compile(r"^(ms_accum[\w.]*)\((\w+)=\.\.\.\)$")
 FLAG = re.compile(r"^ms-accum (\w+) (--[\w-]+)$")
 
 
-def _resolve(path: str):
-    """The object at the dotted `path`: its longest importable module, then attributes."""
+def _importable(path: str):
+    """The longest importable module of the dotted `path`, and the names after it."""
     parts = path.split(".")
     for end in range(len(parts), 0, -1):
         try:
-            found = importlib.import_module(".".join(parts[:end]))
+            return importlib.import_module(".".join(parts[:end])), parts[end:]
         except ModuleNotFoundError:
             continue
-        for part in parts[end:]:
-            found = getattr(found, part)
-        return found
     raise ModuleNotFoundError(path)
+
+
+def _resolve(path: str):
+    """The object at the dotted `path`: its longest importable module, then attributes; a class's attribute is asked
+    of an instance (made without running its constructor), as a user's code asks it."""
+    found, names = _importable(path)
+    for name in names:
+        found = getattr(object.__new__(found) if isinstance(found, type) else found, name)
+    return found
 
 
 def test_the_version_is_one_and_pyproject_says_so():
@@ -52,19 +59,89 @@ def test_each_entry_is_well_formed(key):
 
 
 @pytest.mark.parametrize("key", sorted(key for key in TABLE if removed(key)))
-def test_nothing_outlives_its_removal_version(key):
-    """A name, module path, keyword or flag whose removal version has come is gone."""
+def test_each_removed_entry_fails_with_the_table_s_line(key, capsys):
+    """A name, module path, keyword or flag whose removal version has come is gone, and fails as Python would, with
+    the table's line: what replaces it and the version that removed it. A removed module's names fail at the module
+    (whose line lists them); ``import ms_accum.old_module`` is Python's own ModuleNotFoundError (no import hook)."""
+    entry = TABLE[key]
     keyword, flag = KEYWORD.match(key), FLAG.match(key)
     if keyword:
-        with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword.group(2)}'"):
-            _resolve(keyword.group(1))(**{keyword.group(2): None})
+        owner = _resolve(keyword.group(1))
+        with pytest.raises(TypeError) as raised:
+            owner(**{keyword.group(2): None})
+        function = owner.__init__ if isinstance(owner, type) else owner
+        assert str(raised.value).startswith(f"{function.__qualname__}() got an unexpected keyword argument "
+                                            f"'{keyword.group(2)}': ")
+        texts = [str(raised.value)]
     elif flag:
         from ms_accum import cli
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exited:
             cli.build_parser().parse_args([flag.group(1), flag.group(2), "1"])
+        assert exited.value.code == 2
+        texts = [capsys.readouterr().err.strip().splitlines()[-1]]
+        assert texts[0].startswith(f"ms-accum {flag.group(1)}: error: argument {flag.group(2)}: ")
     else:
-        with pytest.raises((ImportError, AttributeError)):
+        with pytest.raises(AttributeError) as raised:
             _resolve(key)
+        texts = [str(raised.value)]
+        module, names = _importable(key)
+        if len(names) == 1:  # `from module import name`: Python's ImportError, with the line
+            with pytest.raises(ImportError) as imported:
+                exec(f"from {module.__name__} import {names[0]}", {})  # noqa: S102
+            texts.append(str(imported.value))
+    for text in texts:
+        assert entry.use in text and f"removed in ms_accum {entry.removed_in}" in text, text
+
+
+def test_a_removed_flag_is_refused_by_argparse_with_the_table_s_line(monkeypatch, capsys):
+    """No flag has reached its removal yet (``--accumulate-steps`` goes in 2.0.0): one that has is refused, with or
+    without a value, as argparse refuses an argument, exit status 2."""
+    from ms_accum import cli
+    monkeypatch.setitem(TABLE, "ms-accum verify --old-flag", deprecation.Deprecation("use --new-flag", "0.3.0",
+                                                                                    "1.0.0"))
+    for argv in (["--old-flag", "3"], ["--old-flag"], ["--batch-size", "2", "--old-flag=3"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.build_parser().parse_args(["verify", *argv])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "ms-accum verify: error: argument --old-flag: removed in ms_accum 1.0.0; use --new-flag.")
+    assert "--old-flag" not in cli.build_parser()._subparsers._group_actions[0].choices["verify"].format_help()
+
+
+def test_removed_from_refuses_the_table_s_keywords_and_attributes(monkeypatch):
+    """The decorator the removed keywords and attributes use, on a class and on a function; anything else fails as
+    Python's own error does, and the signature is the callable's."""
+    gone = deprecation.Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
+    for key in ("ms_accum.Example(steps=...)", "ms_accum.Example.steps", "ms_accum.example(steps=...)"):
+        monkeypatch.setitem(TABLE, key, gone)
+
+    @deprecation.removed_from("ms_accum.Example")
+    class Example:
+        def __init__(self, accumulate_step: int = 1) -> None:
+            self.accumulate_step = accumulate_step
+
+    @deprecation.removed_from("ms_accum.example")
+    def example(accumulate_step: int = 1) -> int:
+        return accumulate_step
+
+    line = "removed in ms_accum 1.0.0; use 'accumulate_step'."
+    assert Example(accumulate_step=4).accumulate_step == 4 and example(accumulate_step=4) == 4
+    assert inspect.signature(Example).parameters.keys() == inspect.signature(example).parameters.keys() == {
+        "accumulate_step"}
+    with pytest.raises(TypeError, match=re.escape(f"Example.__init__() got an unexpected keyword argument 'steps': "
+                                                  f"{line}")):
+        Example(steps=4)
+    with pytest.raises(TypeError, match=re.escape(f"example() got an unexpected keyword argument 'steps': {line}")):
+        example(steps=4)
+    with pytest.raises(AttributeError, match=re.escape(f"'Example' object has no attribute 'steps': {line}")):
+        Example().steps  # noqa: B018
+    with pytest.raises(AttributeError, match=r"^'Example' object has no attribute 'stepz'$"):
+        Example().stepz  # noqa: B018
+    assert not hasattr(Example(), "steps") and getattr(Example(), "steps", None) is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'other'$"):
+        Example(other=1)
+    with pytest.raises(KeyError, match="nothing removed from 'ms_accum.Nothing'"):
+        deprecation.removed_from("ms_accum.Nothing")
 
 
 def test_a_removed_name_says_what_replaces_it():
@@ -73,6 +150,15 @@ def test_a_removed_name_says_what_replaces_it():
         ms_accum.LeNet5  # noqa: B018
     with pytest.raises(AttributeError, match="^module 'ms_accum' has no attribute 'nothing'$"):
         ms_accum.nothing  # noqa: B018
+    with pytest.raises(ImportError, match=r"^'ms_accum\.LeNet5' was removed in ms_accum 1\.0\.0: import it from "
+                                          r"'ms_accum\.demo'\.$"):
+        from ms_accum import LeNet5  # noqa: F401
+    with pytest.raises(ImportError, match="^cannot import name 'nothing' from 'ms_accum'"):  # Python's own
+        from ms_accum import nothing  # noqa: F401
+    with pytest.raises(AttributeError, match=r"'ms_accum\.executor' was removed in ms_accum 1\.0\.0: import "
+                                             r"'ms_accum\.train'\. 'ms_accum\.executor\.windows_per_epoch' was removed in "
+                                             r"ms_accum 1\.0\.0: use ms_accum\.train\.count_windows\("):
+        ms_accum.executor.windows_per_epoch  # noqa: B018
 
 
 def test_no_import_hook():

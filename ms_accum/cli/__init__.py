@@ -14,12 +14,15 @@ Your model is a factory, ``package.module:function`` (`ms_accum.tools.factory`, 
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
 per micro-batch, the windows are all-reduced, and only rank 0 prints, plots, saves and evaluates.
 
-Errors are one line on stderr (exit 2 for a bad command line, 1 for anything else: bad data, checkpoints, a factory,
-or a failure while training), never a traceback, and they name flags, files and commands, not the library's classes.
-MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
+An error ends with one line on stderr (exit 2 for a bad command line, 1 for anything else: bad data, checkpoints, a
+factory, or a failure while training) that names flags, files and commands, not the library's classes. When your own
+code raised it (a factory, its data, a network's construct), your code's frames come first; when ms_accum's own code
+did, a second line says it is a bug and how to report it; `--traceback` (or MS_ACCUM_TRACEBACK=1) shows the whole
+stack of any error. MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
 
 The package holds a module per command (its arguments and its `run`), `arguments` (the argument types a script's own
-argparse may use too: `positive_int`, `positive_float`, ...) and `errors` (how a failure becomes one line).
+argparse may use too: `positive_int`, `positive_float`, ...), `errors` (how a failure becomes one line) and `failure`
+(what is printed around that line: whose error it was).
 """
 from __future__ import annotations
 
@@ -27,31 +30,52 @@ import argparse
 import json
 import os
 import sys
+import traceback
 import warnings
 from typing import List, Optional
 
 from .. import runtime  # noqa: F401  (imported with the package, before MindSpore: oneDNN's CPU ISA is capped)
 from ..deprecation import message
 from . import evaluate, plan, train, train_arguments, verify
-from .arguments import non_negative_float, non_negative_int, positive_float, positive_int
+from .arguments import add_removed_flags, non_negative_float, non_negative_int, positive_float, positive_int
 from .errors import FLAGS, CliError, error_line, warning_printer
+from .failure import VARIABLE, explain, wants_traceback
 
 __all__ = ["main", "build_parser", "positive_int", "positive_float", "non_negative_int", "non_negative_float",
            "FLAGS", "CliError", "error_line"]
 
 
+# What --help says of failures (docs/cli.md, "When something fails").
+FAILURES = (f"When something fails: a bad command line, bad data or a bad checkpoint is one line on stderr (exit 2 or "
+            f"1). An error in your own code (a factory, its data, a network's construct) shows your code's frames, "
+            f"then that line. An error in ms_accum's own code says it is a bug and how to report it. --traceback, or "
+            f"{VARIABLE}=1 in the environment, shows the whole stack of any error.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: a sub-command per task, each with its own options."""
-    parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0])
+    """The command line: a sub-command per task, each with its own options, `--traceback` (before or after the
+    command), and a refusal for each flag the deprecation table lists as removed."""
+    parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0], epilog=FAILURES)
+    # Before the command too (`ms-accum --traceback train ...`), under a name of its own: a sub-command's default
+    # would overwrite the value.
+    parser.add_argument("--traceback", dest="traceback_first", action="store_true",
+                        help="on an error, print the whole stack (as after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train_arguments, evaluate, verify, plan):
         command.add_parser(sub)
+    for name, command in sub.choices.items():
+        command.epilog = FAILURES
+        command.add_argument("--traceback", action="store_true",
+                             help=f"on an error, print the whole stack of every exception, ms_accum's and MindSpore's "
+                                  f"frames included (as {VARIABLE}=1 does)")
+        add_removed_flags(command, name)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `ms-accum` console script; returns the exit status. Whatever fails, the command ends with
-    one line on stderr (`error_line`), never a traceback."""
+    one line on stderr (`error_line`), after the user's frames when their code raised it, before a bug notice when
+    ms_accum's own code did; `--traceback` prints the whole stack instead of the user's frames (`failure.explain`)."""
     args = build_parser().parse_args(argv)
     # MindSpore's log: critical only, so an error stays one line (a graph that fails to compile also logs it as an
     # ERROR, with its C++ stack); set GLOG_v to see more.
@@ -64,13 +88,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                       file=sys.stderr)
             summary = {"train": train, "eval": evaluate, "verify": verify, "plan": plan}[args.command].run(args)
     except KeyboardInterrupt:
+        if wants_traceback(args):  # where it was stopped: a run that hangs is found this way
+            traceback.print_exc()
         print(f"ms-accum {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # noqa: BLE001  (every failure is one line)
+    except Exception as err:  # noqa: BLE001  (every failure ends in its one line)
         done = getattr(err, "summary", None)
         if args.json and done is not None:  # what the command did before it failed: the checkpoint `train` saved
             print(json.dumps(done))
-        print(f"ms-accum {args.command}: error: {error_line(err, args)}", file=sys.stderr)
+        print(explain(err, args), file=sys.stderr)
         return 1
     if args.json and summary is not None:
         print(json.dumps(summary))

@@ -8,6 +8,7 @@ from typing import Optional
 
 from .._choices import DEMO_FACTORIES, DEVICES
 from .._validation import door
+from ..deprecation import TABLE, removal, removed
 from .errors import CliError
 
 MODEL_NAMES = tuple(DEMO_FACTORIES)
@@ -49,6 +50,27 @@ class _OldSpelling(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         namespace.old_spellings = getattr(namespace, "old_spellings", []) + [option_string]
+
+
+class _Removed(argparse.Action):
+    """A flag the deprecation table lists as removed: given, it is argparse's error for that argument (exit 2), with
+    the table's line (`ms_accum.deprecation.removal`)."""
+
+    def __init__(self, option_strings, dest, key: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.key = key
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise argparse.ArgumentError(self, removal(self.key))
+
+
+def add_removed_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """A refusal (`_Removed`) for each flag of `command` that the deprecation table lists as removed
+    (``ms-accum <command> --flag``): argparse would only say the flag is not recognized."""
+    for key in TABLE:
+        words = key.split()
+        if len(words) == 3 and words[:2] == ["ms-accum", command] and removed(key):
+            parser.add_argument(words[2], action=_Removed, dest=argparse.SUPPRESS, key=key)
 
 
 def accumulate_schedule(text: str) -> dict:

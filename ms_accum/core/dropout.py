@@ -33,7 +33,11 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from .._mindspore import (DROPOUT_OP, RANDOM_EFFECT_ATTR, RANDOM_SEED_ATTRS, aot_primitive, dropout_op,
                           dropout_settings, mark_random, prim_attrs, primitives, random_functions)
+from ..deprecation import module_getattr
 from . import native
+
+# 0.3's seeding functions (seed_dropout, ...) fail with the deprecation table's line, naming the streams.
+__getattr__ = module_getattr(__name__)
 
 _GOLDEN = 0x9E3779B97F4A7C15  # SplitMix64's step: 2^64 / the golden ratio
 _MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)

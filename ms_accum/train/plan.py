@@ -17,6 +17,7 @@ from typing import Any, List, Optional
 
 from .._choices import DEMO_FACTORIES, DEVICES, REDUCTIONS, STRUCTURES
 from .._validation import ArgumentValueError, Aside, door
+from ..deprecation import removed_from
 
 
 def network_fingerprint(network: Any) -> dict:
@@ -57,6 +58,7 @@ def _describe(fingerprint: dict) -> str:
             f"{fingerprint['hash']})")
 
 
+@removed_from("ms_accum.train.Trial")  # accumulate_steps, as a keyword and an attribute
 @dataclass
 class Trial:
     """One fresh-process measurement: micro-batch `batch_size`, windows of `accumulate_step`, one `structure`.
@@ -74,6 +76,7 @@ class Trial:
         return self.peak_mib is not None and self.peak_mib <= budget_mib
 
 
+@removed_from("ms_accum.train.Plan")  # accumulate_steps, as a keyword and an attribute
 @dataclass
 class Plan:
     """

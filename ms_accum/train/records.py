@@ -9,7 +9,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor
 
+from ..deprecation import removed_from
 
+
+@removed_from("ms_accum.train.StepRecord")  # accumulate_steps, as a keyword and an attribute
 @dataclass
 class StepRecord:
     """One window: where it closed (`step`: windows closed so far, see `Position`), its loss (the sample- or
