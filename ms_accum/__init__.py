@@ -20,7 +20,7 @@ Importing ms_accum before `mindspore` caps oneDNN's CPU ISA on AVX-512 CPUs (`ms
 oneDNN's AVX-512 convolutions), which MindSpore reads only when its native libraries load; so the public names load on
 first use (PEP 562).
 """
-__version__ = "1.1.0"  # first: `ms_accum.deprecation` compares its table with it
+__version__ = "1.2.0"  # first: `ms_accum.deprecation` compares its table with it
 
 from ._mindspore import check_version as _check_version, installed_version as _installed_version  # noqa: E402
 

@@ -43,8 +43,8 @@ def _resolve(path: str):
 
 
 def test_the_version_is_one_and_pyproject_says_so():
-    assert ms_accum.__version__ == "1.1.0"
-    assert re.search(r'^version = "1\.1\.0"$', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert ms_accum.__version__ == "1.2.0"
+    assert re.search(r'^version = "1\.2\.0"$', (ROOT / "pyproject.toml").read_text(), re.M)
 
 
 @pytest.mark.parametrize("key", sorted(TABLE))
