@@ -4,19 +4,21 @@ The critical batch B_simple (`ms_accum.core.statistics.NoiseScale`) is small at 
 global batch well below it wastes optimizer steps, one well above it wastes samples. `AdaptiveK` is passed where a
 schedule goes (``train_process(mini_steps=AdaptiveK(2, 32))``): each window's K is decided when the window opens, as a
 schedule's is, from the run's smoothed estimate, so that K x the global micro-batch tracks `fraction` x B_simple
-within ``[k_min, k_max]``. `Controller` is one run's state of it, saved with every training-state file, so a resumed
-run decides as the uninterrupted one.
+within ``[k_min, k_max]``. `Controller` is one run's state of it, its `KPolicy` (`ms_accum.train.kpolicy`), saved with
+every training-state file, so a resumed run decides as the uninterrupted one.
 """
 from __future__ import annotations
 
 import json
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 from .._choices import LR_RULES
 from .._validation import (ADAPTIVE_OPTIONS, ArgumentTypeError, ArgumentValueError, adaptive_call,
                            check_positive_float, check_positive_int, check_value_in, door)
 from ..core.statistics import NoiseScale
+from .kpolicy import Described, KPolicy
+from .schedule import pairs_text
 
 MIN_WINDOWS = 32  # default `min_samples`: this many windows of k_min, to average before the first decision
 EVERY_WINDOWS = 8  # default `every`: this many windows of k_min between decisions
@@ -98,6 +100,16 @@ beta=0.99)
             raise ArgumentValueError("{beta:subject} must be a float in (0, 1), but got {value}.", value=beta)
         self.beta = float(beta)
 
+    @property
+    def scales_lr(self) -> bool:
+        """Whether the learning rate follows K (`KPolicy.scales_lr`): `lr_rule` is not ``"none"``."""
+        return self.lr_rule != "none"
+
+    def for_run(self, per_batch: int) -> "Controller":
+        """A run's policy of these settings (`KPolicy.for_run`), over global micro-batches of `per_batch` samples, with
+        its own noise-scale estimate."""
+        return Controller(self, per_batch, NoiseScale(self.beta))
+
     def settings(self, per_batch: int) -> str:
         """The settings a training state records, as JSON, for a run over global micro-batches of `per_batch` samples;
         a resumed run must give the same (`ms_accum.train.resume`)."""
@@ -110,10 +122,11 @@ beta=0.99)
         return adaptive_call(self._arguments())
 
 
-class Controller:
+class Controller(KPolicy):
     """
-    One run's `AdaptiveK`: K for each window that opens (``controller(samples)``, as a schedule is called), the
-    learning-rate factor for it, and what it has seen, saved with the training state.
+    One run's `AdaptiveK`, its `KPolicy`: K for each window that opens (`open_window`), the learning-rate factor for
+    it, and what it has seen, saved with the training state. Looking ahead (`peek`) knows K up to the next decision
+    point, and nothing beyond: what it decides there depends on the windows still to come.
 
     Args:
         adaptive (AdaptiveK): The settings.
@@ -128,8 +141,6 @@ class Controller:
             ``"weighted_mean"``: the noise scale's unit), not yet bias-corrected; `windows` taken into it.
     """
 
-    fixed = None  # as `AccumulationSchedule.fixed`: K changes
-
     def __init__(self, adaptive: AdaptiveK, per_batch: int, noise: NoiseScale) -> None:
         self.adaptive, self.per_batch, self.noise = adaptive, per_batch, noise
         self.min_samples = (MIN_WINDOWS * adaptive.k_min * per_batch if adaptive.min_samples is None
@@ -138,8 +149,28 @@ class Controller:
         self.k, self.next_decision, self.decisions = adaptive.k_min, self.min_samples, 0
         self.weight, self.windows = 0.0, 0
 
+    @property
+    def k_max(self) -> int:
+        """The largest K it may decide (`KPolicy.k_max`)."""
+        return self.adaptive.k_max
+
+    @property
+    def scales_lr(self) -> bool:
+        """Whether the learning rate follows K (`KPolicy.scales_lr`)."""
+        return self.adaptive.scales_lr
+
+    def peek(self, samples: int) -> Optional[int]:
+        """K of the window that opens after `samples` global samples consumed, if no decision is due before: the K
+        decided last; None from the next decision point on. Changes nothing."""
+        return self.k if samples < self.next_decision else None
+
     def __call__(self, samples: int) -> int:
-        """K for the window that opens after `samples` global samples consumed: decided anew when a decision is due."""
+        """`open_window`: calling a controller decides, unlike calling a schedule (look ahead with `peek`)."""
+        return self.open_window(samples)
+
+    def open_window(self, samples: int) -> int:
+        """K for the window that opens now, after `samples` global samples consumed: decided anew when a decision is
+        due."""
         if samples >= self.next_decision:
             self.k = self.target_k()
             self.decisions += 1
@@ -187,9 +218,11 @@ class Controller:
         return lr_factor(self.adaptive.lr_rule, k / self.adaptive.k_min, self.noise.value,
                          None if micro is None else self.adaptive.k_min * micro)
 
-    def global_batches(self, per_batch: int) -> str:
-        """What a training state records as the run's global batches: decided as it goes."""
-        return "adaptive"
+    def describe(self, per_batch: int, opened: Optional[Sequence[Tuple[int, int]]] = None) -> Described:
+        """What a checkpoint records of it (`KPolicy.describe`): K changes; its global batches, decided as the run
+        goes, are ``"adaptive"`` before it and where they changed after it; its settings."""
+        return {"accumulate_step": 0, "global_batches": "adaptive" if opened is None else pairs_text(opened),
+                "adaptive_k": self.adaptive.settings(per_batch)}
 
     def state(self) -> Dict[str, float]:
         """What a training state saves, to resume the decisions exactly."""

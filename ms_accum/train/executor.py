@@ -258,7 +258,9 @@ class GradientAccumulation:
         return run.finish(self.network)
 
     def _schedule(self, mini_steps: Union[ScheduleLike, AdaptiveK]) -> Union[AccumulationSchedule, AdaptiveK]:
-        """K as the run takes it: a schedule, or an `AdaptiveK` this executor can measure the noise scale for."""
+        """K as the run takes it, every kind of `mini_steps` normalised here, at the door: a schedule (a fixed K is
+        one), its own `KPolicy`, or an `AdaptiveK` this executor can measure the noise scale for, whose `for_run` makes
+        the run's (`ms_accum.train.kpolicy`)."""
         if not isinstance(mini_steps, AdaptiveK):
             return AccumulationSchedule(mini_steps, arg_name="mini_steps")
         check_adaptive(mini_steps, self.structure, self.buffer.reduction.name, self.statistics,

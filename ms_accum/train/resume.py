@@ -13,7 +13,8 @@ from mindspore import nn
 from .._validation import Adaptive, Layout, Message, Setting
 from ..core.dropout import is_random_state
 
-from .schedule import AccumulationSchedule, pairs_text
+from .kpolicy import KPolicy
+from .schedule import pairs_text
 from .windows import Position, _planned_windows
 from .checkpoint import CheckpointError, CheckpointWriteError, MetaValue, checkpoint_path, find_latest, \
     load_checkpoint, load_into, prune, save_checkpoint
@@ -44,8 +45,8 @@ class StateCheckpoints:
         save_every (int, optional): Save every this many optimizer steps; ``None`` saves nothing.
         keep_last (int, optional): Keep only the newest `keep_last` files. Default: ``None``, keep all.
         writes (bool): Whether this process writes (rank 0 in data parallel; every rank reads). Default: ``True``.
-        schedule (AccumulationSchedule, optional): The run's K; its global batches are in `run`, and where they changed
-            is saved too. Default: ``None``.
+        schedule (KPolicy, optional): The run's K, looked ahead at (`KPolicy.peek`) to compare a resumed schedule with
+            the saved one; its global batches are in `run`, and where they changed is saved too. Default: ``None``.
         file_format (str): ``"ckpt"`` or ``"safetensors"``, the files written; resuming reads either. Default:
             ``"ckpt"``.
     """
@@ -53,7 +54,7 @@ class StateCheckpoints:
     def __init__(self, state: nn.Cell, ckpt_dir: Optional[str], ckpt_name: str, run: Dict[str, MetaValue],
                  metadata: Optional[Dict[str, MetaValue]] = None, save_every: Optional[int] = None,
                  keep_last: Optional[int] = None, writes: bool = True,
-                 schedule: Optional[AccumulationSchedule] = None, file_format: str = "ckpt") -> None:
+                 schedule: Optional[KPolicy] = None, file_format: str = "ckpt") -> None:
         self.state, self.ckpt_dir, self.ckpt_name, self.run = state, ckpt_dir, ckpt_name, run
         self.schedule, self.file_format = schedule, file_format
         # Where K changed so far, [(samples consumed, global batch)] (all that older files recorded).
@@ -106,6 +107,8 @@ class StateCheckpoints:
         self.windows = _runs(meta.get("batch_windows", ""))
         position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
         position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
+        # Which comparison applies follows what the two runs recorded (older files included): settings decided from
+        # measurements are compared as settings; schedules, known ahead, by their global batches.
         if meta.get("adaptive_k", "") or self.run["adaptive_k"]:
             _check_adaptive(path, str(meta.get("adaptive_k", "")), saved["global_batches"], self.run["adaptive_k"])
         elif _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
@@ -139,10 +142,10 @@ class StateCheckpoints:
             self.windows.append([samples, batch, 1])
 
     def _ahead(self, epochs: int, position: Position) -> Callable[[], List[int]]:
-        """The global samples consumed at each window this run opens from `position` on (K evaluated at each, as the
-        run will), computed when asked."""
+        """The global samples consumed at each window this run opens from `position` on (K looked at in each, as the
+        run will decide it), computed when asked."""
         return lambda: [opened_at for _, _, opened_at in _planned_windows(
-            epochs, int(self.run["num_batches"]), self.schedule, _per_batch(self.run), position)]
+            epochs, int(self.run["num_batches"]), self.schedule, _per_batch(self.run), position) or ()]
 
     def _check_schedule(self, path: str, saved: str, ahead: Callable[[], List[int]]) -> None:
         """Refuses a resume whose global batch schedule differs from the saved run's, naming where: a callable is
@@ -158,7 +161,7 @@ class StateCheckpoints:
                 table = dict(_pairs(saved))
                 theirs.update((start, _at(table, start)) for start in ahead())
             points = sorted(theirs)
-            mine = {s: self.schedule(s) * _per_batch(self.run) for s in points}
+            mine = {s: self.schedule.peek(s) * _per_batch(self.run) for s in points}
             if saved == "callable" and points:
                 saved = (f"callable, evaluated as {pairs_text(_changes(theirs))} in the {len(points)} windows it "
                          f"opened up to {points[-1]} samples")

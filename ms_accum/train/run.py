@@ -18,12 +18,13 @@ from ..core.columns import check_columns
 from ..core.parallel import DataParallelInfo
 from ..core.statistics import NoiseScale
 from .distributed import check_same_on_all_ranks, gather_ints
-from .adaptive import AdaptiveK, Controller
+from .adaptive import AdaptiveK
+from .kpolicy import KPolicy
 from .lr import RunRate
 from .options import Checkpoints, GuardOptions, LogOptions, StatisticsOptions
 from .records import StepRecord, TrainResult, WindowFigures, WindowLog
 from .resume import Position, StateCheckpoints
-from .schedule import AccumulationSchedule, pairs_text
+from .schedule import AccumulationSchedule
 from .structures import Parts, WindowResult
 from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
@@ -44,8 +45,8 @@ class Run:
         guard (GuardOptions): The executor's, for a window that is not finite.
         statistics (StatisticsOptions): The executor's, for what is measured (the noise scale is the run's own).
         epoch, dataset, partial_window, checkpoints, log, validation: `train_process`'s arguments.
-        schedule (Union[AccumulationSchedule, AdaptiveK]): K, `train_process`'s `mini_steps`; an `AdaptiveK` is run by
-            the run's own `Controller` from its noise-scale estimate.
+        schedule (Union[AccumulationSchedule, AdaptiveK]): K, `train_process`'s `mini_steps`; the run holds its
+            `KPolicy` (`for_run`: a schedule itself, an `AdaptiveK` a `Controller` of its own noise-scale estimate).
     """
 
     def __init__(self, parts: Parts, state: nn.Cell, parallel: Optional[DataParallelInfo], guard: GuardOptions,
@@ -57,30 +58,29 @@ class Run:
         self.buffer = parts.buffer
         self.measured = statistics.measured  # whether the gradient norms are measured
         self.writes = parallel is None or parallel.is_main  # rank 0 alone prints and saves
-        adaptive = schedule if isinstance(schedule, AdaptiveK) else None
-        self.rate = RunRate(parts.optimizer, adaptive is not None and adaptive.lr_rule != "none")
-        # The run's own estimate (`ms_accum.core.statistics`), continued by its resumed runs (`start`); AdaptiveK
-        # decides from it, smoothed as it says.
-        self.noise_scale = (NoiseScale(adaptive.beta) if adaptive is not None else
-                            NoiseScale() if statistics.noise_scale else None)
-        self.epoch, self.dataset, self.schedule = epoch, dataset, schedule
+        # A rate that K would scale but cannot is refused first, before `_check` makes the checkpoints' directory.
+        self.rate = RunRate(parts.optimizer, schedule.scales_lr)
+        self.epoch, self.dataset = epoch, dataset
         self.partial_window, self.checkpoints = partial_window, checkpoints
         self.num_batches = self._check(checkpoints)
         # Global samples in one micro-batch of every rank; the ranks' micro-batches may differ in size.
         self.per_batch = (dataset.get_batch_size() if parallel is None else sum(gather_ints(dataset.get_batch_size())))
-        self.controller = None if adaptive is None else Controller(adaptive, self.per_batch, self.noise_scale)
-        if self.controller is not None:
-            self.schedule = schedule = self.controller  # K from here on comes from it, window by window
-        settings = {"accumulate_step": schedule.fixed or 0, "global_batches": schedule.global_batches(self.per_batch),
-                    "adaptive_k": "" if adaptive is None else adaptive.settings(self.per_batch),
-                    "partial_window": partial_window, "num_batches": self.num_batches,
+        # Every window's K, looked ahead at (`peek`) and decided (`open_window`) through one contract.
+        self.k: KPolicy = schedule.for_run(self.per_batch)
+        # The run's own estimate (`ms_accum.core.statistics`), continued by its resumed runs (`start`): the one K
+        # decides from, smoothed as it says, if it decides from one.
+        self.noise_scale = (self.k.noise if self.k.noise is not None else
+                            NoiseScale() if statistics.noise_scale else None)
+        settings = {**self.k.describe(self.per_batch), "partial_window": partial_window,
+                    "num_batches": self.num_batches,
                     "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
                     "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch}
         self.settings = settings
+        self._warn_long_k()
         given = checkpoints or Checkpoints()
         self.states = StateCheckpoints(state, None if checkpoints is None else os.fspath(given.directory),
                                        given.name, settings, given.metadata, given.save_every, given.keep_last,
-                                       self.writes, schedule, given.format)
+                                       self.writes, self.k, given.format)
         self.log = WindowLog(log.every, log.verbose and self.writes, log.on_step, guard.stop_on_nonfinite,
                              guard.loss_scaler is not None)
         self.position, self.result, self.largest, self.lr_scale = Position(), TrainResult(), 1, 1.0
@@ -102,13 +102,17 @@ class Run:
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
         if num_batches <= 0:
             raise ArgumentValueError("{train_dataset:subject} must not be empty, but it has no batches.")
-        if getattr(self.schedule, "fixed", None) is not None and self.schedule.fixed > num_batches:
+        return num_batches
+
+    def _warn_long_k(self) -> None:
+        """Warns of a fixed K above an epoch's batches: every window partial."""
+        fixed = self.settings["accumulate_step"]  # 0 when K changes
+        if fixed > self.num_batches:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
             warnings.warn(ArgumentWarning("{mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
                                           "window is partial and is {done} at the end of the epoch.",
-                                          k=self.schedule.fixed, batches=num_batches, done=done),
+                                          k=fixed, batches=self.num_batches, done=done),
                           stacklevel=5)  # this, Run, train_process, its door, the user
-        return num_batches
 
     def start(self) -> Iterator[Tuple[int, int, Iterator, int]]:
         """Resumes (if asked) and works out every window's K before anything trains (a callable's bad value fails
@@ -117,8 +121,7 @@ class Run:
         self.position, resumed_from = self.states.resume(resume, self.epoch)
         if self.noise_scale is not None:
             self.noise_scale.load(self.states.resumed)
-        if self.controller is not None:
-            self.controller.load(self.states.resumed)
+        self.k.load(self.states.resumed)
         if self.evaluator is not None:  # the best score so far, continued by resumed runs
             self.evaluator.best = float(self.states.resumed.get("best_score", math.nan))
             if not math.isnan(self.evaluator.best) and os.path.isfile(self._best_path()):
@@ -126,17 +129,16 @@ class Run:
         self.states.extra = self._extra
         if self.parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
-        if self.controller is not None:  # its windows are known only as they open: the last is the last batch's
-            self.largest, self.last_step = self.controller.adaptive.k_max, None
+        planned = _planned_windows(self.epoch, self.num_batches, self.k, self.per_batch, self.position)
+        if planned is None:  # some K is known only when its window opens: the run's last window is the last batch's
+            self.largest, self.last_step = self.k.k_max, None
         else:
-            planned = list(_planned_windows(self.epoch, self.num_batches, self.schedule, self.per_batch,
-                                            self.position))
             self.largest = max((k for k, _, _ in planned), default=1)
             # The run's last step, scored before `on_step` sees it: every window from here on but the dropped ones.
             self.last_step = self.position.step + sum(size == k or self.partial_window == "apply"
                                                       for k, size, _ in planned)
         if self.noise_scale is not None and self.parallel is None and self.largest == 1:
-            given = self.schedule.fixed or "a schedule that is 1 in every window of this run"
+            given = self.settings["accumulate_step"] or "a schedule that is 1 in every window of this run"
             raise ArgumentValueError("{mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
                                      "one rank: the noise scale compares the micro-batch's gradient with the "
                                      "window's, and with one micro-batch per window they are one batch size, but got "
@@ -145,7 +147,7 @@ class Run:
         self.result = TrainResult(dropped_windows=self.position.dropped_windows, resumed_from=resumed_from,
                                   skipped_windows=int(guard.skipped_windows.asnumpy()),
                                   skipped_micro_batches=int(guard.skipped_micro_batches.asnumpy()))
-        return _windows(self.dataset, self.epoch, self.num_batches, self.schedule, self.per_batch, self.position)
+        return _windows(self.dataset, self.epoch, self.num_batches, self.k, self.per_batch, self.position)
 
     def drop(self, window: Iterator) -> None:
         """A partial window dropped: read, not trained, so the data order stays the same."""
@@ -158,7 +160,7 @@ class Run:
         """A window of K opens after `opened_at` global samples."""
         self.states.window_opened(opened_at, k)
         # The factor AdaptiveK's rule puts on the rate, 1 otherwise; recorded when the window closes.
-        self.lr_scale = 1.0 if self.controller is None else self.controller.lr_scale(k)
+        self.lr_scale = self.k.lr_scale(k)
         self.rate.set(opened_at, self.lr_scale)
 
     def close(self, k: int, trained: WindowResult) -> bool:
@@ -174,8 +176,8 @@ class Run:
         return stop
 
     def _last(self) -> bool:
-        """Whether the window just closed is the run's last (one with AdaptiveK: the last batch read; a partial window
-        dropped after it leaves it unscored until `finish`)."""
+        """Whether the window just closed is the run's last (when K is not known ahead, as with AdaptiveK: the last
+        batch read; a partial window dropped after it leaves it unscored until `finish`)."""
         if self.last_step is not None:
             return self.position.step == self.last_step
         return self.position.epoch == self.epoch and self.position.batch == self.num_batches
@@ -197,8 +199,7 @@ class Run:
     def _extra(self) -> dict:
         """More of the run's state, saved with every training-state file."""
         extra = {} if self.noise_scale is None else self.noise_scale.state()
-        if self.controller is not None:
-            extra.update(self.controller.state())
+        extra.update(self.k.state())
         if self.evaluator is not None and not math.isnan(self.evaluator.best):
             extra["best_score"] = self.evaluator.best
         return extra
@@ -211,11 +212,11 @@ class Run:
             self._score(last)
         if self.checkpoints is not None and self.writes:
             given = self.checkpoints
-            meta = {"epoch": self.epoch, "step": self.position.step, "accumulate_step": self.schedule.fixed or 0,
-                    "global_batches": self.settings["global_batches"] if self.controller is None else
-                    pairs_text(self.states.history), **(given.metadata or {})}
-            if self.controller is not None:
-                meta["adaptive_k"] = self.settings["adaptive_k"]
+            described = self.k.describe(self.per_batch, self.states.history)
+            meta = {"epoch": self.epoch, "step": self.position.step, "accumulate_step": described["accumulate_step"],
+                    "global_batches": described["global_batches"], **(given.metadata or {})}
+            if described["adaptive_k"]:  # the settings K was decided by
+                meta["adaptive_k"] = described["adaptive_k"]
             path = os.path.join(os.fspath(given.directory), f"{given.name}.{given.format}")
             self.result.checkpoint = self.states.save(network, path, meta)
         return self.result
@@ -232,8 +233,7 @@ class Run:
         if self.noise_scale is not None and applied and window.has_two_batch_sizes():
             noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
                                             window.weight)
-            if self.controller is not None:
-                self.controller.observe(window.weight, len(trained.outputs))
+            self.k.observe(window.weight, len(trained.outputs))
         outliers = [position.batch - len(trained.outputs) + int(i) for i in window.left_out_indices]
         record = StepRecord(
             epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(trained.outputs),

@@ -11,16 +11,19 @@ every rank and every resume.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_positive_int, door
+from .kpolicy import Described, KPolicy
 
 ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
 
 
-class AccumulationSchedule:
+class AccumulationSchedule(KPolicy):
     """
-    K as a function of the global samples consumed: a constant, a ``{samples: K}`` dict or a callable.
+    K as a function of the global samples consumed: a constant, a ``{samples: K}`` dict or a callable. A pure one, as
+    the run looks ahead with it (`KPolicy`): a callable is evaluated at every window's opening before anything trains,
+    again when each opens, and where a resume compares it; each time it must give the same K.
 
     Args:
         schedule (Union[int, dict, Callable]): A fixed K; a dict whose keys, the samples consumed from which each K
@@ -71,6 +74,19 @@ class AccumulationSchedule:
             value = self._function(samples)
             return check_positive_int(value, f"{self.arg_name}({samples})")
         return next(k for start, k in reversed(self.table) if samples >= start)
+
+    def peek(self, samples: int) -> int:
+        """K for the window that opens after `samples` samples consumed (`__call__`)."""
+        return self(samples)
+
+    def open_window(self, samples: int) -> int:
+        """K for the window that opens now, after `samples` samples consumed: what `peek` says."""
+        return self(samples)
+
+    def describe(self, per_batch: int, opened: Optional[Sequence[Tuple[int, int]]] = None) -> Described:
+        """What a checkpoint records of it (`KPolicy.describe`): its fixed K or 0, its `global_batches`, known ahead
+        (`opened` adds nothing)."""
+        return {"accumulate_step": self.fixed or 0, "global_batches": self.global_batches(per_batch), "adaptive_k": ""}
 
     def global_batches(self, per_batch: int) -> str:
         """The table as ``samples:global_batch`` pairs for `per_batch` samples per micro-batch over all ranks, what a

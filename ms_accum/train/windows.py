@@ -1,17 +1,19 @@
 """Windows: which batches of which epoch form each window, and its K, the same in a fresh run and a resumed one.
 
-A window's K is decided when it opens, from the global samples consumed before it (`ms_accum.train.schedule`); an
-epoch's last window may be partial. Nothing here trains: the executor consumes the windows.
+A window's K is decided when it opens, from the global samples consumed before it (`KPolicy.open_window`); planned
+ahead, it is only looked at (`KPolicy.peek`). An epoch's last window may be partial. Nothing here trains: the executor
+consumes the windows.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Iterator, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from mindspore.dataset import Dataset
 
 from .._validation import door
+from .kpolicy import KPolicy
 from .schedule import AccumulationSchedule, ScheduleLike
 
 
@@ -40,13 +42,16 @@ def count_windows(num_batches: int, epochs: int, accumulate_step: ScheduleLike, 
                for k, size, _ in _planned_windows(epochs, num_batches, schedule, per_batch, Position()))
 
 
-def _epoch_windows(epoch: int, start: int, num_batches: int, schedule: AccumulationSchedule,
-                   per_batch: int) -> Iterator[Tuple[int, int, int]]:
-    """`(K, size, samples consumed when it opens)` of the windows of `epoch` from its batch `start` on; the last may be
-    partial (size < K)."""
+def _epoch_windows(epoch: int, start: int, num_batches: int, k_at: Callable[[int], Optional[int]],
+                   per_batch: int) -> Iterator[Tuple[Optional[int], int, int]]:
+    """`(K, size, samples consumed when it opens)` of the windows of `epoch` from its batch `start` on, K from `k_at`
+    at each opening; the last may be partial (size < K). A K of None (not known ahead) ends them: ``(None, 0, ...)``."""
     while start < num_batches:
         opened_at = _samples_read(epoch, start, num_batches, per_batch)
-        k = schedule(opened_at)
+        k = k_at(opened_at)
+        if k is None:
+            yield None, 0, opened_at
+            return
         size = min(k, num_batches - start)
         yield k, size, opened_at
         start += size
@@ -63,18 +68,26 @@ def _skipped(epoch: int, num_batches: int, position: Position) -> int:
     return num_batches if epoch < position.epoch else position.batch if epoch == position.epoch else 0
 
 
-def _planned_windows(epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
-                     position: Position) -> Iterator[Tuple[int, int, int]]:
+def _planned_windows(epochs: int, num_batches: int, policy: KPolicy, per_batch: int,
+                     position: Position) -> Optional[List[Tuple[int, int, int]]]:
     """`(K, size, samples consumed when it opens)` of every window a run opens from `position` on, as `_windows` opens
-    them, without reading data (a callable schedule is evaluated at each)."""
+    them, without reading data or deciding anything (`KPolicy.peek` at each: a callable schedule is evaluated there);
+    None if some window's K is not known ahead."""
+    planned = []
     for epoch in range(1, epochs + 1):
-        yield from _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches, schedule, per_batch)
+        for k, size, opened_at in _epoch_windows(epoch, _skipped(epoch, num_batches, position), num_batches,
+                                                 policy.peek, per_batch):
+            if k is None:
+                return None
+            planned.append((k, size, opened_at))
+    return planned
 
 
-def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: AccumulationSchedule, per_batch: int,
+def _windows(dataset: Dataset, epochs: int, num_batches: int, policy: KPolicy, per_batch: int,
              position: Position) -> Iterator[Tuple[int, int, Iterator, int]]:
     """`(K, size, micro-batches, samples consumed when it opens)` of each window, epoch by epoch (an epoch's last may
-    be partial: size < K), from `position` on. K comes from `schedule` when the window opens.
+    be partial: size < K), from `position` on. K is decided when the window opens (`KPolicy.open_window`), as the
+    caller asks for it: after the caller trained the window before.
 
     The micro-batches are read lazily: consume them before asking for the next window. `position.epoch` and
     `position.batch` follow the batches read. Batches before the position (a resumed run) are read but not yielded,
@@ -88,7 +101,7 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, schedule: Accumula
         batches = _EpochBatches(iterator, position)
         for _ in itertools.islice(batches, skip):
             pass
-        for k, size, opened_at in _epoch_windows(epoch, skip, num_batches, schedule, per_batch):
+        for k, size, opened_at in _epoch_windows(epoch, skip, num_batches, policy.open_window, per_batch):
             yield k, size, batches.window(size), opened_at
         for _ in batches:  # the end of the epoch, so the next one starts
             pass
