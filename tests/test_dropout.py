@@ -9,13 +9,16 @@ dtype; the gradients against a NumPy backward; the network left as given (classe
 recomputation and gradient caching drawing the forward's masks; the random ops it does not reach, named; two runs in
 fresh processes ending bit-identical, and a run killed mid-epoch and resumed ending as the uninterrupted one, in every
 structure (`fault_scripts/resume_worker.py` with DROPOUT); a state file of 0.3 resuming with fresh masks; and the
-peak memory of a dropout-heavy encoder's step against MindSpore's kernel (`memory_scripts/dropout.py`).
+peak memory of a dropout-heavy encoder's step against MindSpore's kernel (`memory_scripts/dropout.py`); and the kernel
+cache's faults in fresh processes (`fault_scripts/kernel_cache.py`): a bad file built again with the same masks, an
+unwritable cache and no compiler each said once (test_native.py checks the cache itself).
 """
 import json
 import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +28,7 @@ from mindspore import Tensor, nn, ops
 
 from ms_accum import GradientAccumulation
 from ms_accum._mindspore import DROPOUT_OP
+from ms_accum.core import native
 from ms_accum.core.dropout import DrawMarks, DropoutStreams, SeededDropout, splitmix64, uncovered_random_ops
 from ms_accum.train.checkpoint import list_checkpoints, load_checkpoint, load_into, save_checkpoint
 from ms_accum.train.options import QUIET, Checkpoints
@@ -348,24 +352,85 @@ def test_dropout_costs_less_memory_than_mindspores_kernel():
     assert window["peak"] <= plain["peak"] + 1.10 * plain["params"], (window, plain)
 
 
+CACHE_SCRIPT = os.path.join(HERE, "fault_scripts", "kernel_cache.py")
+
+
+def cache_run(cache, **env: str) -> dict:
+    """`fault_scripts/kernel_cache.py` (a short training with dropout) in a fresh process with `cache` as
+    MS_ACCUM_CACHE: its process must survive whatever the cache holds."""
+    done = subprocess.run([sys.executable, CACHE_SCRIPT], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GLOG_v": "3", native.CACHE_ENV: str(cache), **env})
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def clean_cache_run(tmp_path_factory):
+    """The run with a cache of its own, empty at first: the kernel built, recorded, loaded."""
+    cache = tmp_path_factory.mktemp("clean_cache")
+    run = cache_run(cache)
+    assert run["seeded"] == 2 and run["steps"] == 1 and run["warnings"] == [], run["warnings"]
+    return cache, run
+
+
+def bad_cache(clean: Path, cache: Path, fault: str) -> None:
+    """`cache` holding, at the name of the kernel's build for this machine, what `fault` says: the clean build cut
+    short (with a record of its bytes, as if renamed in with it: only loading it finds it out, and loading it kills
+    the process with SIGBUS), a text file (no record), or another library (with a record of its bytes)."""
+    name = next(p.name for p in clean.iterdir() if p.suffix == ".so")
+    cache.mkdir()
+    target = cache / name
+    if fault == "truncated":
+        data = (clean / name).read_bytes()
+        target.write_bytes(data[:len(data) // 3])
+    elif fault == "text":
+        target.write_text("not a library\n")
+    else:
+        subprocess.run([native.compiler("test"), *native.FLAGS, "-x", "c++", "-o", str(target), "-"],
+                       input='extern "C" int ms_accum_other() { return 0; }\n', text=True, check=True)
+    if fault != "text":
+        native.record(target, json.loads((clean / (name + native.RECORD_SUFFIX)).read_text())["key"])
+
+
+def native_build(cache: Path):
+    """The kernel's build in `cache` and its key, as `native.library` names them."""
+    name = next(p.name for p in cache.iterdir() if p.suffix == ".so")
+    return cache / name, json.loads((cache / (name + native.RECORD_SUFFIX)).read_text())["key"]
+
+
+# Two fresh processes of about 4 s each for the first (the clean run and the fault's); the others in make test-all.
+@pytest.mark.parametrize("fault", ["truncated", pytest.param("text", marks=pytest.mark.slow),
+                                   pytest.param("another library", marks=pytest.mark.slow)])
+def test_a_bad_kernel_in_the_cache_is_built_again_and_draws_the_same_masks(clean_cache_run, tmp_path, fault):
+    """A file at the kernel's name in the cache that is cut short, not a library or another library: before, the
+    first killed `GradientAccumulation(...)` with SIGBUS, the second raised ctypes' OSError. Now each is built again,
+    silently (the kernel is the same), and the run ends with the clean run's parameters exactly: the same masks."""
+    clean, expected = clean_cache_run
+    bad_cache(clean, tmp_path / "cache", fault)
+    run = cache_run(tmp_path / "cache")
+    assert run["seeded"] == 2 and run["warnings"] == [], run["warnings"]
+    assert run["params"] == expected["params"]
+    assert native.recorded(*native_build(tmp_path / "cache"))
+
+
+@pytest.mark.slow  # make test-all
+def test_an_unwritable_cache_builds_for_the_process_says_so_once_and_draws_the_same_masks(clean_cache_run,
+                                                                                          tmp_path):
+    """A cache that cannot be created (under a regular file: root writes through chmod): the kernel is built for
+    the process alone, one warning says so, and the masks are the clean run's."""
+    _, expected = clean_cache_run
+    (tmp_path / "a-file").write_text("")
+    run = cache_run(tmp_path / "a-file" / "cache")
+    assert run["seeded"] == 2 and run["params"] == expected["params"]
+    assert len(run["warnings"]) == 1 and "cannot write its kernel cache" in run["warnings"][0], run["warnings"]
+
+
 @pytest.mark.slow  # make test-all
 def test_without_a_compiler_the_network_keeps_mindspores_dropout_and_says_so(tmp_path):
-    """A machine with no C++ compiler (and no kernel built before) trains with MindSpore's dropout, after one warning
+    """A machine with no C++ compiler (none in CXX, none on PATH) trains with MindSpore's dropout, after one warning
     that says what is lost."""
-    code = ("import warnings, ms_accum\n"
-            "from mindspore import nn\n"
-            "from ms_accum import GradientAccumulation\n"
-            "ms_accum.set_device('CPU')\n"
-            "net = nn.SequentialCell([nn.Dense(4, 4), nn.Dropout(p=0.5)])\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    for _ in range(2):\n"
-            "        executor = GradientAccumulation(net, nn.MSELoss(), nn.SGD(net.trainable_params()))\n"
-            "print(len(executor.dropout), [str(w.message) for w in caught])\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "GLOG_v": "3", "CXX": "no-such-compiler",
-                               "MS_ACCUM_CACHE": str(tmp_path)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    count, messages = done.stdout.strip().splitlines()[-1].split(" ", 1)
-    assert count == "0" and messages.count("no C++ compiler found") == 1, messages
-    assert "nn.Dropout keeps MindSpore's kernel" in messages
+    run = cache_run(tmp_path, CXX="/nonexistent", PATH=os.path.dirname(sys.executable))
+    assert run["seeded"] == 0 and run["steps"] == 1
+    assert len(run["warnings"]) == 1, run["warnings"]  # not again at the second build, nor per nn.Dropout
+    assert "no C++ compiler found" in run["warnings"][0]
+    assert "nn.Dropout keeps MindSpore's kernel: runs may differ" in run["warnings"][0]

@@ -68,14 +68,24 @@ def op_seed(seed0: int, seed1: int) -> int:
 
 SLOTS = 1024  # dropout ops alive at once in a process: the kernel library's entry points (kernels/seeded_dropout.cc)
 _FREE = list(range(SLOTS - 1, -1, -1))  # slots no op holds, the lowest last (taken first)
+KERNEL = "seeded_dropout"  # kernels/seeded_dropout.cc
+ENTRIES = "".join(f"MS_ACCUM_ENTRY({slot})\n" for slot in range(SLOTS))  # the source appended to it
+# What this module and the primitives look up in the library: a library without them (another kernel's, renamed into
+# the cache) is built again rather than loaded.
+SYMBOLS = ("ms_accum_slot_set", "ms_accum_slot_offset", "SeededDropoutGrad", "SeededDropout0",
+           f"SeededDropout{SLOTS - 1}")
 
 
 @functools.lru_cache(maxsize=None)
 def _library() -> Tuple[str, ctypes.CDLL]:
     """The kernel library's path and, through ctypes, its slot functions (the same library MindSpore loads: a path
-    opened twice is one library)."""
-    path = native.library("seeded_dropout", "".join(f"MS_ACCUM_ENTRY({slot})\n" for slot in range(SLOTS)))
-    lib = ctypes.CDLL(path)
+    opened twice is one library).
+
+    Raises:
+        KernelBuildError: If it cannot be built or loaded here (`ms_accum.core.native.library`).
+    """
+    path = native.library(KERNEL, ENTRIES, SYMBOLS)
+    lib = native.load(path)
     lib.ms_accum_slot_set.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_double]
     lib.ms_accum_slot_offset.argtypes = [ctypes.c_int]
     lib.ms_accum_slot_offset.restype = ctypes.c_int64
@@ -363,11 +373,15 @@ def _random_calls(cls: type) -> List[str]:
 def uncovered_random_ops(network: nn.Cell, streams: DropoutStreams) -> List[str]:
     """What in `network` draws randomness that `streams` does not: a random primitive held by a Cell (``Dropout2D``,
     ``StandardNormal``, ...) or a MindSpore random function called in a Cell's `construct` (``ops.dropout``,
-    ``ops.uniform``, ...); one line per Cell, naming it and what it calls."""
+    ``ops.uniform``, ...); one line per Cell, naming it and what it calls. An `nn.Dropout` that the streams would
+    draw for on CPU but cannot, its kernel not built here, is left out: that was said once, with what is lost
+    (`kernel_available`)."""
+    said = {id(prim) for _, _, prim in _dropout_layers(network)} \
+        if ms.get_context("device_target") == "CPU" and not _built() else set()
     found = []
     for path, cell in network.cells_and_names():
         prims = [f"{attribute} ({type(value).__name__})" for attribute, value in primitives(cell).items()
-                 if not streams.covers(value) and _is_random_primitive(value)]
+                 if not streams.covers(value) and id(value) not in said and _is_random_primitive(value)]
         calls = _random_calls(type(cell))
         if prims or calls:
             what = ", ".join([*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)])
