@@ -385,6 +385,24 @@ def test_cli_train_under_msrun(tmp_path):
     assert log_lines(str(tmp_path / "logs"), 1) == []  # rank 1 prints nothing, not even the fallback notice
 
 
+@pytest.mark.slow  # make test-all
+@pytest.mark.distributed
+def test_a_refused_checkpoint_directory_ends_every_rank_each_saying_why(tmp_path):
+    # Rank 0 alone saves, yet every rank decides, and they share their verdicts before any waits in a collective:
+    # rank 1 refuses too, instead of waiting for rank 0 until msrun gives up (46-50 s), and each worker's log says why.
+    (tmp_path / "a_file").write_text("")
+    ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
+    code, _ = msrun(str(tmp_path / "logs"), ms_accum, "train", "--model", "mlp", "--accumulate-step", "2",
+                    "--batch-size", "32", "--num-samples", "256", "--synthetic-fallback", "--quiet",
+                    "--ckpt-dir", str(tmp_path / "a_file" / "ckpt"),
+                    env={"MS_ACCUM_MNIST": str(tmp_path / "nowhere" / "MNIST_Data")})
+    assert code != 0
+    for rank in range(WORKERS):
+        last = log_lines(str(tmp_path / "logs"), rank)[-1]
+        assert last.startswith("ms-accum train: error: ") and "--ckpt-dir" in last and last.endswith(
+            f"must be a writable directory, but '{tmp_path / 'a_file' / 'ckpt'}' cannot be created: Not a directory."), rank
+
+
 # --- Error paths, in this process (no launcher) ---
 
 @pytest.fixture

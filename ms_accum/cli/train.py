@@ -28,14 +28,16 @@ def run(args: argparse.Namespace) -> Optional[dict]:
     main = parallel is None or parallel.is_main
     import mindspore as ms
     from ..tools.planner import PeakMemory
+    from ..train.distributed import decided_together
     memory = PeakMemory()  # as the planner's trials count it, so a plan's prediction and a run compare
     ms.set_seed(args.seed)
     with during(f"reading the data of {args.model}"):
         job = (factory_job if factory else demo_job)(args, parallel, world)
     validation = _validation(args, job, world)
     executor = _executor(args, job, planned, world)
-    board = _tensorboard(args, job, main)
-    checkpoints = _checkpoints(args, job, world, main)
+    with door("ms-accum train"):  # rank 0 alone writes it, yet no rank waits for a rank 0 that refused
+        board = decided_together(lambda: _tensorboard(args, job, main), parallel, "the TensorBoard directory")
+    checkpoints = _checkpoints(args, job, parallel)
     label = f"{args.model}, K={_k_text(args)} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if job.synthetic else "") + ("" if parallel is None else f", {world} workers")
     with during(f"training on {job.reads}"):
@@ -129,15 +131,18 @@ def _executor(args: argparse.Namespace, job: Job, planned, world: int):
                                 shard_optimizer=args.shard_optimizer)
 
 
-def _checkpoints(args: argparse.Namespace, job: Job, world: int, main: bool):
+def _checkpoints(args: argparse.Namespace, job: Job, parallel):
     """Where and how often `train` saves, what it resumes from, and the settings its checkpoints record."""
     from .._validation import check_writable_dir
+    from ..train.distributed import decided_together
     from ..train.options import Checkpoints
-    # Created only now, once every argument was accepted: a refused run leaves no directory behind.
+    # Created only now, once every argument was accepted: a refused run leaves no directory behind. Every rank
+    # decides, so none waits in a collective for a rank 0 that refused (rank 0 alone saves).
     with door("ms-accum train"):
-        ckpt_dir = check_writable_dir(args.ckpt_dir, "--ckpt-dir") if main else args.ckpt_dir
+        ckpt_dir = decided_together(lambda: check_writable_dir(args.ckpt_dir, "--ckpt-dir"), parallel,
+                                    "the checkpoint directory")
     metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
-                "seed": args.seed, "world_size": world, **job.settings}
+                "seed": args.seed, "world_size": 1 if parallel is None else parallel.group_size, **job.settings}
     return Checkpoints(directory=ckpt_dir, name=job.ckpt_name, save_every=args.save_every, keep_last=args.keep_last,
                        metadata=metadata, resume=args.resume, format=args.ckpt_format)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional, TypeVar
 
 import numpy as np
 import mindspore as ms
@@ -16,7 +16,7 @@ from mindspore import nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 
 from .._mindspore import world_group
-from .._validation import ArgumentValueError, check_isinstance, door
+from .._validation import ArgumentValueError, MessageError, check_isinstance, door
 from ..core.parallel import DataParallelInfo
 
 # What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
@@ -117,6 +117,42 @@ def check_same_on_all_ranks(value: int, what: str) -> int:
         raise ArgumentValueError("{what} must be the same on every rank, but got {values} on ranks 0 to {value}.",
                                  what=what, values=values, value=len(values) - 1)
     return value
+
+
+T = TypeVar("T")
+
+
+def decided_together(check: Callable[[], T], parallel: Optional[DataParallelInfo], what: str) -> T:
+    """
+    Runs `check`, which decides whether the run may start, on every rank, and lets the ranks share their verdicts
+    (one small all-reduce) before any of them waits in a collective: all raise, or none does. A rank that refused
+    raises its own error, so every worker's log says why; one whose check passed while another's refused (a path
+    that differs between nodes) raises an error naming the ranks that refused. Stand-alone, `check` alone runs.
+
+    Args:
+        check (Callable[[], T]): Raises a `MessageError` (an argument, a checkpoint) to refuse the run.
+        parallel (DataParallelInfo, optional): This rank and the group's size; None stand-alone.
+        what (str): What `check` checks, for the message of the ranks that did not refuse.
+
+    Returns:
+        T, what `check` returned.
+
+    Raises:
+        MessageError: This rank's refusal, or a ValueError naming the ranks that refused.
+    """
+    if parallel is None:
+        return check()
+    try:
+        result, refused = check(), None
+    except MessageError as err:
+        result, refused = None, err
+    verdicts = gather_ints(int(refused is not None))
+    if refused is not None:
+        raise refused
+    if any(verdicts):
+        raise ArgumentValueError("{what} was refused on rank(s) {ranks}, whose log says why: no rank starts.",
+                                 what=what, ranks=[rank for rank, no in enumerate(verdicts) if no])
+    return result
 
 
 def gather_ints(value: int) -> List[int]:

@@ -17,7 +17,7 @@ from .._validation import (ArgumentValueError, ArgumentWarning, check_isinstance
 from ..core.columns import check_columns
 from ..core.parallel import DataParallelInfo
 from ..core.statistics import NoiseScale
-from .distributed import check_same_on_all_ranks, gather_ints
+from .distributed import check_same_on_all_ranks, decided_together, gather_ints
 from .adaptive import AdaptiveK
 from .kpolicy import KPolicy
 from .lr import RunRate
@@ -93,8 +93,9 @@ class Run:
         check_positive_int(self.epoch, "epoch")
         check_isinstance(self.dataset, "train_dataset", Dataset)
         check_value_in(self.partial_window, "partial_window", PARTIAL_WINDOWS)
-        if checkpoints is not None and self.writes:
-            check_writable_dir(checkpoints.directory, "directory")
+        if checkpoints is not None:  # rank 0 writes, yet every rank decides alike before any waits for it
+            decided_together(lambda: check_writable_dir(checkpoints.directory, "directory"), self.parallel,
+                             "the checkpoint directory")
         check_columns(self.state.network, self.dataset.get_col_names())
         num_batches = self.dataset.get_dataset_size()
         if self.parallel is not None:
@@ -118,7 +119,8 @@ class Run:
         """Resumes (if asked) and works out every window's K before anything trains (a callable's bad value fails
         here); returns the windows, `(K, size, micro-batches, samples consumed when it opens)`."""
         resume = None if self.checkpoints is None else self.checkpoints.resume
-        self.position, resumed_from = self.states.resume(resume, self.epoch)
+        self.position, resumed_from = decided_together(lambda: self.states.resume(resume, self.epoch), self.parallel,
+                                                       "the training state to resume from")
         if self.noise_scale is not None:
             self.noise_scale.load(self.states.resumed)
         self.k.load(self.states.resumed)
