@@ -213,7 +213,9 @@ def assert_trained_within(result, budget: float, tmp_path, way: str = "python") 
 
 
 @pytest.mark.slow  # make test-all
-@pytest.mark.parametrize("net, global_batch, small", [("conv_net", 64, 16), ("char_transformer", 32, 8)])
+# The char transformer alone: the conv net (64 of B=16) proved the same rule at twice the cost (318 s of CI's 30
+# minutes); `test_memory.py` still measures the conv net's activations against its B step.
+@pytest.mark.parametrize("net, global_batch, small", [("char_transformer", 32, 8)])
 def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, global_batch, small, tmp_path):
     # The activation-heavy demo networks (`ms_accum.demo.models`). The budget lets the fresh-process peak of B=small
     # (the memory-first structure) fit with the plan's headroom and 8 % to spare, and lies below the peak of B=2*small,
