@@ -217,12 +217,10 @@ def assert_trained_within(result, budget: float, tmp_path, way: str = "python") 
 # minutes); `test_memory.py` still measures the conv net's activations against its B step.
 @pytest.mark.parametrize("net, global_batch, small", [("char_transformer", 32, 8)])
 def test_plan_takes_the_largest_micro_batch_that_fits_the_budget_with_its_headroom(net, global_batch, small, tmp_path):
-    # The activation-heavy demo networks (`ms_accum.demo.models`). The budget lets the fresh-process peak of B=small
+    # An activation-heavy demo network (`ms_accum.demo.models`). The budget lets the fresh-process peak of B=small
     # (the memory-first structure) fit with the plan's headroom and 8 % to spare, and lies below the peak of B=2*small,
-    # so the plan must take B=small, K=4. The spare covers the plan measuring B=small again: two fresh processes of the
-    # conv net's B=8 peaked at 299 and 313 MiB in one CI run (4 % spare failed there). The conv net is planned at B=16
-    # of 64: its B=8 and B=16 peaks differed by 1.19x to 1.23x, too close for the 1.2x that headroom and spare take
-    # (a CI run failed); B=16 and B=32 differ by 1.36x.
+    # so the plan must take B=small, K=4. The spare covers the plan measuring B=small again (two fresh processes of one
+    # configuration peaked 4 % apart in one CI run).
     spec = f"ms_accum.demo.models:{net}"
     reduction = "mean" if net == "conv_net" else "weighted_mean"
     large = 2 * small
