@@ -68,12 +68,13 @@ def shape_matches(shape, expected) -> bool:
 @_accumulate_op.register("Tensor", "Tensor")
 def _accumulate_dense(grad_sum, grad):
     # In the buffer's dtype: a half-precision gradient is summed in float32 (a cast to the same dtype is a no-op).
-    return ops.assign_add(grad_sum, ops.cast(grad, ops.dtype(grad_sum)))
+    # For its effect alone, as every Assign here (docs/mindspore.md, Assign's return value).
+    ops.assign_add(grad_sum, ops.cast(grad, ops.dtype(grad_sum)))
 
 
 @_accumulate_op.register("Tensor", "RowTensor")
 def _accumulate_row_tensor(grad_sum, grad):
-    return ops.assign_add(grad_sum, ops.cast(_densify(grad), ops.dtype(grad_sum)))
+    ops.assign_add(grad_sum, ops.cast(_densify(grad), ops.dtype(grad_sum)))
 
 
 @_weigh_op.register("None", "Tensor")
@@ -109,13 +110,13 @@ def _scale_in_place(scale, grad):
 @_zero_in_place_op.register("Tensor")
 def _zero_in_place(grad_sum):
     # x - x is exactly 0 for finite x, in place in both modes; inf or nan become nan, see clear_window.
-    return ops.assign_sub(grad_sum, grad_sum)
+    ops.assign_sub(grad_sum, grad_sum)
 
 
 @_clear_op.register("Tensor")
 def _clear(grad_sum):
     # A broadcast zero copied in place: no all-zeros tuple as MindSpore's documentation keeps, no `zeros_like`.
-    return grad_sum.copy_(ops.zeros((1,), grad_sum.dtype))
+    grad_sum.copy_(ops.zeros((1,), grad_sum.dtype))
 
 
 @_finite_probe_op.register("Tensor")
@@ -126,14 +127,16 @@ def _finite_probe(grad_sum):
 def _counted(micro_batch_count, num_samples, weight):
     """Count one micro-batch of float32 `weight` into the window; returns the micro-batches in it."""
     ops.assign_add(num_samples, weight)
-    return ops.assign_add(micro_batch_count, ops.ones((), ms.int32))
+    ops.assign_add(micro_batch_count, ops.ones((), ms.int32))
+    # Read after the write: graph mode's auto-monad orders a read of a Parameter after the writes before it.
+    return micro_batch_count
 
 
 def accumulate(grad_sum, micro_batch_count, num_samples, grads, weight):
     """Add one micro-batch's `grads`, which already carry its weight, and count `weight`; returns the micro-batches
     in the window."""
-    done = _reverse_map(_accumulate_op, grad_sum, grads)
-    return _counted(micro_batch_count, num_samples, ops.depend(ops.cast(weight, ms.float32), done))
+    _reverse_map(_accumulate_op, grad_sum, grads)
+    return _counted(micro_batch_count, num_samples, ops.cast(weight, ms.float32))
 
 
 def accumulate_unless_left_out(grad_sum, micro_batch_count, num_samples, grads, weight):
@@ -144,7 +147,7 @@ def accumulate_unless_left_out(grad_sum, micro_batch_count, num_samples, grads, 
     (docs/mindspore.md, masking a gradient).
     """
     if weight > 0:
-        weight = ops.depend(weight, _reverse_map(_accumulate_op, grad_sum, grads))
+        _reverse_map(_accumulate_op, grad_sum, grads)
     return _counted(micro_batch_count, num_samples, ops.cast(weight, ms.float32))
 
 
@@ -342,7 +345,8 @@ def window_grads(grad_sum, divisor, clip_norm, statistics):
 
 @_assign_op.register("Tensor", "Tensor")
 def _assign(param, value):
-    return ops.assign(param, value)
+    ops.assign(param, value)
+    return value  # what the Parameter now holds
 
 
 @ms.jit_class
@@ -385,31 +389,36 @@ def sums_finite(tensors):
 
 
 def zero_finite(grad_sum):
-    """Zero a buffer known to be finite: subtracting it from itself needs no temporary (inf or nan would stay nan)."""
-    return _hyper_map(_zero_in_place_op, grad_sum)
+    """Zero a buffer known to be finite, in place: subtracting it from itself needs no temporary (inf or nan would
+    stay nan)."""
+    _hyper_map(_zero_in_place_op, grad_sum)
 
 
 def zero_any(grad_sum):
-    """Zero a buffer that may hold inf or nan: a broadcast zero copied in, which costs a temporary per tensor."""
-    return _hyper_map(_clear_op, grad_sum)
+    """Zero a buffer that may hold inf or nan, in place: a broadcast zero copied in, which costs a temporary per
+    tensor."""
+    _hyper_map(_clear_op, grad_sum)
 
 
-def zero_counters(done, counters):
-    """Zero the float32 `counters` and return an int32 zero, after `done` (the buffer's zeroing)."""
-    zero = ops.depend(ops.zeros((), ms.int32), done)
+def zero_counters(counters):
+    """Zero the scalar `counters` (int32 or float32) in place."""
     for counter in counters:
-        ops.assign(counter, ops.cast(zero, ms.float32))
-    return zero
+        ops.assign(counter, ops.zeros((), ops.dtype(counter)))
 
 
 def clear_window(grad_sum, micro_batch_count, counters):
-    """Zero the buffer, whatever it holds, the float32 `counters` and `micro_batch_count`: the window is closed.
+    """Zero the buffer, whatever it holds, `micro_batch_count` and the other scalar `counters`: the window is closed.
+    Returns `micro_batch_count` (0), read after its write.
 
     Subtracting the buffer from itself zeroes every finite value; a buffer that held inf or nan then sums to nan
     and is overwritten with zeros. The test is a tensor `if` (docs/structures.md: a graph with control flow costs
-    more per call), so a window closed by the optimizer step, which knows whether it was finite, avoids it.
+    more per call), so a window closed by the optimizer step, which knows whether it was finite, avoids it. The test
+    reads the buffer's Parameters after the subtraction, which auto-monad orders after it; no copy is made.
     """
-    done = zero_finite(grad_sum)
-    if not sums_finite(done):
-        done = zero_any(grad_sum)
-    return ops.assign(micro_batch_count, zero_counters(done, counters))
+    zero_finite(grad_sum)
+    if not sums_finite(grad_sum):
+        zero_any(grad_sum)
+    zero_counters((micro_batch_count,) + counters)
+    # A value, not None: MindSpore turns a None returned after a tensor `if` into a Python call at run time
+    # (a PyExecute kernel).
+    return micro_batch_count

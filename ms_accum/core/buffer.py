@@ -335,7 +335,8 @@ class AccumulationBuffer:
     def step(self, optimizer):
         """Steps `optimizer` on the gradient `check` left in the buffer and closes the window; returns the
         micro-batch count (0)."""
-        return self._closed(self._step(optimizer, self.grad_sum))
+        self._step(optimizer, self.grad_sum)
+        return self._closed()
 
     def step_part(self, optimizer, grads, others):
         """`step` for a rank that owns part of the parameters (`ms_accum.train.sharding`): `optimizer`, built over
@@ -343,17 +344,20 @@ class AccumulationBuffer:
         are zeroed for the gather (each then all-reduced to its owner's value: x + 0 = x, exactly), and the window is
         closed."""
         optimizer(grads)
-        return self._closed((_ops.zero_finite(others), _ops.zero_finite(self.grad_sum)))
+        _ops.zero_finite(others)
+        _ops.zero_finite(self.grad_sum)
+        return self._closed()
 
     def _step(self, optimizer, grads):
         # An applied window is finite, so subtracting the buffer from itself zeroes it with no temporary.
         optimizer(self.to_params(grads))
-        return _ops.zero_finite(self.grad_sum)
+        _ops.zero_finite(self.grad_sum)
 
-    def _closed(self, done):
-        """The counters zeroed after `done` (the buffer's zeroing): the window is closed."""
-        return ops.assign(self.micro_batch_count,
-                          _ops.zero_counters(done, (self.num_samples, self.guard.window_bad)))
+    def _closed(self):
+        """Zeroes the window's counters: it is closed. Returns the micro-batch count (0), the Parameter read after its
+        write (docs/mindspore.md, Assign's return value)."""
+        _ops.zero_counters((self.micro_batch_count, self.num_samples, self.guard.window_bad))
+        return self.micro_batch_count
 
     def apply(self, optimizer, clip_norm):
         """`check`, and `optimizer` on the window if it may be applied; the window stays open until `clear`.
@@ -378,8 +382,8 @@ class AccumulationBuffer:
         """
         grads, applied = self._window(clip_norm)
         if applied:
-            done = self._step(optimizer, grads)
+            self._step(optimizer, grads)
         else:
-            done = _ops.zero_any(self.grad_sum)
-        self._closed(done)
+            _ops.zero_any(self.grad_sum)
+        self._closed()
         return applied

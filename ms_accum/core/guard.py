@@ -72,17 +72,14 @@ def _no_loss(loss, weight, window_bad):
 
 
 @_mark_bad_loss_op.register("Tensor", "Tensor", "Tensor")
+@_mark_bad_loss_op.register("Tensor", "Number", "Tensor")
 def _mark_bad_loss(loss, weight, window_bad):
     # `loss - loss` is 0 for a finite loss and nan for any other: one kernel where counting took three (IsFinite,
-    # LogicalNot, Cast), and a window marked nan is ruled out by `_KeepAll.spoiled`.
-    return ops.depend(weight, ops.assign_add(window_bad, ops.cast(loss - loss, ms.float32)))
-
-
-@_mark_bad_loss_op.register("Tensor", "Number", "Tensor")
-def _mark_bad_loss_constant_weight(loss, weight, window_bad):
-    # Made a tensor before the Depend, a constant weight stays a compile-time constant; a Python number passed through
-    # the Depend cost two kernels a call (ScalarToTensor and Cast).
-    return _mark_bad_loss(loss, ops.scalar_to_tensor(weight, ms.float32), window_bad)
+    # LogicalNot, Cast), and a window marked nan is ruled out by `_KeepAll.spoiled`. The weight is returned as it
+    # came, not through a Depend on the count: a constant weight stays a compile-time constant (passed through a
+    # Depend, a Python number cost two kernels a call, ScalarToTensor and Cast).
+    ops.assign_add(window_bad, ops.cast(loss - loss, ms.float32))
+    return weight
 
 
 @ms.jit_class
@@ -179,9 +176,9 @@ class _DropNonFinite:
     def __call__(self, loss, grads, weight, window_bad, skipped_micro_batches):
         finite = ops.logical_and(amp.all_finite(grads), ops.isfinite(loss).all())
         bad = ops.logical_and(ops.logical_not(finite), weight > 0)
-        counted = ops.depend(ops.assign_add(window_bad, ops.cast(bad, ms.float32)),
-                             ops.assign_add(skipped_micro_batches, ops.cast(bad, ms.int32)))
-        return grads, ops.depend(weight * ops.cast(finite, ms.float32), counted)
+        ops.assign_add(window_bad, ops.cast(bad, ms.float32))
+        ops.assign_add(skipped_micro_batches, ops.cast(bad, ms.int32))
+        return grads, weight * ops.cast(finite, ms.float32)
 
     def spoiled(self, bad, seen):
         return bad >= seen  # only when no micro-batch is left
@@ -263,7 +260,6 @@ class WindowGuard:
         """
         bad, seen = reducer.totals(self.window_bad, ops.cast(micro_batches, ms.float32))
         apply = ops.logical_and(self.window_finite(grads, sq_norm), ops.logical_not(self.filter.spoiled(bad, seen)))
+        ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
         # Every result is used (docs/mindspore.md, discarded results of functions with side effects).
-        adjusted = self.scaling.adjust(apply, bad)
-        counted = ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))
-        return ops.depend(ops.depend(apply, adjusted), counted)
+        return ops.depend(apply, self.scaling.adjust(apply, bad))

@@ -25,7 +25,7 @@ _all_reduce_op = ops.MultitypeFuncGraph("ms_accum_all_reduce")
 
 @_all_reduce_op.register("Function", "Tensor")
 def _all_reduce_in_place(all_reduce, grad_sum):
-    return ops.assign(grad_sum, all_reduce(grad_sum))
+    ops.assign(grad_sum, all_reduce(grad_sum))  # for its effect (docs/mindspore.md, Assign's return value)
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,9 @@ class AllReduceSums:
         - **num_samples** (Tensor) - float32 scalar, this rank's samples (or micro-batches) in the window.
 
     Outputs:
-        Tuple of (tuple[Tensor], Tensor): the buffer and the sample count summed over the ranks. The buffer's
-        Parameters hold the sums too, so a graph launched afterwards (`TrainOptim` after `TrainForwardBackward`'s
-        windows, say) reads the global window.
+        Tuple of (tuple[Tensor], Tensor): the buffer's Parameters, which now hold the sums over the ranks (so a graph
+        launched afterwards, `TrainOptim` after `TrainForwardBackward`'s windows say, reads the global window), and
+        the sample count summed over the ranks.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -150,7 +150,9 @@ class AllReduceSums:
         self.sum_divisor = sum_divisor(self.group)
 
     def __call__(self, grad_sum, num_samples):
-        return _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum), self.all_reduce(num_samples)
+        _hyper_map(ops.partial(_all_reduce_op, self.all_reduce), grad_sum)
+        # The buffer's Parameters, read after the writes: auto-monad orders them.
+        return grad_sum, self.all_reduce(num_samples)
 
     def total(self, value):
         """float32 `value` summed over the ranks (window counters every rank must agree on)."""
@@ -192,10 +194,8 @@ class InPlaceAllReduce(nn.Cell):
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, world_group() if group is None else group)
 
     def construct(self, *tensors):
-        done = []
         for tensor in tensors:
-            done.append(ops.assign(tensor, self.all_reduce(tensor)))
-        return tuple(done)
+            ops.assign(tensor, self.all_reduce(tensor))
 
 
 def in_buckets(tensors: Sequence, cap: int = BUCKET_BYTES) -> List[tuple]:

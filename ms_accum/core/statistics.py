@@ -97,7 +97,8 @@ class Statistics(NoStatistics):
 
     def window(self, grads):
         sq_norm = _ops.squared_norm(grads)
-        return ops.depend(grads, ops.assign(self.window_sq_norm, sq_norm)), sq_norm
+        ops.assign(self.window_sq_norm, sq_norm)
+        return grads, sq_norm
 
     def parameters(self) -> list:
         return [self.window_sq_norm]
@@ -151,11 +152,14 @@ class OutlierFilter(Statistics):
         rate = ops.maximum(1.0 / (self.seen + 1.0), 1.0 - OUTLIER_BETA)
         mean = self.mean + rate * deviation
         var = (1.0 - rate) * (self.var + rate * deviation * deviation)
-        updated = ops.depend(ops.depend(ops.assign(self.mean, ops.select(take, mean, self.mean)),
-                                        ops.assign(self.var, ops.select(take, var, self.var))),
-                             ops.assign_add(self.seen, ops.cast(take, ms.float32)))
-        counted = ops.assign_add(self.skipped, ops.cast(outlier, ms.int32))
-        left_out = ops.depend(ops.depend(ops.cast(outlier, ms.float32), updated), counted)
+        # Both read before either is written: read after the mean's write, the variance was copied (a TensorMove
+        # kernel per read; docs/mindspore.md, Assign's return value).
+        mean, var = ops.select(take, mean, self.mean), ops.select(take, var, self.var)
+        ops.assign(self.mean, mean)
+        ops.assign(self.var, var)
+        ops.assign_add(self.seen, ops.cast(take, ms.float32))
+        ops.assign_add(self.skipped, ops.cast(outlier, ms.int32))
+        left_out = ops.cast(outlier, ms.float32)
         # Left out whole: it weighs nothing, so the buffer adds none of its gradient, and its loss, an infinite one
         # too, is no concern of the guard's.
         loss = ops.select(keep, loss, ops.zeros_like(loss))
