@@ -128,8 +128,9 @@ class Message:
 
 # The fields that say what a setting must be to be left out (`Words.unset`).
 UNSET = {"_none": None, "_false": False}
-# How an argument field says its argument (``{@name:spec}``, or an `Argument` value's field).
-REFERENCES = ("", "subject", "plain")
+# How an argument field says its argument, by its spec (``{@name:spec}``, or an `Argument` value's field): the
+# `Words` method that says it.
+REFERENCES = {"": "name", "subject": "subject", "plain": "plain"}
 
 
 def _parts(template: str) -> list:
@@ -169,8 +170,8 @@ def _check(template: str, values: dict) -> None:
 
 
 def _reference(words: Words, name: str, spec: str) -> str:
-    """The argument `name` in `words`, as `spec` asks (`REFERENCES`)."""
-    return words.subject(name) if spec == "subject" else words.plain(name) if spec == "plain" else words.name(name)
+    """The argument `name` in `words`, as `spec` asks (`REFERENCES`; another spec is a KeyError)."""
+    return getattr(words, REFERENCES[spec])(name)
 
 
 def _rebuilt(kind: type, args: tuple) -> "Message":
