@@ -35,6 +35,10 @@ class Words:
         """The argument `name` as the subject of a sentence."""
         return f"the argument {self.name(name)}"
 
+    def plain(self, name: str) -> str:
+        """The argument `name` unquoted, as prose names it."""
+        return name
+
     def setting(self, name: str, value: Any) -> str:
         """The argument `name` given `value`."""
         return f"{name}={value!r}"
@@ -61,64 +65,118 @@ LIBRARY = Words()
 
 class Message:
     """
-    Text as data: a `template` whose fields name arguments, rendered by `render` in a reader's `Words`. A field is
+    Text as data: a `template` whose fields name arguments or hold values, rendered by `render` in a reader's `Words`.
+    A field's form says which it is:
 
-    - ``{name}``: a reference to the argument `name` (``{name:subject}``: as a sentence's subject, "the argument ...";
-      ``{name:name}``: a reference even when `name` has a value, for ``{name=}``);
-    - ``{name=}``: the argument `name` set to ``values[name]``;
+    - ``{@name}``: the argument `name`, quoted (``{@name:subject}``: as a sentence's subject, "the argument ...";
+      ``{@name:plain}``: unquoted, as prose names a flag); it takes no value;
+    - ``{name=}``: the argument `name` set to the value ``values[name]``;
     - ``{key}``, ``{key!r}``, ``{key:spec}``: the value ``values[key]``, formatted; a value with a ``render(words)``
-      method (another message, a `Layout`) is rendered in the same words;
+      method (another message, a `Layout`) is rendered in the same words, an `Argument` (an argument named only at run
+      time) as an argument field with the same spec;
     - ``{_none}``, ``{_false}``: what a setting must be to be left out ("be None", "be False"; the command line
-      says "not be given").
+      says "not be given"); they take no value.
 
-    So a message's wording can change freely: no reader parses it (the command line renders the same data).
+    So a message's wording can change freely: no reader parses it (the command line renders the same data). The
+    template is checked as the message is built: a field of another form, a value field without a value, or a value
+    that no field uses is a `TypeError`, a bug in ms_accum (tests/test_messages.py checks every template).
     """
 
     def __init__(self, template: str, **values: Any) -> None:
         self.template, self.values = template, values
+        _check(template, values)
+
+    def __reduce__(self) -> tuple:
+        # An exception pickles as its class called with `args` (the bare template, which the check refuses): rebuilt
+        # from its state instead, so an error crosses a process boundary whole.
+        return _rebuilt, (type(self), getattr(self, "args", ())), self.__dict__
 
     @property
     def arguments(self) -> Tuple[str, ...]:
         """The arguments the message is about, in the order it names them."""
-        named = (self._named(field, spec) for _, field, spec, _ in self._parts() if field is not None)
+        named = (self._named(field) for _, field, _, _ in _parts(self.template) if field is not None)
         return tuple(dict.fromkeys(name for name in named if name is not None))
 
     def render(self, words: Words = LIBRARY) -> str:
         """The message in `words` (the library's by default)."""
         return "".join(literal + ("" if field is None else self._field(field, spec, conversion, words))
-                       for literal, field, spec, conversion in self._parts())
+                       for literal, field, spec, conversion in _parts(self.template))
 
-    def _parts(self) -> list:
-        """The template's (literal, field, spec, conversion) parts; a template that does not parse is said as it is."""
-        try:
-            return list(string.Formatter().parse(self.template))
-        except ValueError:
-            return [(self.template, None, None, None)]
-
-    def _named(self, field: str, spec: str) -> Optional[str]:
+    def _named(self, field: str) -> Optional[str]:
         """The argument `field` names, if it names one."""
-        value = self.values.get(field)
+        if field.startswith("@"):
+            return field[1:]
         if field.endswith("="):
             return field[:-1]
-        if isinstance(value, (Argument, Setting)):
-            return value.name
-        if field.startswith("_"):
-            return None
-        return field if field not in self.values or spec in ("name", "subject") else None
+        value = self.values.get(field)
+        return value.name if isinstance(value, (Argument, Setting)) else None
 
     def _field(self, field: str, spec: str, conversion: Optional[str], words: Words) -> str:
-        if field in ("_none", "_false"):
-            return words.unset(None if field == "_none" else False)
+        if field in UNSET:
+            return words.unset(UNSET[field])
+        if field.startswith("@"):
+            return _reference(words, field[1:], spec)
         if field.endswith("="):
             return words.setting(field[:-1], self.values[field[:-1]])
-        value = self.values.get(field)
+        value = self.values[field]
         if isinstance(value, Argument):
             return value.render(words, spec)
-        if field not in self.values or spec in ("name", "subject"):  # a value may be an argument's too: {x=}
-            return words.subject(field) if spec == "subject" else words.name(field)
         if hasattr(value, "render"):
             return value.render(words)
         return format(repr(value) if conversion == "r" else value, spec)
+
+
+# The fields that say what a setting must be to be left out (`Words.unset`).
+UNSET = {"_none": None, "_false": False}
+# How an argument field says its argument, by its spec (``{@name:spec}``, or an `Argument` value's field): the
+# `Words` method that says it.
+REFERENCES = {"": "name", "subject": "subject", "plain": "plain"}
+
+
+def _parts(template: str) -> list:
+    """The template's (literal, field, spec, conversion) parts."""
+    return list(string.Formatter().parse(template))
+
+
+def _check(template: str, values: dict) -> None:
+    """Refuses a template whose fields and `values` do not match (`Message`): a bug in ms_accum, so a `TypeError` that
+    names the template, found by tests rather than by a user reading a garbled message."""
+    try:
+        parts = _parts(template)
+    except ValueError as err:
+        raise TypeError(f"The message template {template!r} does not parse: {err}.") from None
+    used, bad = set(), []
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        if field.startswith("@"):  # (the name, whether spec and conversion fit the form, whether it takes a value)
+            name, fits, valued = field[1:], spec in REFERENCES and not conversion, False
+        elif field in UNSET:
+            name, fits, valued = field[1:], not spec and not conversion, False
+        elif field.endswith("="):
+            name, fits, valued = field[:-1], not spec and not conversion, True
+        else:
+            name, fits, valued = field, conversion in (None, "r") and "{" not in spec, True
+        if not (name.isidentifier() and fits):
+            bad.append(repr(field))
+        elif valued:
+            used.add(name)
+    missing, unused = sorted(used - set(values)), sorted(set(values) - used)
+    if bad or missing or unused:
+        said = [f"{what}: {', '.join(names)}" for what, names in (("fields of no known form", bad),
+                                                                  ("fields without a value", missing),
+                                                                  ("values no field uses", unused)) if names]
+        raise TypeError(f"The message template {template!r} does not fit its values: {'; '.join(said)}.")
+
+
+def _reference(words: Words, name: str, spec: str) -> str:
+    """The argument `name` in `words`, as `spec` asks (`REFERENCES`; another spec is a KeyError)."""
+    return getattr(words, REFERENCES[spec])(name)
+
+
+def _rebuilt(kind: type, args: tuple) -> "Message":
+    """An instance of `kind` with its exception `args`, its state to be restored by pickle (`Message.__reduce__`)."""
+    return kind.__new__(kind, *args)
 
 
 class Argument:
@@ -128,7 +186,7 @@ class Argument:
         self.name = name
 
     def render(self, words: Words, spec: str = "") -> str:
-        return words.subject(self.name) if spec == "subject" else words.name(self.name)
+        return _reference(words, self.name, spec)
 
 
 class Setting:
@@ -233,7 +291,7 @@ class NoBatchError(ArgumentValueError):
     so a caller can say which batch size would do."""
 
     def __init__(self, template: str, samples: Optional[int], **values: Any) -> None:
-        super().__init__(template, samples=samples, **values)
+        super().__init__(template, **values)
         self.samples = samples
 
 

@@ -567,9 +567,9 @@ def test_a_reworded_library_message_is_followed_by_the_command_line(files, tmp_p
 
     def reworded(reduction, policy, statistics, noise_scale, skip_outliers):
         if skip_outliers is not None:
-            raise ArgumentValueError("a reworded refusal: {structure=} leaves out nothing, so {skip_outliers} ({z}) "
-                                     "must {_none}; {resume=} is fine.", structure="cached", z=skip_outliers,
-                                     resume=True)
+            raise ArgumentValueError("a reworded refusal: {structure=} leaves out nothing, so {@skip_outliers} "
+                                     "({skip_outliers}) must {_none}; {resume=} is fine.", structure="cached",
+                                     skip_outliers=skip_outliers, resume=True)
         return reduction
 
     monkeypatch.setattr(cached, "check_cached_options", reworded)

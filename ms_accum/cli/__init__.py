@@ -37,8 +37,8 @@ from typing import List, Optional
 from .. import runtime  # noqa: F401  (imported with the package, before MindSpore: oneDNN's CPU ISA is capped)
 from ..deprecation import message
 from . import evaluate, plan, train, train_arguments, verify
-from .arguments import add_removed_flags, non_negative_float, non_negative_int, positive_float, positive_int
-from .errors import FLAGS, CliError, error_line, warning_printer
+from .arguments import Parser, add_removed_flags, non_negative_float, non_negative_int, positive_float, positive_int
+from .errors import CliError, error_line, warning_printer
 from .failure import VARIABLE, explain, wants_traceback
 
 __all__ = ["main", "build_parser", "positive_int", "positive_float", "non_negative_int", "non_negative_float",
@@ -55,7 +55,7 @@ FAILURES = (f"When something fails: a bad command line, bad data or a bad checkp
 def build_parser() -> argparse.ArgumentParser:
     """The command line: a sub-command per task, each with its own options, `--traceback` (before or after the
     command), and a refusal for each flag the deprecation table lists as removed."""
-    parser = argparse.ArgumentParser(prog="ms-accum", description=__doc__.split("\n\n")[0], epilog=FAILURES)
+    parser = Parser(prog="ms-accum", description=__doc__.split("\n\n")[0], epilog=FAILURES)
     # Before the command too (`ms-accum --traceback train ...`), under a name of its own: a sub-command's default
     # would overwrite the value.
     parser.add_argument("--traceback", dest="traceback_first", action="store_true",
@@ -69,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
                              help=f"on an error, print the whole stack of every exception, ms_accum's and MindSpore's "
                                   f"frames included (as {VARIABLE}=1 does)")
         add_removed_flags(command, name)
+        command.set_defaults(flags=command.flags)  # how the command's errors name its arguments (`errors.CliWords`)
+        parser.flags = {**command.flags, **parser.flags}  # every command's, the first's where they differ
     return parser
+
+
+# Each argument a command sets, by its destination and the library's names for it, and its flag, as the parser adds
+# them (`arguments.Parser`); where commands differ, the first's (eval names batch_size --eval-batch-size).
+FLAGS = build_parser().flags
 
 
 def main(argv: Optional[List[str]] = None) -> int:

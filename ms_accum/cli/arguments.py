@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .._choices import DEMO_FACTORIES, DEVICES
-from .._validation import door
+from .._validation import Argument, door
 from ..deprecation import TABLE, removal, removed
 from .errors import CliError
 
@@ -16,6 +16,29 @@ OPTIMIZERS = ("momentum", "sgd", "adam")
 # The model, micro-batch, K and structure when the command line does not say. `train` leaves them None until
 # `apply_plan` has read its plan (--plan), which says them too.
 DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_step": 4, "structure": "auto"}
+
+
+class Parser(argparse.ArgumentParser):
+    """
+    An `argparse.ArgumentParser` that keeps, as each argument is added, the flag an error names it by (`flags`, read by
+    `errors.CliWords`), so a flag's name is written once, where it is added.
+
+    `flags` maps each option's destination, and each name the library gives what the option sets (``sets``:
+    ``add_argument("--epochs", ..., sets=("epoch",))``), to the option's first long flag. A command's parser is a
+    `Parser` too (`add_subparsers` makes its sub-parsers of the parser's class).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: Dict[str, str] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, sets: Tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.option_strings and action.dest != argparse.SUPPRESS:
+            flag = next((name for name in action.option_strings if name.startswith("--")), action.option_strings[0])
+            for name in (action.dest, *sets):
+                self.flags.setdefault(name, flag)  # a deprecated spelling, added later, keeps the flag
+        return action
 
 
 def _number(kind, positive: bool, what: str):
@@ -117,6 +140,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, pla
     default = dict.fromkeys(DEFAULTS) if planned else DEFAULTS
     add_model_argument(parser, default["model"], DEFAULTS["model"])
     parser.add_argument("--accumulate-step", type=positive_int, default=default["accumulate_step"], metavar="K",
+                        sets=("mini_steps",),
                         help=f"K, micro-batches per optimizer step (default {DEFAULTS['accumulate_step']})")
     parser.add_argument("--accumulate-steps", type=positive_int, dest="accumulate_step", action=_OldSpelling,
                         help=argparse.SUPPRESS)
@@ -125,7 +149,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, batch_help: str, pla
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="default: momentum for lenet5, sgd for mlp")
     parser.add_argument("--lr", type=positive_float, help="learning rate (default 0.01)")
     parser.add_argument("--momentum", type=non_negative_float, help="momentum (default 0.9 for lenet5, 0 for mlp)")
-    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S")
+    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="S", sets=("data_seed",))
 
 
 def add_model_argument(parser: argparse.ArgumentParser, default: Optional[str], shown: str) -> None:
@@ -146,6 +170,6 @@ def refuse_with_factory(args: argparse.Namespace, factory: bool, names) -> None:
     """A factory brings its own optimizer and data: the flags that would set them are refused, not ignored."""
     given = [name for name in names if getattr(args, name, None) not in (None, False)]
     if factory and given:
-        flag = "--" + given[0].replace("_", "-")
-        raise CliError(f"{flag} applies to the built-in models, but --model is the factory '{args.model}', whose "
-                       f"optimizer and data are its own (change them in the factory).")
+        raise CliError("{flag:plain} applies to the built-in models, but {@model:plain} is the factory '{model}', "
+                       "whose optimizer and data are its own (change them in the factory).", flag=Argument(given[0]),
+                       model=args.model)

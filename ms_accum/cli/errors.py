@@ -1,8 +1,9 @@
 """What a command says when something fails or warns: one line, in its own terms.
 
 The library's errors and warnings are `ms_accum._validation.Message`s: data naming the arguments they are about. A
-command renders them in `CliWords`, which say each argument by its flag (`FLAGS`), so no message's wording is an
-interface: reword one and the command line follows (tests/test_cli_errors.py).
+command renders them in `CliWords`, which say each argument by the flag its parser added for it (`arguments.Parser`),
+so no message's wording is an interface: reword one and the command line follows (tests/test_cli_errors.py). The
+command line's own errors are messages too, rendered by the same `error_line`.
 """
 from __future__ import annotations
 
@@ -11,35 +12,27 @@ import contextlib
 import sys
 from typing import Any, Optional
 
-from .._validation import ArgumentError, Message, MessageError, Words, describe_exception, first_paragraph
+from .._validation import Argument, ArgumentError, Message, MessageError, Words, describe_exception, first_paragraph
 
-# Each library argument the command line sets, and its flag.
-FLAGS = {"mini_steps": "--accumulate-step", "accumulate_step": "--accumulate-step", "batch_size": "--batch-size",
-         "partial_window": "--partial-window", "data_seed": "--seed", "seed": "--seed", "save_every": "--save-every",
-         "keep_last": "--keep-last", "resume": "--resume", "noise_scale": "--noise-scale", "epoch": "--epochs",
-         "statistics": "--statistics", "skip_outliers": "--skip-outliers", "outlier_warmup": "--outlier-warmup",
-         "stop_on_nonfinite": "--stop-on-nonfinite", "clip_norm": "--clip-norm", "policy": "--policy",
-         "structure": "--structure", "recompute": "--recompute", "ckpt_dir": "--ckpt-dir", "model": "--model",
-         "num_samples": "--num-samples", "global_batch": "--global-batch", "ranks": "--ranks", "memory": "--memory",
-         "output": "--output", "rtol": "--rtol", "atol": "--atol", "logdir": "--tensorboard",
-         "shard_optimizer": "--shard-optimizer", "format": "--ckpt-format",
-         "directory": "--ckpt-dir", "k_min": "--adaptive-k", "k_max": "--adaptive-k",
-         "fraction": "--adaptive-fraction", "lr_rule": "--lr-rule"}
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
 
 
 class CliWords(Words):
-    """The library's messages in a command's terms: arguments by their flags, a factory's parts as the factory's,
-    a training state's window as the flags that give it, and no remark meant for library users."""
+    """The library's messages in a command's terms: arguments by their flags (those of the command's parser, which
+    `args` carries as `flags`: `arguments.Parser`), a factory's parts as the factory's, a training state's window as
+    the flags that give it, and no remark meant for library users."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.flags = {**FLAGS, **({"batch_size": "--eval-batch-size"} if args.command == "eval" else {})}
+        self.flags = getattr(args, "flags", {})
         model = getattr(args, "model", None) or ""
         self.factory = model if ":" in model else None
 
     def name(self, name: str) -> str:
-        return f"'{self.flags.get(name, name)}'"
+        return f"'{self.plain(name)}'"
+
+    def plain(self, name: str) -> str:
+        return self.flags.get(name, name)
 
     def subject(self, name: str) -> str:
         if self.factory is not None and name in FACTORY_PARTS:
@@ -69,12 +62,11 @@ class CliWords(Words):
 
 
 class CliError(MessageError):
-    """A failure the user can fix, in the command's own terms; printed as one line. Without `values`, `message` is
-    said as it is (no fields). `summary`: what the command did before it failed (the checkpoint `train` saved),
-    printed with --json."""
+    """A failure the user can fix, a `Message` rendered in the command's own terms (`error_line`); printed as one
+    line. `summary`: what the command did before it failed (the checkpoint `train` saved), printed with --json."""
 
-    def __init__(self, message: str, summary: Optional[dict] = None, **values: Any) -> None:
-        super().__init__(message if values else message.replace("{", "{{").replace("}", "}}"), **values)
+    def __init__(self, template: str, summary: Optional[dict] = None, **values: Any) -> None:
+        super().__init__(template, **values)
         self.summary = summary
 
 
@@ -92,11 +84,11 @@ def error_line(err: BaseException, args: argparse.Namespace) -> str:
     return describe_exception(err) + (f" (while {what})" if what else "")
 
 
-def smaller_batch(err, args: argparse.Namespace, flag: str, world: int = 1) -> str:
-    """A split that yields no batch (`ms_accum._validation.NoBatchError`): its message, and the flag that asks for
-    batches it holds."""
+def smaller_batch(err, args: argparse.Namespace, name: str, world: int = 1) -> CliError:
+    """A split that yields no batch (`ms_accum._validation.NoBatchError`): its line, and the flag of the argument
+    `name` set to a batch size it holds."""
     most = f" of at most {err.samples * world}" if err.samples else " smaller"
-    return f"{error_line(err, args)} Pass a {flag}{most}."
+    return CliError("{error} Pass a {flag:plain}{most}.", error=error_line(err, args), flag=Argument(name), most=most)
 
 
 @contextlib.contextmanager

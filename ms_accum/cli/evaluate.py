@@ -6,7 +6,7 @@ import argparse
 from .. import runtime
 from .._validation import NoBatchError, door
 from .arguments import add_data_arguments, add_model_argument, positive_int, refuse_with_factory
-from .errors import CliError, during, smaller_batch
+from .errors import during, smaller_batch
 from .mnist import accuracy_line
 
 def add_parser(sub) -> None:
@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
     evaluate.add_argument("--ckpt", required=True, metavar="FILE")
     add_model_argument(evaluate, None, "the model recorded in the checkpoint")
     evaluate.add_argument("--eval-batch-size", "--batch-size", type=positive_int, dest="eval_batch_size", metavar="B",
+                          sets=("batch_size",),
                           help="the evaluation's batch size (default: the micro-batch the checkpoint was trained with, "
                                "else 256)")
     evaluate.add_argument("--num-samples", type=positive_int, metavar="N", help="evaluate the first N test images")
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> dict:
             evaluation, metadata = evaluate_checkpoint(args.ckpt, args.model, args.data, args.eval_batch_size,
                                                        args.num_samples, arg_name="--model")
     except NoBatchError as err:
-        raise CliError(smaller_batch(err, args, "--eval-batch-size")) from err
+        raise smaller_batch(err, args, "eval_batch_size") from err
     model = args.model or metadata["model"]
     synthetic = not is_factory(model) and is_synthetic(checkpoint_data_dir(metadata, args.data, args.ckpt))
     if not args.json:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .. import runtime
-from .._validation import NoBatchError, door
+from .._validation import Argument, ArgumentValueError, Message, NoBatchError, Setting, door
 from .arguments import DEFAULTS
 from .errors import CliError, smaller_batch
 from .mnist import find_data, optimizer_settings
@@ -44,8 +44,9 @@ def launcher_world_size(args: argparse.Namespace) -> Optional[int]:
                            "$(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are not set).")
         return None
     if args.batch_size % world:
-        raise CliError(f"For 'ms-accum train', the argument '--batch-size' (the global micro-batch) must be "
-                       f"divisible by the world size {world}, but got {args.batch_size}.")
+        raise ArgumentValueError("{@batch_size:subject} (the global micro-batch) must be divisible by the world size "
+                                 "{world}, but got {batch_size}.", world=world,
+                                 batch_size=args.batch_size).named("ms-accum train")
     return world
 
 
@@ -82,11 +83,12 @@ def demo_job(args: argparse.Namespace, parallel, world: int) -> Job:
             dataset = dataset_for(args.model, data_dir, args.batch_size // world, usage="train", shuffle=True,
                                   seed=args.seed, num_samples=num_samples, **shards)
     except NoBatchError as err:
-        given = f" of --num-samples {args.num_samples}" if args.num_samples else ""
-        per = f" per worker ({world})" if world > 1 else ""
-        raise CliError(f"For 'ms-accum train', the {err.samples} training image(s){given}{per} in "
-                       f"{os.path.abspath(data_dir)} hold no micro-batch of {args.batch_size // world}: pass a "
-                       f"--batch-size of at most {err.samples * world}.") from err
+        given = Message(" of {num_samples=}", num_samples=args.num_samples) if args.num_samples else ""
+        raise ArgumentValueError("the {samples} training image(s){given}{per} in {data} hold no micro-batch of "
+                                 "{micro}: pass a {@batch_size:plain} of at most {most}.", samples=err.samples,
+                                 given=given, per=f" per worker ({world})" if world > 1 else "",
+                                 data=os.path.abspath(data_dir), micro=args.batch_size // world,
+                                 most=err.samples * world).named("ms-accum train") from err
     return Job(network=network, loss_fn=nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                 optimizer=make_optimizer(settings, network.trainable_params()), dataset=dataset, ckpt_name=args.model,
                 source=os.path.abspath(data_dir), synthetic=synthetic,
@@ -104,7 +106,7 @@ def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
             user = load_model(args.model)
             dataset = user.data(*call)
     except NoBatchError as err:
-        raise CliError(smaller_batch(err, args, "--batch-size", world)) from err
+        raise smaller_batch(err, args, "batch_size", world) from err
     return Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
                 ckpt_name="".join(c if c.isalnum() else "_" for c in args.model), source=f"the data of {args.model}",
                 synthetic=False,
@@ -116,17 +118,17 @@ def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
 def apply_plan(args: argparse.Namespace):
     """Fills the model, batch size, K and structure from --plan (refusing flags that contradict it), else from
     DEFAULTS; returns the plan, or None without one."""
-    for flag, given in (("--accumulate-schedule", args.accumulate_schedule), ("--adaptive-k", args.adaptive_k)):
-        others = [name for name, value in (("--accumulate-step", args.accumulate_step), ("--plan", args.plan),
-                                           ("--accumulate-schedule", args.accumulate_schedule))
-                  if value is not None and name != flag]
-        if given is not None and others:
-            raise CliError(f"{flag} sets K: give it without {' or '.join(others)}.")
+    for name in ("accumulate_schedule", "adaptive_k"):
+        others = [other for other in ("accumulate_step", "plan", "accumulate_schedule")
+                  if getattr(args, other) is not None and other != name]
+        if getattr(args, name) is not None and others:
+            raise CliError("{flag:plain} sets K: give it without {others}.", flag=Argument(name),
+                           others=Message(" or ".join(f"{{@{other}:plain}}" for other in others)))
     if args.adaptive_k is None:
-        for flag, given in (("--lr-rule", args.lr_rule != "none"), ("--adaptive-fraction",
-                                                                     args.adaptive_fraction != 1.0)):
+        for name, given in (("lr_rule", args.lr_rule != "none"), ("adaptive_fraction", args.adaptive_fraction != 1.0)):
             if given:
-                raise CliError(f"{flag} needs --adaptive-k: it says how K follows the noise scale.")
+                raise CliError("{flag:plain} needs {@adaptive_k:plain}: it says how K follows the noise scale.",
+                               flag=Argument(name))
     if args.plan is None:
         for name, value in DEFAULTS.items():
             if getattr(args, name) is None:
@@ -139,6 +141,7 @@ def apply_plan(args: argparse.Namespace):
     for name, value in planned.items():
         given = getattr(args, name)
         if given is not None and given != value:
-            raise CliError(f"--{name.replace('_', '-')} {given} contradicts the plan {args.plan}, which says {value}.")
+            raise CliError("{given} contradicts the plan {plan}, which says {value}.", given=Setting(name, given),
+                           plan=args.plan, value=value)
         setattr(args, name, value)
     return plan

@@ -35,8 +35,8 @@ def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
         except DataError as err:
             reason = err
     if not args.synthetic_fallback:
-        raise CliError("{reason} Pass --data DIR, set MS_ACCUM_MNIST, add --download, or add --synthetic-fallback to "
-                       "train on generated data.", reason=reason)
+        raise CliError("{reason} Pass {@data:plain} DIR, set MS_ACCUM_MNIST, add {@download:plain}, or add "
+                       "{@synthetic_fallback:plain} to train on generated data.", reason=reason)
     root = os.path.join(os.path.dirname(os.path.abspath(path)), "synthetic")
     if rank is not None:
         root = os.path.join(root, f"rank{rank}")

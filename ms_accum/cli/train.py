@@ -5,7 +5,7 @@ import argparse
 import os
 from typing import Optional
 
-from .._validation import NoBatchError, door
+from .._validation import Message, NoBatchError, door
 from .arguments import refuse_with_factory
 from .errors import CliError, during, error_line, smaller_batch
 from .job import Job, apply_plan, demo_job, factory_job, join_launcher
@@ -19,7 +19,8 @@ def run(args: argparse.Namespace) -> Optional[dict]:
     planned = apply_plan(args)
     args.noise_scale = args.noise_scale or args.adaptive_k is not None  # what AdaptiveK decides from
     if args.keep_best and args.eval_every is None:
-        raise CliError(f"--keep-best {args.keep_best} keeps the best of the scores --eval-every N asks for: give both.")
+        raise CliError("{keep_best=} keeps the best of the scores {@eval_every:plain} N asks for: give both.",
+                       keep_best=args.keep_best)
     factory = is_factory(args.model)
     refuse_with_factory(args, factory, ("optimizer", "lr", "momentum", "data", "num_samples", "download",
                                          "synthetic_fallback"))
@@ -88,9 +89,11 @@ def _evaluate_trained(args: argparse.Namespace, summary: dict, factory: bool, wo
             return evaluate_checkpoint(checkpoint, args.model, None if factory else args.data,
                                        args.eval_batch_size or args.batch_size // world, arg_name="--model")[0]
     except Exception as err:  # noqa: BLE001  (whatever failed, the training and its checkpoint stand)
-        smaller = f" --eval-batch-size {err.samples}" if getattr(err, "samples", None) else ""
-        raise CliError(f"{error_line(err, args)} Training finished and saved {checkpoint}: evaluate it with "
-                       f"'ms-accum eval --ckpt {checkpoint}{smaller}'.", summary=summary) from err
+        samples = getattr(err, "samples", None)
+        smaller = Message(" {eval_batch_size=}", eval_batch_size=samples) if samples else ""
+        raise CliError("{error} Training finished and saved {checkpoint}: evaluate it with 'ms-accum eval --ckpt "
+                       "{checkpoint}{smaller}'.", summary=summary, error=error_line(err, args), checkpoint=checkpoint,
+                       smaller=smaller) from err
 
 
 def _k_text(args: argparse.Namespace):
@@ -203,7 +206,7 @@ def _validation(args: argparse.Namespace, job: Job, world: int) -> dict:
         with door("ms-accum train"):
             held_out = job.held_out(size)
     except NoBatchError as err:
-        raise CliError(smaller_batch(err, args, "--eval-batch-size", world)) from err
+        raise smaller_batch(err, args, "eval_batch_size", world) from err
     return {"eval_dataset": held_out, "eval_every": Validation(every=args.eval_every, keep_best=args.keep_best)}
 
 

@@ -11,7 +11,7 @@ from .arguments import DEFAULTS, accumulate_schedule, add_data_arguments, add_fa
 def add_parser(sub) -> None:
     train = sub.add_parser("train", help="train with gradient accumulation, save a checkpoint, evaluate it")
     add_training_arguments(train, "micro-batch size; each update sees K*B samples", planned=True)
-    train.add_argument("--epochs", type=positive_int, default=1, metavar="E")
+    train.add_argument("--epochs", type=positive_int, default=1, metavar="E", sets=("epoch",))
     train.add_argument("--structure", choices=STRUCTURES,
                        help=f"how micro-batches run (default {DEFAULTS['structure']}: three_graphs, the least memory; "
                             f"window and fused are faster and keep more activations alive)")
@@ -23,10 +23,10 @@ def add_parser(sub) -> None:
     train.add_argument("--accumulate-schedule", type=accumulate_schedule, metavar="SAMPLES:K,...",
                        help="K as a schedule of the global samples consumed, e.g. 0:2,4096:4,16384:8 (a batch "
                             "ramp-up; instead of --accumulate-step)")
-    train.add_argument("--adaptive-k", type=k_bounds, metavar="MIN:MAX",
+    train.add_argument("--adaptive-k", type=k_bounds, metavar="MIN:MAX", sets=("k_min", "k_max"),
                        help="choose K from the measured gradient noise scale, between MIN and MAX, as training goes "
                             "(instead of --accumulate-step; turns on --noise-scale; docs/adaptive-k.md)")
-    train.add_argument("--adaptive-fraction", type=positive_float, default=1.0, metavar="F",
+    train.add_argument("--adaptive-fraction", type=positive_float, default=1.0, metavar="F", sets=("fraction",),
                        help="with --adaptive-k: aim the global batch at F times the noise scale (default 1)")
     train.add_argument("--lr-rule", choices=LR_RULES, default="none",
                        help="with --adaptive-k: how the learning rate follows the batch, from the rate for MIN "
@@ -73,11 +73,12 @@ def _add_window_arguments(train: argparse.ArgumentParser) -> None:
 
 def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
     """Where `train` saves, how often, what it resumes from, and whether it evaluates the result."""
-    train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", help="where the checkpoint goes (default ckpt)")
+    train.add_argument("--ckpt-dir", default="ckpt", metavar="DIR", sets=("directory",),
+                       help="where the checkpoint goes (default ckpt)")
     train.add_argument("--save-every", type=positive_int, metavar="N",
                        help="save the whole training state every N optimizer steps, to resume from")
     train.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N training states")
-    train.add_argument("--ckpt-format", choices=CHECKPOINT_FORMATS, default="ckpt",
+    train.add_argument("--ckpt-format", choices=CHECKPOINT_FORMATS, default="ckpt", sets=("format",),
                        help="the checkpoints' format: MindSpore's ckpt (default) or safetensors (MindFormers 2, "
                             "Hugging Face tools); --resume and eval read either")
     train.add_argument("--resume", nargs="?", const=True, metavar="FILE",
@@ -93,6 +94,6 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--keep-best", choices=("loss", "accuracy"),
                        help="with --eval-every: keep the best-scoring network as <ckpt-dir>/<model>-best.ckpt (or "
                             ".safetensors)")
-    train.add_argument("--tensorboard", metavar="DIR",
+    train.add_argument("--tensorboard", metavar="DIR", sets=("logdir",),
                        help="write each step's loss, learning rate, K, gradient norm, noise scale and validation "
                             "for TensorBoard into DIR (needs pip install 'ms_accum[tensorboard]')")

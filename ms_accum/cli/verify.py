@@ -7,10 +7,10 @@ import os
 from dataclasses import asdict
 
 from .. import runtime
-from .._validation import NoBatchError, door
+from .._validation import ArgumentValueError, NoBatchError, door
 from .arguments import add_data_arguments, add_fallback_arguments, add_training_arguments, positive_float, \
     positive_int, refuse_with_factory
-from .errors import CliError, during
+from .errors import during
 from .mnist import SYNTHETIC_NOTE, find_data, optimizer_settings
 
 
@@ -96,9 +96,10 @@ def _verify_on_mnist(args: argparse.Namespace, large: int) -> tuple:
                                   drop_remainder=True)
             batch = tuple(next(dataset.create_tuple_iterator(output_numpy=True)))
     except NoBatchError as err:
-        raise CliError(f"For 'ms-accum verify', --accumulate-step {args.accumulate_step} x --batch-size "
-                       f"{args.batch_size} needs {large} training images, but {os.path.abspath(data_dir)} holds "
-                       f"{err.samples}.") from err
+        raise ArgumentValueError("{accumulate_step=} x {batch_size=} needs {large} training images, but {data} holds "
+                                 "{samples}.", accumulate_step=args.accumulate_step, batch_size=args.batch_size,
+                                 large=large, data=os.path.abspath(data_dir),
+                                 samples=err.samples).named("ms-accum verify") from err
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     # A rate that moves at every step (MindSpore reads a list's rate at the optimizer's global_step): a window that
     # stepped the optimizer more or less than once, or a restored step counter, would read another rate.

@@ -257,8 +257,8 @@ class AccumulationBuffer:
                  outlier_warmup: int = OUTLIER_WARMUP, reduce_on_host: bool = False) -> None:
         check_isinstance(params, "params", (ParameterTuple, list, tuple))
         if not params or not all(isinstance(p, Parameter) for p in params):
-            raise ArgumentTypeError("{params:subject} must be a non-empty sequence of Parameters, but got {params2!r}.",
-                                    params2=params)
+            raise ArgumentTypeError("{@params:subject} must be a non-empty sequence of Parameters, but got {params!r}.",
+                                    params=params)
         self.reduction = RULES[check_value_in(reduction, "reduction", REDUCTIONS)]()
         check_buffer_dtype(dtype, "dtype")
         self.reducer = sums_reducer(check_isinstance(reduce_on_host, "reduce_on_host", bool))

@@ -47,10 +47,10 @@ def check_policy_fits(sparse: Optional[str], policy: str, leaves_out: bool) -> N
     if sparse is None or not leaves_out:
         return
     if policy == "skip_microbatch":
-        raise ArgumentValueError("{policy:subject} must be 'skip_window' for a network with sparse gradients (its "
+        raise ArgumentValueError("{@policy:subject} must be 'skip_window' for a network with sparse gradients (its "
                                  "cell '{sparse}'), but got 'skip_microbatch': MindSpore 2.10 cannot check sparse "
                                  "gradients one micro-batch at a time.", sparse=sparse)
-    raise ArgumentValueError("{skip_outliers:subject} must {_none} for a network with sparse gradients (its cell "
+    raise ArgumentValueError("{@skip_outliers:subject} must {_none} for a network with sparse gradients (its cell "
                              "'{sparse}'): MindSpore 2.10 cannot leave sparse gradients out one micro-batch at a time.",
                              sparse=sparse)
 

@@ -50,8 +50,8 @@ class TokenCrossEntropy(nn.Cell):
     def __init__(self, ignore_index: int = -100) -> None:
         super().__init__()
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise ArgumentTypeError("{ignore_index:subject} must be an int, the target of padding positions, but got "
-                                    "{ignore_index2!r} of type {name}.", ignore_index2=ignore_index,
+            raise ArgumentTypeError("{@ignore_index:subject} must be an int, the target of padding positions, but got "
+                                    "{ignore_index!r} of type {name}.", ignore_index=ignore_index,
                                     name=type(ignore_index).__name__)
         self.ignore_index = ignore_index
 
@@ -140,17 +140,17 @@ def window_reduction(loss_fn: Optional[nn.Cell], reduction: Optional[str]) -> st
     own = declared_reduction(loss_fn)
     if own == "none":  # one loss per sample: there is no window of it to accumulate
         raise ArgumentValueError(
-            "{loss_fn:subject} must reduce the batch to a scalar, but got {name} with reduction 'none': build it with "
+            "{@loss_fn:subject} must reduce the batch to a scalar, but got {name} with reduction 'none': build it with "
             "{reduction=} (or 'sum').", name=type(loss_fn).__name__, reduction='mean')
     if reduction is None:
         return "sum" if own == "sum" else "mean"
     check_value_in(reduction, "reduction", REDUCTIONS)
     if own == "sum" and reduction != "sum":
         raise ArgumentValueError(
-            "{reduction:subject} must be 'sum' or None for a loss_fn that sums over its batch ({name} with reduction "
-            "'sum'), but got '{reduction2}': a window of K sums divided by its samples is 1/K of the large batch's "
-            "update. Leave {reduction:name} out, or build the loss with {reduction=}.", name=type(loss_fn).__name__,
-            reduction2=reduction, reduction='mean')
+            "{@reduction:subject} must be 'sum' or None for a loss_fn that sums over its batch ({name} with reduction "
+            "'sum'), but got '{given}': a window of K sums divided by its samples is 1/K of the large batch's "
+            "update. Leave {@reduction} out, or build the loss with {reduction=}.", name=type(loss_fn).__name__,
+            given=reduction, reduction='mean')
     return reduction
 
 
@@ -190,9 +190,9 @@ def loss_output_error(network: nn.Cell, inputs: Sequence[Tensor], reduction: str
     out = _eager_output(network, inputs)
     pair = isinstance(out, (tuple, list))
     if pair and reduction != WEIGHTED:
-        return ArgumentValueError("{reduction:subject} must be '{WEIGHTED}' for a loss that returns (loss, weight), "
-                                  "as the {arg_name} given does, but got '{reduction2}'.", WEIGHTED=WEIGHTED,
-                                  arg_name=Argument(arg_name), reduction2=reduction)
+        return ArgumentValueError("{@reduction:subject} must be '{WEIGHTED}' for a loss that returns (loss, weight), "
+                                  "as the {arg_name} given does, but got '{reduction}'.", WEIGHTED=WEIGHTED,
+                                  arg_name=Argument(arg_name), reduction=reduction)
     if not pair and reduction == WEIGHTED:
         return ArgumentValueError("{arg_name:subject} must return (loss, weight) under {reduction=} (e.g. "
                                   "ms_accum.TokenCrossEntropy: the mean over real tokens and their count), but it "

@@ -111,8 +111,8 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
         zero, type_code, ndim = int.from_bytes(magic[:2], "big"), magic[2], magic[3]
         if zero != 0 or type_code not in _IDX_DTYPES or ndim == 0:
             number = int.from_bytes(magic, "big")
-            raise DataError("idx file '{path}' has a bad magic number {number} (0x{number2:08x}); it is not an "
-                            "uncompressed idx file.", path=path, number=number, number2=number)
+            raise DataError("idx file '{path}' has a bad magic number {number} (0x{number:08x}); it is not an "
+                            "uncompressed idx file.", path=path, number=number)
         dims = f.read(4 * ndim)
     offset = 4 + 4 * ndim
     if len(dims) < 4 * ndim:
@@ -120,9 +120,9 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
                         path=path, value=4 + len(dims), offset=offset)
     number = int.from_bytes(magic, "big")
     if expected is not None and number != expected:
-        raise DataError("MNIST file '{path}' has a bad magic number {number} (0x{number2:08x}), expected {expected} "
-                        "(0x{expected2:08x}); it is not an uncompressed idx file of this kind.", path=path,
-                        number=number, number2=number, expected=expected, expected2=expected)
+        raise DataError("MNIST file '{path}' has a bad magic number {number} (0x{number:08x}), expected {expected} "
+                        "(0x{expected:08x}); it is not an uncompressed idx file of this kind.", path=path,
+                        number=number, expected=expected)
     shape, dtype = tuple(int(d) for d in np.frombuffer(dims, dtype=">u4")), _IDX_DTYPES[type_code]
     size, implied = os.path.getsize(path), offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size != implied:
@@ -168,14 +168,14 @@ def check_mnist_dir(path: PathLike) -> str:
         try:
             _, (count, rows, cols) = _idx_header(images, _IMAGE_MAGIC)
             if (rows, cols) != (_SIDE, _SIDE):
-                raise DataError("MNIST file '{images}' holds {rows}x{cols} images, expected {SIDE}x{SIDE2}.",
-                                images=images, rows=rows, cols=cols, SIDE=_SIDE, SIDE2=_SIDE)
+                raise DataError("MNIST file '{images}' holds {rows}x{cols} images, expected {side}x{side}.",
+                                images=images, rows=rows, cols=cols, side=_SIDE)
             _, (label_count,) = _idx_header(labels, _LABEL_MAGIC)
         except DataError as err:
             raise DataError("{err}{hint}", err=err, hint=hint) from None
         if label_count != count:
-            raise DataError("MNIST file '{labels}' has {label_count} labels but '{images}' has {count2} images.",
-                            labels=labels, label_count=label_count, images=images, count2=count)
+            raise DataError("MNIST file '{labels}' has {label_count} labels but '{images}' has {count} images.",
+                            labels=labels, label_count=label_count, images=images, count=count)
     return path
 
 
@@ -221,10 +221,10 @@ def write_idx(path: PathLike, array: Any) -> None:
     codes = {dt.newbyteorder("=") if dt.itemsize > 1 else dt: code for code, dt in _IDX_DTYPES.items()}
     native = array.dtype.newbyteorder("=") if array.dtype.itemsize > 1 else array.dtype
     if native not in codes:
-        raise ArgumentTypeError("{array:subject} must have dtype uint8, int8, int16, int32, float32 or float64, but "
+        raise ArgumentTypeError("{@array:subject} must have dtype uint8, int8, int16, int32, float32 or float64, but "
                                 "got {dtype}.", dtype=array.dtype)
     if not 1 <= array.ndim <= 255:
-        raise ArgumentValueError("{array:subject} must have 1 to 255 dimensions, but got {ndim}.", ndim=array.ndim)
+        raise ArgumentValueError("{@array:subject} must have 1 to 255 dimensions, but got {ndim}.", ndim=array.ndim)
     path = os.fspath(path)
     code = codes[native]
     header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
@@ -363,22 +363,22 @@ class _Reading:
             check_isinstance(self.shuffle, "shuffle", bool)
         check_positive_int(self.num_parallel_workers, "num_parallel_workers")
         if (self.num_shards is None) != (self.shard_id is None):
-            raise ArgumentValueError("the arguments {num_shards:name} and {shard_id:name} must be given together, but "
+            raise ArgumentValueError("the arguments {@num_shards} and {@shard_id} must be given together, but "
                                      "got {num_shards=}, {shard_id=}.", num_shards=self.num_shards,
                                      shard_id=self.shard_id)
         if self.num_shards is not None:
             check_positive_int(self.num_shards, "num_shards")
             check_positive_int(self.shard_id, "shard_id", minimum=0)
             if self.shard_id >= self.num_shards:
-                raise ArgumentValueError("{shard_id:subject} must be in [0, {num_shards2}), but got {shard_id2}.",
-                                         num_shards2=self.num_shards, shard_id2=self.shard_id)
+                raise ArgumentValueError("{@shard_id:subject} must be in [0, {num_shards}), but got {shard_id}.",
+                                         num_shards=self.num_shards, shard_id=self.shard_id)
         if self.num_samples is not None:
             check_positive_int(self.num_samples, "num_samples")
         if self.seed is not None:
             check_positive_int(self.seed, "seed", minimum=0)
             if self.seed > 0xFFFFFFFF:
-                raise ArgumentValueError("{seed:subject} must be in [0, 4294967295], but got {seed2}.",
-                                         seed2=self.seed)
+                raise ArgumentValueError("{@seed:subject} must be in [0, 4294967295], but got {seed}.",
+                                         seed=self.seed)
         check_isinstance(self.drop_remainder, "drop_remainder", bool)
 
 
@@ -404,8 +404,8 @@ def _build_pipeline(data_path: PathLike, image_size: int, reading: _Reading) -> 
     samples = dataset.get_dataset_size()
     dataset = dataset.batch(reading.batch_size, drop_remainder=reading.drop_remainder)
     if dataset.get_dataset_size() == 0:
-        raise NoBatchError("the dataset yields no batch: fewer samples than batch_size {batch_size2} with "
-                           "drop_remainder=True ({num_samples=}, {num_shards=}).", batch_size2=reading.batch_size,
+        raise NoBatchError("the dataset yields no batch: fewer samples than {@batch_size:plain} {batch_size} with "
+                           "drop_remainder=True ({num_samples=}, {num_shards=}).", batch_size=reading.batch_size,
                            num_samples=reading.num_samples, num_shards=reading.num_shards, samples=samples)
     return dataset
 

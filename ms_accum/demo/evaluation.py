@@ -66,7 +66,7 @@ def evaluate(network: nn.Cell, dataset: Dataset, loss_fn: Optional[nn.Cell] = No
     check_isinstance(network, "network", nn.Cell)
     check_isinstance(dataset, "dataset", Dataset)
     if dataset.get_dataset_size() == 0:
-        raise ArgumentValueError("{dataset:subject} must yield at least one batch, but it yields none.")
+        raise ArgumentValueError("{@dataset:subject} must yield at least one batch, but it yields none.")
     loss_fn = loss_fn or nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     classifier = np.issubdtype(np.dtype(dataset.output_types()[-1]), np.integer)
     metrics = {"loss": Loss(), **({"accuracy": Accuracy()} if classifier else {})}
@@ -163,7 +163,7 @@ def _evaluate_factory(spec: str, ckpt: str, contents, batch_size: int, callbacks
     """The factory's network, loaded strictly from the checkpoint, evaluated on its ``"eval"`` split; data that yields
     no batch, or that the network and loss cannot take or that fails while read, is refused naming the call."""
     if callbacks:
-        raise ArgumentValueError("{callbacks:subject} applies to the built-in models, whose evaluation is MindSpore's "
+        raise ArgumentValueError("{@callbacks:subject} applies to the built-in models, whose evaluation is MindSpore's "
                                  "Model.eval, but got {value} with the factory '{spec}'.", value=len(callbacks),
                                  spec=spec)
     user = load_model(spec)
@@ -173,8 +173,8 @@ def _evaluate_factory(spec: str, ckpt: str, contents, batch_size: int, callbacks
         scores = Evaluator(user.network, user.loss_fn, Validation(every=1)).score(dataset, LocalSums())
     except Exception as err:  # noqa: BLE001  (a shape the network does not take, or the data failed)
         cause = describe_exception(err).rstrip(".")
-        raise ArgumentValueError("evaluating the factory '{spec}' on its dataset({batch_size2}, 'eval', 0, 1) failed: "
-                                 "{cause}.", spec=spec, batch_size2=batch_size, cause=cause) from err
+        raise ArgumentValueError("evaluating the factory '{spec}' on its dataset({batch_size}, 'eval', 0, 1) failed: "
+                                 "{cause}.", spec=spec, batch_size=batch_size, cause=cause) from err
     return EvalResult(accuracy=scores.get("accuracy"), loss=scores["loss"], batches=dataset.get_dataset_size())
 
 
@@ -199,14 +199,14 @@ def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> N
         fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
         if not fits:
             raise
-        raise CheckpointError("{err} Its parameters are those of the model '{value}' (the file does not record its "
-                              "model): evaluate it as '{value2}'.", err=err, value=fits[0], value2=fits[0]) from None
+        raise CheckpointError("{err} Its parameters are those of the model '{model}' (the file does not record its "
+                              "model): evaluate it as '{model}'.", err=err, model=fits[0]) from None
 
 
 def _refuse_mnist_options(spec: str, data: Optional[str], num_samples: Optional[int]) -> None:
     """A factory's dataset() decides its evaluation data: the built-in models' MNIST options are refused with it."""
     for given, what in ((data, "data"), (num_samples, "num_samples")):
         if given is not None:
-            raise ArgumentValueError("the argument '{what}' applies to the built-in models' MNIST, but got {given!r} "
-                                     "with the factory '{spec}', whose dataset() decides its evaluation data.",
-                                     what=what, given=given, spec=spec)
+            raise ArgumentValueError("{what:subject} applies to the built-in models' MNIST, but got {given!r} with "
+                                     "the factory '{spec}', whose dataset() decides its evaluation data.",
+                                     what=Argument(what), given=given, spec=spec)

@@ -143,8 +143,8 @@ class CharTransformer(nn.Cell):
 
 def _check_heads(width: int, heads: int) -> None:
     if width % heads:
-        raise ArgumentValueError("{heads:subject} must divide 'width' ({width}), but got {heads2}.", width=width,
-                                 heads2=heads)
+        raise ArgumentValueError("{@heads:subject} must divide {@width} ({width}), but got {heads}.", width=width,
+                                 heads=heads)
 
 
 class ConvNet(nn.Cell):

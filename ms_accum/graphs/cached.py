@@ -47,17 +47,17 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
     whole window"; the buffer must not divide it again.
     """
     if reduction == "weighted_mean":
-        raise ArgumentValueError("{reduction:subject} must be 'mean' or 'sum' with {structure=} (the window's one "
+        raise ArgumentValueError("{@reduction:subject} must be 'mean' or 'sum' with {structure=} (the window's one "
                                  "loss is its loss_fn's value on the whole window), but got 'weighted_mean'.",
                                  structure='cached')
     check_cached_policy(policy)
     if skip_outliers is not None:
-        raise ArgumentValueError("{skip_outliers:subject} must {_none} with {structure=}, but got {skip_outliers2!r}: "
+        raise ArgumentValueError("{@skip_outliers:subject} must {_none} with {structure=}, but got {skip_outliers!r}: "
                                  "a micro-batch left out would still be in the loss that made the others' gradients, "
-                                 "so the update would equal no large-batch step.", skip_outliers2=skip_outliers,
+                                 "so the update would equal no large-batch step.", skip_outliers=skip_outliers,
                                  structure='cached')
     if statistics or noise_scale:
-        raise ArgumentValueError("the arguments {statistics:name} and {noise_scale:name} must {_false} with "
+        raise ArgumentValueError("the arguments {@statistics} and {@noise_scale} must {_false} with "
                                  "{structure=}, but got {statistics=}, {noise_scale=}: a micro-batch's gradient here "
                                  "is its share of "
                                  "one window loss, not a gradient of a loss of its own, and its norm says nothing "
@@ -69,7 +69,7 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
 def check_cached_policy(policy: str) -> None:
     """Refuses ``"skip_microbatch"``, which no cached window can make exact."""
     if policy == "skip_microbatch":
-        raise ArgumentValueError("{policy:subject} must be 'skip_window' with {structure=}, but got "
+        raise ArgumentValueError("{@policy:subject} must be 'skip_window' with {structure=}, but got "
                                  "'skip_microbatch': every micro-batch's gradient is its share of the one window "
                                  "loss, in which its samples are the other samples' negatives, so no update without "
                                  "it equals a step on the remaining batch.", structure='cached')
@@ -80,7 +80,7 @@ def check_loss_signature(loss_fn: nn.Cell) -> None:
     try:
         inspect.signature(loss_fn.construct).bind(None, None)
     except (TypeError, ValueError):
-        raise ArgumentTypeError("{loss_fn:subject} must take (outputs of the whole window, labels of the whole "
+        raise ArgumentTypeError("{@loss_fn:subject} must take (outputs of the whole window, labels of the whole "
                                 "window) with {structure=}, but its construct is {name}{value}.",
                                 name=type(loss_fn).__name__, value=inspect.signature(loss_fn.construct),
                                 structure='cached') from None
@@ -105,15 +105,15 @@ def check_same_masks(network: nn.Cell) -> None:
         return
     where, kind, _ = random_ops[0]
     if ms.get_context("mode") != ms.GRAPH_MODE:
-        raise ArgumentValueError("{network:subject} must have no random ops drawing in their kernels in PyNative mode "
+        raise ArgumentValueError("{@network:subject} must have no random ops drawing in their kernels in PyNative mode "
                                  "with {structure=}, but its cell '{where}' has a {kind}: both passes would share its "
                                  "kernel and draw other values. Use graph mode (with seeded ops), or drop the op.",
                                  where=where, kind=kind, structure='cached')
     unseeded = [(name, kind) for name, kind, seeds in random_ops if not any(seeds)]
     if unseeded:
-        raise ArgumentValueError("{network:subject} must have seeded random ops with {structure=}, but its cell "
-                                 "'{value}' has an unseeded {value2}: pass 2 would draw other values than pass 1. "
-                                 "Give the op its seeds.", value=unseeded[0][0], value2=unseeded[0][1],
+        raise ArgumentValueError("{@network:subject} must have seeded random ops with {structure=}, but its cell "
+                                 "'{cell}' has an unseeded {op}: pass 2 would draw other values than pass 1. "
+                                 "Give the op its seeds.", cell=unseeded[0][0], op=unseeded[0][1],
                                  structure='cached')
 
 
@@ -264,7 +264,7 @@ class TrainCachedWindowCell(nn.Cell):
             buffer = own_buffer(network, optimizer, buffer, policy, loss_scaler, CACHED_REDUCTION if buffer is None
                                 else None)
             if buffer.reduction.name != CACHED_REDUCTION or buffer.leaves_out or buffer.statistics.parameters():
-                raise ArgumentValueError("{buffer:subject} must have reduction 'sum', no micro-batch left out and no "
+                raise ArgumentValueError("{@buffer:subject} must have reduction 'sum', no micro-batch left out and no "
                                          "statistics (the window's gradient is that of its one loss), but got "
                                          "reduction '{name}'.", name=buffer.reduction.name)
             # Both passes of a micro-batch then drop the same values, in either mode.
@@ -314,7 +314,7 @@ class TrainCachedWindowCell(nn.Cell):
                 batch = inputs[0].shape[0]
                 shapes = [tuple(f.shape) if isinstance(f, Tensor) else type(f).__name__ for f in fields]
                 if not all(isinstance(f, Tensor) and f.ndim >= 1 and f.shape[0] == batch for f in fields):
-                    raise ArgumentValueError("{network:subject} must return Tensors whose first axis is its input's "
+                    raise ArgumentValueError("{@network:subject} must return Tensors whose first axis is its input's "
                                              "batch axis with {structure=}, so the window's outputs concatenate along "
                                              "it, but for {batch} samples it returned {shapes}.", batch=batch,
                                              shapes=shapes, structure='cached')
@@ -323,7 +323,7 @@ class TrainCachedWindowCell(nn.Cell):
                 ms.set_context(mode=mode)
         if not isinstance(loss, Tensor) or loss.ndim != 0 and loss.size != 1:
             got = f"a Tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-            raise ArgumentValueError("{loss_fn:subject} must return a scalar loss of the window's outputs with "
+            raise ArgumentValueError("{@loss_fn:subject} must return a scalar loss of the window's outputs with "
                                      "{structure=}, but for {value} samples it returned {got}.",
                                      value=inputs[0].shape[0], got=got, structure='cached')
         self.fields = [(tuple(f.shape[1:]), f.dtype) for f in fields]  # pass 1's placeholders for `sens`

@@ -28,8 +28,9 @@ def _check_buffer(buffer, optimizer: nn.Optimizer) -> AccumulationBuffer:
     check_isinstance(optimizer, "optimizer", nn.Optimizer)
     check_isinstance(buffer, "buffer", AccumulationBuffer)
     if len(buffer) != len(optimizer.parameters):
-        raise ArgumentValueError("{buffer:subject} must hold one gradient per optimizer parameter ({value}), but "
-                                 "holds {value2}.", value=len(optimizer.parameters), value2=len(buffer))
+        raise ArgumentValueError("{@buffer:subject} must hold one gradient per optimizer parameter ({parameters}), "
+                                 "but holds {gradients}.", parameters=len(optimizer.parameters),
+                                 gradients=len(buffer))
     return buffer
 
 
@@ -57,8 +58,8 @@ def own_buffer(network: nn.Cell, optimizer: nn.Optimizer, buffer: Optional[Accum
         return AccumulationBuffer(optimizer.parameters, policy=policy, loss_scaler=loss_scaler,
                                   reduction=reduction or "mean")
     if policy != "skip_window" or loss_scaler is not None:
-        raise ArgumentValueError("the arguments {policy} and {loss_scaler} belong to the buffer: pass them to the "
-                                 "AccumulationBuffer given as {buffer}, not here.")
+        raise ArgumentValueError("the arguments {@policy} and {@loss_scaler} belong to the buffer: pass them to the "
+                                 "AccumulationBuffer given as {@buffer}, not here.")
     _check_reduction(buffer, reduction)
     buffer = _check_buffer(buffer, optimizer)
     if isinstance(loss_fn, nn.Cell):
@@ -87,7 +88,7 @@ class _MicroBatchCell(_BufferCell):
         super().__init__(_check_buffer(buffer, optimizer))
         self.network = check_isinstance(network, "network", nn.Cell)
         if not network.trainable_params():
-            raise ArgumentValueError("{network:subject} must have trainable parameters, but got none.")
+            raise ArgumentValueError("{@network:subject} must have trainable parameters, but got none.")
         sparse = sparse_gradient_cell(network)
         check_policy_fits(sparse, buffer.guard.policy, buffer.leaves_out)
         self.grads_norm = _ops.SparseGradsNorm() if sparse else _ops.DenseGradsNorm()  # for statistics

@@ -68,8 +68,8 @@ class TrainWindowCell(TrainAccumulationCell):
         with door("TrainWindowCell.set_micro_batches"):
             check_positive_int(count, "count")
             if count > self.accumulate_step:
-                raise ArgumentValueError("{count:subject} must be at most {accumulate_step} ({accumulate_step2}), but "
-                                         "got {count2}.", accumulate_step2=self.accumulate_step, count2=count)
+                raise ArgumentValueError("{@count:subject} must be at most {@accumulate_step} ({accumulate_step}), "
+                                         "but got {count}.", accumulate_step=self.accumulate_step, count=count)
         if count != self._bound:  # written only when it changes: one host-to-device copy
             self.micro_batches.set_data(Tensor(count, ms.int32))
             self._bound = count

@@ -76,8 +76,8 @@ class UserModel:
         arrays = tuple(value.asnumpy() if isinstance(value, Tensor) else value for value in batch)
         if any(value.shape[:1] != (batch_size,) for value in arrays):
             shapes = ", ".join(str(value.shape) for value in arrays)
-            raise ArgumentValueError("{where} must return {batch_size2} rows in each column, but returned arrays of "
-                                     "shapes {shapes}.", where=where, batch_size2=batch_size, shapes=shapes)
+            raise ArgumentValueError("{where} must return {batch_size} rows in each column, but returned arrays of "
+                                     "shapes {shapes}.", where=where, batch_size=batch_size, shapes=shapes)
         return arrays
 
     def data(self, batch_size: int, usage: str, shard_id: int, num_shards: int) -> Dataset:
@@ -105,18 +105,18 @@ class UserModel:
                                      call=call, where=where, value=_kind(data))
         wanted = columns_wanted(self.net_with_loss, len(data.get_col_names()))
         if wanted is not None or data.get_batch_size() != batch_size:
-            raise ArgumentValueError("{call} of {where} must yield batches of {batch_size2} of {value}, but yields "
-                                     "the columns {value2} in batches of {value3}.", call=call, where=where,
-                                     batch_size2=batch_size,
-                                     value='the columns of ' + wanted if wanted else 'its columns',
-                                     value2=data.get_col_names(), value3=data.get_batch_size())
+            raise ArgumentValueError("{call} of {where} must yield batches of {batch_size} of {wanted}, but yields "
+                                     "the columns {columns} in batches of {given}.", call=call, where=where,
+                                     batch_size=batch_size,
+                                     wanted='the columns of ' + wanted if wanted else 'its columns',
+                                     columns=data.get_col_names(), given=data.get_batch_size())
         if data.get_dataset_size() == 0:
             samples = self._samples(usage, shard_id, num_shards)
             held = f"holds {samples} sample(s), fewer than" if samples is not None else "holds less than"
             shard = "" if num_shards == 1 else f"(shard {shard_id} of {num_shards}) "
             raise NoBatchError("{call} of {where} yields no batch: its '{usage}' split {shard}{held} one batch of "
-                               "{batch_size2}.", call=call, where=where, usage=usage, shard=shard, held=held,
-                               batch_size2=batch_size, samples=samples)
+                               "{batch_size}.", call=call, where=where, usage=usage, shard=shard, held=held,
+                               batch_size=batch_size, samples=samples)
         return data
 
     def _samples(self, usage: str, shard_id: int, num_shards: int) -> Optional[int]:
@@ -155,7 +155,7 @@ def load_model(spec: str) -> UserModel:
     """
     module_name, _, function_name = DEMO_FACTORIES.get(spec, spec).partition(SEPARATOR)
     if not module_name or not function_name.isidentifier():
-        raise ArgumentValueError("{model:subject} must be 'package.module:function' (a factory) or the name of a "
+        raise ArgumentValueError("{@model:subject} must be 'package.module:function' (a factory) or the name of a "
                                  "built-in model, but got '{spec}'.", spec=spec)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

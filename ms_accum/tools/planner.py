@@ -144,13 +144,13 @@ def _checked_budget(global_batch: int, memory: Union[str, int, None], ranks: int
     check_positive_int(global_batch, "global_batch")
     check_positive_int(ranks, "ranks")
     if global_batch % ranks:
-        raise ArgumentValueError("{global_batch:subject} must be divisible by {ranks} ({ranks2}), but got "
-                                 "{global_batch2}.", ranks2=ranks, global_batch2=global_batch)
+        raise ArgumentValueError("{@global_batch:subject} must be divisible by {@ranks} ({ranks}), but got "
+                                 "{global_batch}.", ranks=ranks, global_batch=global_batch)
     budget = None if memory is None else parse_size(memory, "memory") / MIB
     check_isinstance(structures, "structures", (list, tuple))
     if not structures:
-        raise ArgumentValueError("{structures:subject} must name at least one structure, but got {structures2!r}.",
-                                 structures2=structures)
+        raise ArgumentValueError("{@structures:subject} must name at least one structure, but got {structures!r}.",
+                                 structures=structures)
     for structure in structures:
         check_value_in(structure, "structures", TIMED_STRUCTURES)
     check_value_in(device, "device", DEVICES)
@@ -271,15 +271,15 @@ def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], gi
 
     first = run(sizes[0])
     if first.peak_mib is None:
-        raise ArgumentValueError("a micro-batch of {value} sample(s) could not be trained: {value2}.", value=sizes[0],
-                                 value2=first.error.rstrip('.'))
+        raise ArgumentValueError("a micro-batch of {size} sample(s) could not be trained: {error}.", size=sizes[0],
+                                 error=first.error.rstrip('.'))
     if first.peak_mib > limit:
-        what = Message("{memory:subject}") if given else "the device's free memory"
+        what = Message("{@memory:subject}") if given else "the device's free memory"
         raise ArgumentValueError(
-            "{what} ({budget:.0f} MiB) is below the step of one micro-batch of {value} sample(s), which peaked at "
-            "{peak_mib:.0f} MiB: the smallest budget that works is {value2} MiB (with {headroom:.0%} kept free).",
-            what=what, budget=budget, value=sizes[0], peak_mib=first.peak_mib,
-            value2=math.ceil(first.peak_mib / (1 - headroom)), headroom=headroom)
+            "{what} ({budget:.0f} MiB) is below the step of one micro-batch of {size} sample(s), which peaked at "
+            "{peak_mib:.0f} MiB: the smallest budget that works is {smallest} MiB (with {headroom:.0%} kept free).",
+            what=what, budget=budget, size=sizes[0], peak_mib=first.peak_mib,
+            smallest=math.ceil(first.peak_mib / (1 - headroom)), headroom=headroom)
     if len(sizes) > 1:
         run(sizes[len(sizes) // 2])  # the middle divisor: a line through the two ends of the range, not two neighbours
     while True:
@@ -317,12 +317,12 @@ def _factory_spec(model: Union[str, Callable]) -> str:
         module = getattr(model, "__module__", None)
         qualname = getattr(model, "__qualname__", "")
         if module is None or not qualname.isidentifier():
-            raise ArgumentValueError("{model:subject} must be a function defined at a module's top level (fresh "
-                                     "processes import it), but got {model2!r}.", model2=model)
+            raise ArgumentValueError("{@model:subject} must be a function defined at a module's top level (fresh "
+                                     "processes import it), but got {model!r}.", model=model)
         if module == "__main__":  # a script: its file's name is the module a fresh process imports
             path = getattr(sys.modules["__main__"], "__file__", None)
             if path is None:
-                raise ArgumentValueError("{model:subject} is defined in an interactive session; fresh processes "
+                raise ArgumentValueError("{@model:subject} is defined in an interactive session; fresh processes "
                                          "cannot import it. Give 'package.module:function' instead.")
             directory, module = os.path.split(os.path.splitext(os.path.abspath(path))[0])
             if directory not in sys.path:
@@ -330,8 +330,8 @@ def _factory_spec(model: Union[str, Callable]) -> str:
         return f"{module}{SEPARATOR}{qualname}"
     check_isinstance(model, "model", str)
     if model not in DEMO_FACTORIES and SEPARATOR not in model:
-        raise ArgumentValueError("{model:subject} must be 'package.module:function' (a factory) or one of {value}, "
-                                 "but got '{model2}'.", value=sorted(DEMO_FACTORIES), model2=model)
+        raise ArgumentValueError("{@model:subject} must be 'package.module:function' (a factory) or one of {models}, "
+                                 "but got '{model}'.", models=sorted(DEMO_FACTORIES), model=model)
     return model
 
 

@@ -193,11 +193,11 @@ class _Batch:
 def _split(inputs: Sequence, accumulate_step: int) -> _Batch:
     arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
     if not arrays or len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1 or arrays[0].ndim == 0:
-        raise ArgumentValueError("{inputs:subject} must be arrays sharing their first (batch) axis, but got shapes "
+        raise ArgumentValueError("{@inputs:subject} must be arrays sharing their first (batch) axis, but got shapes "
                                  "{value}.", value=[a.shape for a in arrays])
     if accumulate_step > arrays[0].shape[0]:
-        raise ArgumentValueError("{accumulate_step:subject} must not exceed the batch size {value}, but got "
-                                 "{accumulate_step2}.", value=arrays[0].shape[0], accumulate_step2=accumulate_step)
+        raise ArgumentValueError("{@accumulate_step:subject} must not exceed the batch size {value}, but got "
+                                 "{accumulate_step}.", value=arrays[0].shape[0], accumulate_step=accumulate_step)
     return _Batch(arrays=arrays, micro_batches=list(zip(*[np.array_split(a, accumulate_step) for a in arrays])))
 
 

@@ -78,26 +78,27 @@ beta=0.99)
         self.k_min = check_positive_int(k_min, "k_min")
         self.k_max = check_positive_int(k_max, "k_max")
         if k_max < k_min:
-            raise ArgumentValueError("{k_max:subject} must be at least {k_min} ({k_min2}), but got {k_max2}.",
-                                     k_min2=k_min, k_max2=k_max)
+            raise ArgumentValueError("{@k_max:subject} must be at least {@k_min} ({k_min}), but got {k_max}.",
+                                     k_min=k_min, k_max=k_max)
         self.fraction = check_positive_float(fraction, "fraction")
         self.lr_rule = check_value_in(lr_rule, "lr_rule", LR_RULES)
         self.min_samples = None if min_samples is None else check_positive_int(min_samples, "min_samples", minimum=0)
         self.every = None if every is None else check_positive_int(every, "every")
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-            raise ArgumentTypeError("{threshold:subject} must be a non-negative float, but got {value!r}.",
+            raise ArgumentTypeError("{@threshold:subject} must be a non-negative float, but got {value!r}.",
                                     value=threshold)
         if not (math.isfinite(threshold) and threshold >= 0):
-            raise ArgumentValueError("{threshold:subject} must be a non-negative float, but got {value}.",
+            raise ArgumentValueError("{@threshold:subject} must be a non-negative float, but got {value}.",
                                      value=threshold)
         self.threshold = float(threshold)
         if max_change is not None and check_positive_float(max_change, "max_change") <= 1:
-            raise ArgumentValueError("{max_change:subject} must be a float above 1, but got {value}.", value=max_change)
+            raise ArgumentValueError("{@max_change:subject} must be a float above 1, but got {value}.",
+                                     value=max_change)
         self.max_change = None if max_change is None else float(max_change)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)):
-            raise ArgumentTypeError("{beta:subject} must be a float in (0, 1), but got {value!r}.", value=beta)
+            raise ArgumentTypeError("{@beta:subject} must be a float in (0, 1), but got {value!r}.", value=beta)
         if not 0 < beta < 1:
-            raise ArgumentValueError("{beta:subject} must be a float in (0, 1), but got {value}.", value=beta)
+            raise ArgumentValueError("{@beta:subject} must be a float in (0, 1), but got {value}.", value=beta)
         self.beta = float(beta)
 
     @property
@@ -258,19 +259,19 @@ def check_adaptive(adaptive: AdaptiveK, structure: str, reduction: str, measured
     """Refuses, before anything compiles, a run where `adaptive` cannot measure what it decides from: the executor's
     `structure` and `reduction`, whether it `measured` the gradient norms, over `ranks` ranks."""
     if structure == "cached":
-        raise ArgumentValueError("{mini_steps:subject} must be a fixed K or a schedule with {structure=}: AdaptiveK "
+        raise ArgumentValueError("{@mini_steps:subject} must be a fixed K or a schedule with {structure=}: AdaptiveK "
                                  "decides from the gradient noise scale, and gradient caching measures no "
                                  "micro-batch's gradient on its own, but got {adaptive!r}.", structure="cached",
                                  adaptive=adaptive)
     if reduction == "sum":
-        raise ArgumentValueError("{mini_steps:subject} must be a fixed K or a schedule with a summing loss "
+        raise ArgumentValueError("{@mini_steps:subject} must be a fixed K or a schedule with a summing loss "
                                  "(reduction 'sum'): AdaptiveK decides from the gradient noise scale, which compares "
                                  "mean gradients, but got {adaptive!r}.", adaptive=adaptive)
     if not measured:
-        raise ArgumentValueError("{mini_steps:subject} is {adaptive!r}, which decides from the gradient noise scale, "
+        raise ArgumentValueError("{@mini_steps:subject} is {adaptive!r}, which decides from the gradient noise scale, "
                                  "but the executor measures no gradient norm: build it with "
                                  "statistics=StatisticsOptions(noise_scale=True).", adaptive=adaptive)
     if ranks == 1 and adaptive.k_min < 2:
-        raise ArgumentValueError("{k_min:subject} must be at least 2 on one rank, but got {value}: the noise scale "
+        raise ArgumentValueError("{@k_min:subject} must be at least 2 on one rank, but got {value}: the noise scale "
                                  "compares the micro-batch's gradient with the window's, and a window of one "
                                  "micro-batch has one batch size, so K would never move.", value=adaptive.k_min)

@@ -109,7 +109,7 @@ def _appended(metadata: Dict[str, MetaValue]) -> Dict[str, MetaValue]:
     """`metadata`, checked, as the file's entries: prefixed, with ms_accum's format version."""
     for key, value in metadata.items():
         if not isinstance(value, (int, float, str, bool)):
-            raise ArgumentTypeError("{metadata:subject} must map names to int, float, bool or str, but '{key}' is "
+            raise ArgumentTypeError("{@metadata:subject} must map names to int, float, bool or str, but '{key}' is "
                                     "{name}.", key=key, name=type(value).__name__)
     append = {_META_PREFIX + "format_version": FORMAT_VERSION}
     # A Python float would be stored as a float32 Tensor: as numpy's float64 it comes back as it was, so a resumed run's
@@ -286,9 +286,10 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
     for name in sorted(set(own) & set(params)):
         if tuple(own[name].shape) != tuple(params[name].shape) or own[name].dtype != params[name].dtype:
             raise CheckpointError("Checkpoint '{path}' does not fit {network_name}: parameter '{name}' has shape "
-                                  "{value} and dtype {dtype} in the file but {value2} and {dtype2} in the network.",
-                                  path=path, network_name=network_name, name=name, value=tuple(params[name].shape),
-                                  dtype=params[name].dtype, value2=tuple(own[name].shape), dtype2=own[name].dtype)
+                                  "{shape} and dtype {dtype} in the file but {own_shape} and {own_dtype} in the "
+                                  "network.", path=path, network_name=network_name, name=name,
+                                  shape=tuple(params[name].shape), dtype=params[name].dtype,
+                                  own_shape=tuple(own[name].shape), own_dtype=own[name].dtype)
     not_loaded, _ = ms.load_param_into_net(network, params, strict_load=True)
     not_loaded = [name for name in not_loaded if name not in own or not is_random_state(own[name])]
     if strict and not_loaded:  # cannot happen after the checks above; kept so a MindSpore change cannot slip by

@@ -128,7 +128,7 @@ class GradientAccumulation:
         reduction = window_reduction(loss_fn, window.reduction)
         reduction = kind.refuse(network, loss_fn, reduction, self.guard, measure)
         if measure.noise_scale and reduction == "sum":
-            raise ArgumentValueError("{noise_scale:subject} needs the window's mean (reduction 'mean' or "
+            raise ArgumentValueError("{@noise_scale:subject} needs the window's mean (reduction 'mean' or "
                                      "'weighted_mean'), but got reduction 'sum'.")
         self.parallel = data_parallel_info()  # None when stand-alone
         # Built before the buffer: the part's state, cloned from the parameters, then comes before the buffer's in
@@ -177,9 +177,9 @@ class GradientAccumulation:
                 given["reduction"] = options["window"].reduction
             for arg_name, value in given.items():
                 if value is not None:
-                    raise ArgumentValueError("{arg_name:subject} comes from the plan ('{value}'), but it was "
-                                             "also given: '{value2}'.", arg_name=Argument(arg_name),
-                                             value=getattr(plan, arg_name), value2=value)
+                    raise ArgumentValueError("{arg_name:subject} comes from the plan ('{planned}'), but it was "
+                                             "also given: '{value}'.", arg_name=Argument(arg_name),
+                                             planned=getattr(plan, arg_name), value=value)
         window = options.pop("window", None) or WindowOptions()
         executor = cls(network, loss_fn, optimizer, structure=plan.structure,
                        window=WindowOptions(plan.reduction, window.clip_norm, window.buffer_dtype), **options)
@@ -271,13 +271,13 @@ class GradientAccumulation:
         """`mini_steps`, or the plan's K; a plan also fixes the micro-batch."""
         if self.plan is None:
             if mini_steps is None:
-                raise ArgumentTypeError("{mini_steps:subject} must be a positive int (only an executor built by "
+                raise ArgumentTypeError("{@mini_steps:subject} must be a positive int (only an executor built by "
                                         "GradientAccumulation.from_plan takes its plan's), but got None.")
             return mini_steps
         if isinstance(train_dataset, Dataset) and train_dataset.get_batch_size() != self.plan.batch_size:
-            raise ArgumentValueError("{train_dataset:subject} must yield the plan's micro-batches of {batch_size2} "
-                                     "samples, but its batch size is {value}.", batch_size2=self.plan.batch_size,
-                                     value=train_dataset.get_batch_size())
+            raise ArgumentValueError("{@train_dataset:subject} must yield the plan's micro-batches of {batch_size} "
+                                     "samples, but its batch size is {given}.", batch_size=self.plan.batch_size,
+                                     given=train_dataset.get_batch_size())
         return self.plan.accumulate_step if mini_steps is None else mini_steps
 
 
@@ -299,7 +299,7 @@ def _validation(eval_dataset: Optional[Dataset], eval_every) -> Optional[Tuple[D
     """`train_process`'s held-out data and when to score it, checked."""
     if eval_dataset is None:
         if eval_every is not None:
-            raise ArgumentValueError("{eval_every:subject} needs {eval_dataset}, but {eval_dataset} is None.")
+            raise ArgumentValueError("{@eval_every:subject} needs {@eval_dataset}, but {@eval_dataset} is None.")
         return None
     check_isinstance(eval_dataset, "eval_dataset", Dataset)
     if isinstance(eval_every, Validation):
@@ -311,15 +311,15 @@ def _sharded(shard_optimizer, parallel: Optional[DataParallelInfo], optimizer: n
     """This rank's part of the optimizer when its state is sharded (asked for, on more than one rank), else None; an
     optimizer that cannot be sharded so is refused before anything is built."""
     if not isinstance(shard_optimizer, bool) and not callable(shard_optimizer):
-        raise ArgumentTypeError("{shard_optimizer:subject} must be bool or a factory params -> optimizer, but got "
-                                "{shard_optimizer2!r} of type {name}.", shard_optimizer2=shard_optimizer,
+        raise ArgumentTypeError("{@shard_optimizer:subject} must be bool or a factory params -> optimizer, but got "
+                                "{shard_optimizer!r} of type {name}.", shard_optimizer=shard_optimizer,
                                 name=type(shard_optimizer).__name__)
     if shard_optimizer is False:
         return None
     if parallel is None:
-        warnings.warn(ArgumentWarning("{shard_optimizer} changes nothing in one process, which holds all the optimizer "
-                                      "state: start the script with msrun and call ms_accum.init_data_parallel() "
-                                      "first (docs/data-parallel.md)."), stacklevel=4)
+        warnings.warn(ArgumentWarning("{@shard_optimizer} changes nothing in one process, which holds all the "
+                                      "optimizer state: start the script with msrun and call "
+                                      "ms_accum.init_data_parallel() first (docs/data-parallel.md)."), stacklevel=4)
         return None
     return rank_part(optimizer, parallel, check_shardable(optimizer, parallel.group_size, shard_optimizer))
 
@@ -329,5 +329,5 @@ def _check_optimizer_updates(network: nn.Cell, optimizer: nn.Optimizer) -> None:
     own = {id(p) for p in network.get_parameters()}
     for param in optimizer.parameters:
         if id(param) not in own:
-            raise ArgumentValueError("{optimizer:subject} must update Parameters of {network}, but '{name}' is not "
+            raise ArgumentValueError("{@optimizer:subject} must update Parameters of {@network}, but '{name}' is not "
                                      "one of them (an optimizer built over another network?).", name=param.name)

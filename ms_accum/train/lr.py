@@ -95,12 +95,12 @@ class SamplesLR(LearningRateSchedule):
         if isinstance(schedule, type):  # callable, but calling it would build one, with the samples as its argument
             made = ("an instance of it, e.g. " + f"{schedule.__name__}(...)"
                     if issubclass(schedule, LearningRateSchedule) else "an instance or a function")
-            raise ArgumentTypeError("{schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
+            raise ArgumentTypeError("{@schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
                                     "got the class {module}.{qualname}: give {made}.", module=schedule.__module__,
                                     qualname=schedule.__qualname__, made=made)
         if not callable(schedule):
-            raise ArgumentTypeError("{schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
-                                    "got {schedule2!r} of type {name}.", schedule2=schedule,
+            raise ArgumentTypeError("{@schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
+                                    "got {schedule!r} of type {name}.", schedule=schedule,
                                     name=type(schedule).__name__)
         self.schedule = schedule
         self._of_tensor = isinstance(schedule, LearningRateSchedule)
@@ -149,7 +149,7 @@ class RunRate:
         self.samples_lr = rate if isinstance(rate, SamplesLR) else None
         held = [rate] if isinstance(rate, Parameter) else list(rate) if isinstance(rate, ParameterTuple) else None
         if scaled and self.samples_lr is None and held is None:
-            raise ArgumentValueError("{mini_steps:subject} scales the learning rate with the batch, which needs the "
+            raise ArgumentValueError("{@mini_steps:subject} scales the learning rate with the batch, which needs the "
                                      "optimizer's rate to be a number (or one per group) or a SamplesLR, but it is "
                                      "{kind}: wrap a schedule as SamplesLR(schedule), which runs on samples, or give "
                                      "lr_rule='none'.", kind=type(rate).__name__)

@@ -160,7 +160,7 @@ class Checkpoints:
     @door("Checkpoints")
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
-            raise ArgumentTypeError("{directory:subject} must be a directory path, but got {given!r} of type "
+            raise ArgumentTypeError("{@directory:subject} must be a directory path, but got {given!r} of type "
                                     "{kind}.", given=self.directory, kind=type(self.directory).__name__)
         check_isinstance(self.name, "name", str)
         for arg_name in ("save_every", "keep_last"):
@@ -226,7 +226,7 @@ def with_deprecated(given: Dict[str, Any], keywords: Dict[str, Any], allowed: Se
         if option == "checkpoints" and fields.get("directory", "") is None:
             if any(fields.get(name) not in (None, False) for name in ("save_every", "resume")):
                 needs = "save_every" if fields.get("save_every") is not None else "resume"
-                raise ArgumentValueError("{needs:subject} needs {ckpt_dir}, but {ckpt_dir} is None.",
+                raise ArgumentValueError("{needs:subject} needs {@ckpt_dir}, but {@ckpt_dir} is None.",
                                          needs=Argument(needs))
             result[option] = None
             continue

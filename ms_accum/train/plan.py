@@ -48,9 +48,9 @@ def _built_fingerprint(model: str, unrecorded: str) -> dict:
         return network_fingerprint(getattr(importlib.import_module(module_name), function_name)()[0])
     except Exception as err:  # noqa: BLE001  (whatever the factory raises, the plan cannot be checked)
         cause = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ArgumentValueError("{unrecorded}, and its model '{model2}' cannot be built to compare it with the "
+        raise ArgumentValueError("{unrecorded}, and its model '{model}' cannot be built to compare it with the "
                                  "network given ({name}: {cause}): plan again for this network.",
-                                 unrecorded=unrecorded, model2=model, name=type(err).__name__, cause=cause) from err
+                                 unrecorded=unrecorded, model=model, name=type(err).__name__, cause=cause) from err
 
 
 def _describe(fingerprint: dict) -> str:
@@ -134,19 +134,19 @@ class Plan:
         where = f"the field '{{}}' of the plan '{path}'" if path else "the field '{}' of the plan"
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(values, dict):
-            raise ArgumentValueError("the plan{value} must be a JSON object of {value2}, but got {name}.",
-                                     value=f' {path!r}' if path else '', value2=sorted(names),
+            raise ArgumentValueError("the plan{path} must be a JSON object of {names}, but got {name}.",
+                                     path=f' {path!r}' if path else '', names=sorted(names),
                                      name=type(values).__name__)
         values = _renamed(values)
         missing = names - set(values) - _OPTIONAL
         if missing:
-            raise ArgumentValueError("a plan must hold {value}, but {value2} are missing.",
-                                     value=sorted(names - _OPTIONAL), value2=sorted(missing))
+            raise ArgumentValueError("a plan must hold {required}, but {missing} are missing.",
+                                     required=sorted(names - _OPTIONAL), missing=sorted(missing))
 
         def bad(name: str, expected: str, value: Any = None) -> ValueError:
             value = values[name] if value is None else value
-            return ArgumentValueError("{value} must be {expected}, but got {value2!r}.", value=where.format(name),
-                                      expected=expected, value2=value)
+            return ArgumentValueError("{field} must be {expected}, but got {value!r}.", field=where.format(name),
+                                      expected=expected, value=value)
 
         if not isinstance(values["model"], str) or not values["model"]:
             raise bad("model", "a factory 'package.module:function' or a model's name")
@@ -208,26 +208,25 @@ class Plan:
         name = f"'{self.path}'" if self.path else f"for '{self.model}'"
         if ranks is not None and ranks != self.ranks:
             raise ArgumentValueError(
-                "the plan {name} was made for {ranks2} rank(s) (a global batch of {global_batch2} = K "
-                "{accumulate_step2} x B {batch_size2} x {ranks3} rank(s)), but this run has {ranks4}: plan again for "
-                "{ranks5} rank(s).", name=name, ranks2=self.ranks, global_batch2=self.global_batch,
-                accumulate_step2=self.accumulate_step, batch_size2=self.batch_size, ranks3=self.ranks, ranks4=ranks,
-                ranks5=ranks)
+                "the plan {name} was made for {planned} rank(s) (a global batch of {global_batch} = K "
+                "{accumulate_step} x B {batch_size} x {planned} rank(s)), but this run has {ranks}: plan again for "
+                "{ranks} rank(s).", name=name, planned=self.ranks, global_batch=self.global_batch,
+                accumulate_step=self.accumulate_step, batch_size=self.batch_size, ranks=ranks)
         if network is None:
             return self
         actual = network_fingerprint(network)
         if self.network is not None and actual != self.network:
             raise ArgumentValueError(
-                "the plan {name} was made for another network, {value}, but the network given has {value2}: plan "
-                "again for this network.", name=name, value=_describe(self.network), value2=_describe(actual))
+                "the plan {name} was made for another network, {planned}, but the network given has {actual}: plan "
+                "again for this network.", name=name, planned=_describe(self.network), actual=_describe(actual))
         if self.network is None:  # a plan of before fingerprints: its model, built now, is what it was made for
             unrecorded = f"the plan {name} records no network (it was written before plans recorded one)"
             planned = _built_fingerprint(self.model, unrecorded)
             if actual != planned:
                 raise ArgumentValueError(
-                    "{unrecorded}, and its model '{model2}', built now, has {value}, but the network given has "
-                    "{value2}: plan again for this network.", unrecorded=unrecorded, model2=self.model,
-                    value=_describe(planned), value2=_describe(actual))
+                    "{unrecorded}, and its model '{model}', built now, has {planned}, but the network given has "
+                    "{actual}: plan again for this network.", unrecorded=unrecorded, model=self.model,
+                    planned=_describe(planned), actual=_describe(actual))
         return self
 
     def save(self, path: str) -> str:
@@ -255,8 +254,8 @@ class Plan:
         if not isinstance(values, dict) or required - set(_renamed(values)):
             held = sorted(values) if isinstance(values, dict) else type(values).__name__
             raise ArgumentValueError("the file '{path}' is not a plan written by 'ms-accum plan --output'{aside}: "
-                                     "a plan must hold {value}, but got {held}.", aside=Aside(" or Plan.save"),
-                                     path=path, value=sorted(required), held=held)
+                                     "a plan must hold {required}, but got {held}.", aside=Aside(" or Plan.save"),
+                                     path=path, required=sorted(required), held=held)
         return cls.from_dict(values, path)
 
     def __str__(self) -> str:

@@ -42,7 +42,7 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], arg_name: str = "nam
     cells = {path: cell for path, cell in network.cells_and_names() if path}
     if isinstance(names, str):  # a str is iterable too: its letters are no cell paths
         raise ArgumentTypeError("{arg_name:subject} must be a list of cell paths, e.g. ['{names}'], but got "
-                                "the str '{names2}'.", arg_name=Argument(arg_name), names=names, names2=names)
+                                "the str '{names}'.", arg_name=Argument(arg_name), names=names)
     names = list(names)
     for name in names:
         check_isinstance(name, arg_name, str)

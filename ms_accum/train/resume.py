@@ -88,7 +88,7 @@ class StateCheckpoints:
         meta = contents[1]
         if meta.get("kind") != STATE_KIND:
             raise CheckpointError("Checkpoint '{path}' holds no training state to resume from (it was not saved with "
-                                  "{save_every}).", path=path)
+                                  "{@save_every}).", path=path)
         for key in _SAME:
             if meta.get(key) != self.run[key]:
                 raise CheckpointError("Checkpoint '{path}' was saved with {saved}, but this run has {this}: resuming "
@@ -253,7 +253,7 @@ def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, M
         if saved_batch % _per_batch(run) == 0:
             keeps = Message("{mini_steps=} keeps it", mini_steps=saved_batch // _per_batch(run))
         else:
-            keeps = Message("no {mini_steps} keeps it with {batch_size=} on {ranks} rank(s), as {saved} is not a "
+            keeps = Message("no {@mini_steps} keeps it with {batch_size=} on {ranks} rank(s), as {saved} is not a "
                             "multiple of {per_batch}", batch_size=int(run["rank_batch_size"]),
                             ranks=run["world_size"], saved=saved_batch, per_batch=_per_batch(run))
         raise CheckpointError("Checkpoint '{path}' was saved with a global batch of {saved_batch} samples per update "
@@ -280,8 +280,9 @@ def _check_epoch_samples(path: str, saved: Dict[str, MetaValue], run: Dict[str, 
     """Refuses a resume whose samples per epoch differ from the saved run's."""
     saved_epoch, epoch = int(saved["num_batches"]) * _per_batch(saved), int(run["num_batches"]) * _per_batch(run)
     if saved_epoch != epoch:
-        raise CheckpointError("Checkpoint '{path}' was saved by a run reading {saved_epoch} samples an epoch ({value} "
-                              "batches of {value2} over all ranks), but this run reads {epoch2} ({value3} batches of "
-                              "{value4}): resuming would not continue the same training.", path=path,
-                              saved_epoch=saved_epoch, value=saved['num_batches'], value2=_per_batch(saved),
-                              epoch2=epoch, value3=run['num_batches'], value4=_per_batch(run))
+        raise CheckpointError("Checkpoint '{path}' was saved by a run reading {saved_epoch} samples an epoch "
+                              "({saved_batches} batches of {saved_batch} over all ranks), but this run reads {epoch} "
+                              "({batches} batches of {batch}): resuming would not continue the same training.",
+                              path=path, saved_epoch=saved_epoch, saved_batches=saved['num_batches'],
+                              saved_batch=_per_batch(saved), epoch=epoch, batches=run['num_batches'],
+                              batch=_per_batch(run))

@@ -102,7 +102,7 @@ class Run:
             # Every window closes with a collective: a rank with fewer batches would leave the others waiting.
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
         if num_batches <= 0:
-            raise ArgumentValueError("{train_dataset:subject} must not be empty, but it has no batches.")
+            raise ArgumentValueError("{@train_dataset:subject} must not be empty, but it has no batches.")
         return num_batches
 
     def _warn_long_k(self) -> None:
@@ -110,7 +110,7 @@ class Run:
         fixed = self.settings["accumulate_step"]  # 0 when K changes
         if fixed > self.num_batches:
             done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
-            warnings.warn(ArgumentWarning("{mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
+            warnings.warn(ArgumentWarning("{@mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
                                           "window is partial and is {done} at the end of the epoch.",
                                           k=fixed, batches=self.num_batches, done=done),
                           stacklevel=5)  # this, Run, train_process, its door, the user
@@ -141,7 +141,7 @@ class Run:
                                                       for k, size, _ in planned)
         if self.noise_scale is not None and self.parallel is None and self.largest == 1:
             given = self.settings["accumulate_step"] or "a schedule that is 1 in every window of this run"
-            raise ArgumentValueError("{mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
+            raise ArgumentValueError("{@mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
                                      "one rank: the noise scale compares the micro-batch's gradient with the "
                                      "window's, and with one micro-batch per window they are one batch size, but got "
                                      "{given}.", given=given, noise_scale=True)

@@ -162,14 +162,14 @@ def rampup(start: int, increment: int, samples_per_increment: int, global_batch:
                             ("global_batch", global_batch), ("batch_size", batch_size)):
         check_positive_int(value, arg_name)
     if global_batch < start or (global_batch - start) % increment:
-        raise ArgumentValueError("{global_batch:subject} must be 'start' ({start}) plus a whole number of 'increment' "
-                                 "({increment}), but got {global_batch2}.", start=start, increment=increment,
-                                 global_batch2=global_batch)
+        raise ArgumentValueError("{@global_batch:subject} must be {@start} ({start}) plus a whole number of "
+                                 "{@increment} ({increment}), but got {global_batch}.", start=start,
+                                 increment=increment, global_batch=global_batch)
     schedule = {}
     for i, batch in enumerate(range(start, global_batch + 1, increment)):
         if batch % batch_size:
-            raise ArgumentValueError("every global batch of the ramp must be divisible by {batch_size} "
-                                     "({batch_size2}), but {batch} is not.", batch_size2=batch_size, batch=batch)
+            raise ArgumentValueError("every global batch of the ramp must be divisible by {@batch_size} "
+                                     "({batch_size}), but {batch} is not.", batch_size=batch_size, batch=batch)
         schedule[i * samples_per_increment] = batch // batch_size
     return schedule
 
@@ -179,8 +179,8 @@ def _check_table(schedule: dict, arg_name: str) -> List[Tuple[int, int]]:
     table = sorted(schedule.items()) if all(isinstance(key, int) for key in schedule) else None
     if not schedule or table is None or any(isinstance(key, bool) for key in schedule):
         raise ArgumentTypeError("{arg_name:subject} must be a positive int, a dict from samples consumed "
-                                "(ints, the first 0) to K, or a callable K(samples), but got {schedule2!r}.",
-                                arg_name=Argument(arg_name), schedule2=schedule)
+                                "(ints, the first 0) to K, or a callable K(samples), but got {schedule!r}.",
+                                arg_name=Argument(arg_name), schedule=schedule)
     if list(schedule) != [start for start, _ in table] or table[0][0] != 0:
         raise ArgumentValueError("the thresholds of {arg_name} must start at 0 and increase, but got {value}.",
                                  arg_name=Argument(arg_name), value=list(schedule))

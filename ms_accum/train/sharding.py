@@ -176,15 +176,15 @@ def check_shardable(optimizer: nn.Optimizer, ranks: int,
     of `optimizer`'s class (`REBUILT`); refuses, with the reason, an optimizer that cannot be sharded so."""
     for flag in ("use_lazy", "use_offload"):  # nn.Adam's; other classes have neither
         if optimizer_attribute(optimizer, flag, False):
-            raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer}: it was built with "
-                                     "{flag}=True, whose state does not live in its Parameters.", flag=flag)
+            raise ArgumentValueError("{@optimizer:subject} cannot be sharded with {@shard_optimizer}: it was built "
+                                     "with {flag}=True, whose state does not live in its Parameters.", flag=flag)
     if len(optimizer.parameters) < ranks:
-        raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer} over {ranks2} ranks: it "
-                                 "updates {value} parameters, and a rank would own none (whole parameters are shared "
-                                 "out).", ranks2=ranks, value=len(optimizer.parameters))
+        raise ArgumentValueError("{@optimizer:subject} cannot be sharded with {@shard_optimizer} over {ranks} ranks: "
+                                 "it updates {parameters} parameters, and a rank would own none (whole parameters are "
+                                 "shared out).", ranks=ranks, parameters=len(optimizer.parameters))
     steps = optimizer.global_step.asnumpy().item()
     if steps:  # each rank's optimizer starts from a new state, as `optimizer` was built
-        raise ArgumentValueError("{optimizer:subject} cannot be sharded with {shard_optimizer} after it has stepped "
+        raise ArgumentValueError("{@optimizer:subject} cannot be sharded with {@shard_optimizer} after it has stepped "
                                  "({steps} steps): each rank's optimizer starts from a new state; resume from the "
                                  "run's training-state file instead.", steps=steps)
     if shard_optimizer is not True:
@@ -192,11 +192,11 @@ def check_shardable(optimizer: nn.Optimizer, ranks: int,
     kind = type(optimizer)
     if kind not in REBUILT:
         names = ", ".join(f"nn.{k.__name__}" for k in REBUILT)
-        raise ArgumentValueError("{shard_optimizer:subject} must be a factory params -> optimizer that builds your "
+        raise ArgumentValueError("{@shard_optimizer:subject} must be a factory params -> optimizer that builds your "
                                  "{name} over a rank's parameters: ms_accum rebuilds {names} by itself, but got True.",
                                  name=kind.__name__, names=names)
     if optimizer_attribute(optimizer, "dynamic_weight_decay"):
-        raise ArgumentValueError("{shard_optimizer:subject} must be a factory params -> optimizer that builds your "
+        raise ArgumentValueError("{@shard_optimizer:subject} must be a factory params -> optimizer that builds your "
                                  "{name} over a rank's parameters when its weight decay is a Cell (a schedule, which "
                                  "ms_accum does not read back), but got True.", name=kind.__name__)
     arguments = {name: _number(optimizer_attribute(optimizer, name)) for name in REBUILT[kind]}
@@ -209,33 +209,33 @@ def local_optimizer(optimizer: nn.Optimizer, owned: Sequence[int], factory: Opti
     params = [optimizer.parameters[i] for i in owned]
     part = factory(list(params))
     if not isinstance(part, nn.Optimizer):
-        raise ArgumentTypeError("{shard_optimizer:subject} must return an nn.Optimizer, but returned {part!r} of type "
+        raise ArgumentTypeError("{@shard_optimizer:subject} must return an nn.Optimizer, but returned {part!r} of type "
                                 "{name}.", part=part, name=type(part).__name__)
     if [id(param) for param in part.parameters] != [id(param) for param in params]:
-        raise ArgumentValueError("{shard_optimizer:subject} must build an optimizer over the parameters it is given, "
-                                 "in their order, but it was given {value} and built one over {value2}.",
-                                 value=[p.name for p in params], value2=[p.name for p in part.parameters])
+        raise ArgumentValueError("{@shard_optimizer:subject} must build an optimizer over the parameters it is given, "
+                                 "in their order, but it was given {given} and built one over {built}.",
+                                 given=[p.name for p in params], built=[p.name for p in part.parameters])
     theirs = {param.name: param for param in optimizer.get_parameters()}
     held = {param.name: param for param in part.get_parameters()}
     own = {param.name for param in params}
     for name in sorted(held.keys() - own):
         mine, given = held[name], theirs.get(name)
         if given is None or given.shape != mine.shape or given.dtype != mine.dtype:
-            raise ArgumentValueError("{shard_optimizer:subject} must build the optimizer's class with its settings, "
-                                     "but the optimizer it built holds '{name}', which {optimizer:subject} does not "
+            raise ArgumentValueError("{@shard_optimizer:subject} must build the optimizer's class with its settings, "
+                                     "but the optimizer it built holds '{name}', which {@optimizer:subject} does not "
                                      "hold (with shape {shape}, {dtype}).", name=name, shape=mine.shape,
                                      dtype=mine.dtype)
         if mine is not given and mine.size == 1 and given.asnumpy().item() != mine.asnumpy().item():
-            raise ArgumentValueError("{shard_optimizer:subject} must build the optimizer's class with its settings, "
-                                     "but the optimizer it built holds '{name}' = {value} where {optimizer:subject} "
-                                     "holds {value2}.", name=name, value=mine.asnumpy().item(),
-                                     value2=given.asnumpy().item())
+            raise ArgumentValueError("{@shard_optimizer:subject} must build the optimizer's class with its settings, "
+                                     "but the optimizer it built holds '{name}' = {built} where {@optimizer:subject} "
+                                     "holds {given}.", name=name, built=mine.asnumpy().item(),
+                                     given=given.asnumpy().item())
     state = _state(optimizer)
     missing = [p.name for p in optimizer.get_parameters() if id(p) in state and p.name.partition(".")[2] in own
                and p.name not in held]
     if missing:
-        raise ArgumentValueError("{shard_optimizer:subject} must build the optimizer's class with its settings, but "
-                                 "the optimizer it built does not hold '{value}', which {optimizer:subject} keeps for "
+        raise ArgumentValueError("{@shard_optimizer:subject} must build the optimizer's class with its settings, but "
+                                 "the optimizer it built does not hold '{value}', which {@optimizer:subject} keeps for "
                                  "that parameter.", value=missing[0])
     return part
 

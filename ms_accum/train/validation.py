@@ -107,7 +107,7 @@ class Evaluator:
         totals = np.asarray([loss_sum, weight_sum, correct, samples, float(classes)], np.float32)
         loss_sum, weight_sum, correct, samples, classes = reducer.total(Tensor(totals)).asnumpy().astype(np.float64)
         if weight_sum == 0:
-            raise ArgumentValueError("{eval_dataset:subject} must yield at least one batch, but it yields none.")
+            raise ArgumentValueError("{@eval_dataset:subject} must yield at least one batch, but it yields none.")
         scores = {"loss": loss_sum / weight_sum}
         classes = classes == reducer.total(Tensor(np.ones(1, np.float32))).asnumpy()[0]  # on every rank
         if classes:
@@ -121,7 +121,7 @@ class Evaluator:
         if name is None:
             return False
         if name not in scores:
-            raise ArgumentValueError("{keep_best:subject} must name a score of the validation, one of {value}, but "
+            raise ArgumentValueError("{@keep_best:subject} must name a score of the validation, one of {value}, but "
                                      "got '{name}'.", value=sorted(scores), name=name)
         value = scores[name]
         better = math.isnan(self.best) or (value < self.best if name == "loss" else value > self.best)

@@ -21,7 +21,7 @@ class Cached(Structure):
     def refuse(cls, network: nn.Cell, loss_fn: nn.Cell, reduction: str, guard: GuardOptions,
                statistics: StatisticsOptions) -> str:
         if loss_fn is None:
-            raise ArgumentValueError("{loss_fn:subject} must be the loss of the whole window's outputs with "
+            raise ArgumentValueError("{@loss_fn:subject} must be the loss of the whole window's outputs with "
                                      "{structure=}, but got None: gradient caching runs the loss apart from the "
                                      "network.", structure='cached')
         check_loss_signature(loss_fn)

@@ -1,0 +1,163 @@
+"""Messages as data (`ms_accum._validation.Message`): a template's fields are argument references (``{@name}``) or
+values (``{name}``, ``{name=}``), told apart by their form; a template whose fields and values do not match is refused
+as the message is built, a bug found here rather than by a user; and every template of the package fits the values its
+raise site gives, and renders, in the library's words and in the command line's."""
+import ast
+import pathlib
+import pickle
+import string
+
+import pytest
+
+import ms_accum
+from ms_accum import cli
+from ms_accum._validation import LIBRARY, Argument, ArgumentValueError, Message, NoBatchError, Setting
+from ms_accum.cli.errors import CliWords
+from conftest import raises_exactly
+
+PACKAGE = pathlib.Path(ms_accum.__file__).parent
+K = "{@k_max:subject} must be at least {@k_min} ({k_min}), but got {k_max}."
+
+
+def words(*argv):
+    """The command line's words for `argv`, as `ms-accum` parses it."""
+    return CliWords(cli.build_parser().parse_args(list(argv)))
+
+
+def test_a_field_s_form_says_whether_it_names_an_argument_or_holds_a_value():
+    """``{@k_min}`` is the argument, ``{k_min}`` its value: no suffix tells them apart."""
+    message = Message(K + " {@k_min:plain}, {lr_rule=}, {batch:subject}: {@skip_outliers} must {_none}.", k_min=4,
+                      k_max=2, lr_rule="sqrt", batch=Argument("batch_size"))
+    assert message.render() == ("the argument 'k_max' must be at least 'k_min' (4), but got 2. k_min, lr_rule='sqrt', "
+                                "the argument 'batch_size': 'skip_outliers' must be None.")
+    assert message.render(words("train")) == (
+        "the argument '--adaptive-k' must be at least '--adaptive-k' (4), but got 2. --adaptive-k, --lr-rule sqrt, the "
+        "argument '--batch-size': '--skip-outliers' must not be given.")
+    assert message.arguments == ("k_max", "k_min", "lr_rule", "batch_size", "skip_outliers")
+    assert Message("{given} was asked for", given=Setting("model", "mlp")).render(words("eval", "--ckpt", "x")) == (
+        "--model mlp was asked for")
+
+
+@pytest.mark.parametrize("template, values, refusal", [
+    (K, {"k_min": 4}, "fields without a value: k_max"),
+    (K, {"k_min": 4, "k_max": 2, "k_max2": 2}, "values no field uses: k_max2"),
+    ("{@k_max:subject} must be at least {k_min}.", {}, "fields without a value: k_min"),  # a misspelt reference
+    ("{@k_max:name} or {@k_min!r}, {k_min=!r}", {"k_min": 4}, "fields of no known form: '@k_max', '@k_min', "
+                                                              "'k_min='; values no field uses: k_min"),
+    ("{} and {0} and {plan.ranks}", {"plan": 1}, "fields of no known form: '', '0', 'plan.ranks'; values no field "
+                                                 "uses: plan"),
+])
+def test_a_template_that_does_not_fit_its_values_is_refused_as_the_message_is_built(template, values, refusal):
+    with raises_exactly(TypeError, f"The message template {template!r} does not fit its values: {refusal}."):
+        ArgumentValueError(template, **values)
+
+
+def test_a_template_that_does_not_parse_is_refused():
+    with raises_exactly(TypeError, "The message template 'got {k_max' does not parse: expected '}' before end of "
+                                   "string."):
+        Message("got {k_max")
+
+
+def test_an_error_pickles_whole():
+    """An error crossing a process boundary is rebuilt from its state, not from its bare template."""
+    error = pickle.loads(pickle.dumps(ArgumentValueError(K, k_min=4, k_max=2).named("AdaptiveK")))
+    assert str(error) == "For 'AdaptiveK', the argument 'k_max' must be at least 'k_min' (4), but got 2."
+    assert isinstance(error, ValueError) and error.arguments == ("k_max", "k_min")
+    no_batch = pickle.loads(pickle.dumps(NoBatchError("no batch of {batch}", 3, batch=8)))
+    assert (str(no_batch), no_batch.samples) == ("no batch of 8", 3)
+
+
+def test_the_command_line_names_each_argument_by_the_flag_its_parser_adds():
+    """The flags come from the parser: a flag whose destination is not the library's name says which names it sets."""
+    assert {name: cli.FLAGS[name] for name in ("accumulate_step", "mini_steps", "epoch", "k_min", "k_max", "logdir",
+                                               "format", "directory", "data_seed", "global_batch")} == {
+        "accumulate_step": "--accumulate-step", "mini_steps": "--accumulate-step", "epoch": "--epochs",
+        "k_min": "--adaptive-k", "k_max": "--adaptive-k", "logdir": "--tensorboard", "format": "--ckpt-format",
+        "directory": "--ckpt-dir", "data_seed": "--seed", "global_batch": "--global-batch"}
+    batch = Message("{@batch_size:subject}")
+    assert batch.render(words("train")) == "the argument '--batch-size'"
+    assert batch.render(words("eval", "--ckpt", "x")) == "the argument '--eval-batch-size'"  # eval's own flag
+
+
+# --- Every template of the package. ---
+
+# Raise sites whose template or values are known only at run time, with why; the construction check still sees them.
+DYNAMIC = {
+    ("cli/job.py", "apply_plan"): "the flags that set K besides the one given, joined by 'or', as argument fields",
+}
+# Keywords a class takes for itself, not as a message value.
+OWN = {"NoBatchError": {"samples"}, "CliError": {"summary"}}
+
+
+def message_classes() -> set:
+    """`Message` and every class of the package derived from it, by name."""
+    bases = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {getattr(base, "id", getattr(base, "attr", None)) for base in node.bases}
+    found = {"Message"}
+    while True:
+        more = {name for name, of in bases.items() if of & found} - found
+        if not more:
+            return found
+        found |= more
+
+
+def raise_sites():
+    """Each call of a message class in the package: (file, enclosing function, class, the call)."""
+    classes = message_classes()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        def visit(node, function):
+            for child in ast.iter_child_nodes(node):
+                inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+                if isinstance(child, ast.Call) and getattr(child.func, "id", None) in classes:
+                    yield str(path.relative_to(PACKAGE)), inner, child.func.id, child
+                yield from visit(child, inner)
+        yield from visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+
+
+class Placeholder:
+    """A value of a template's field, whatever it is: formats under any spec a number takes."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __format__(self, spec: str) -> str:
+        return format(7, spec) if spec else f"<{self.key}>"
+
+    def __repr__(self) -> str:
+        return f"<{self.key}!r>"
+
+
+def placeholder(keyword: ast.keyword):
+    """A stand-in for the value a raise site gives: an `Argument` or `Setting` as the site builds one, else any."""
+    made = getattr(getattr(keyword.value, "func", None), "id", None)
+    if made == "Argument":
+        return Argument("batch_size")
+    if made == "Setting":
+        return Setting("batch_size", 8)
+    return Placeholder(keyword.arg)
+
+
+def test_every_template_of_the_package_fits_its_values_and_renders():
+    sites, dynamic = [], set()
+    for path, function, kind, call in raise_sites():
+        literal = bool(call.args) and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+        if (path, function) in DYNAMIC:
+            dynamic.add((path, function))
+            continue
+        where = f"{path}:{call.lineno} ({function})"
+        assert literal and all(keyword.arg for keyword in call.keywords), f"{where}: known only at run time"
+        template = call.args[0].value
+        own = OWN.get(kind, set())
+        values = {keyword.arg: placeholder(keyword) for keyword in call.keywords if keyword.arg not in own}
+        fields = {field.rstrip("=") for _, field, _, _ in string.Formatter().parse(template)
+                  if field is not None and not field.startswith(("@", "_"))}
+        assert fields == set(values), (where, template, fields ^ set(values))
+        message = Message(template, **values)  # the check the class runs as it is built
+        for reader in (LIBRARY, words("train"), words("train", "--model", "users_model:build")):
+            assert message.render(reader), where
+        sites.append(where)
+    assert len(sites) > 150, sites  # the walk found the package's messages
+    assert dynamic == set(DYNAMIC), "a listed exception no longer exists"
