@@ -1,4 +1,4 @@
-"""MindSpore's doorway: the releases ms_accum supports, and every private or undocumented name of MindSpore it relies on.
+"""MindSpore's doorway: the releases ms_accum supports, and every private or undocumented MindSpore name it relies on.
 
 A MindSpore release may move or drop any name that is not in its documented API without a word. ms_accum reaches each
 such name here and nowhere else, so that a release that moves one breaks this module, which says so (a clear error

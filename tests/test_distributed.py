@@ -399,8 +399,8 @@ def test_a_refused_checkpoint_directory_ends_every_rank_each_saying_why(tmp_path
     assert code != 0
     for rank in range(WORKERS):
         last = log_lines(str(tmp_path / "logs"), rank)[-1]
-        assert last.startswith("ms-accum train: error: ") and "--ckpt-dir" in last and last.endswith(
-            f"must be a writable directory, but '{tmp_path / 'a_file' / 'ckpt'}' cannot be created: Not a directory."), rank
+        refused = f"must be a writable directory, but '{tmp_path / 'a_file' / 'ckpt'}' cannot be created: Not a directory."
+        assert last.startswith("ms-accum train: error: ") and "--ckpt-dir" in last and last.endswith(refused), rank
 
 
 # --- Error paths, in this process (no launcher) ---
