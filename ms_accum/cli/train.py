@@ -142,7 +142,7 @@ def _checkpoints(args: argparse.Namespace, job: Job, parallel):
     # Created only now, once every argument was accepted: a refused run leaves no directory behind. Every rank
     # decides, so none waits in a collective for a rank 0 that refused (rank 0 alone saves).
     with door("ms-accum train"):
-        ckpt_dir = decided_together(lambda: check_writable_dir(args.ckpt_dir, "--ckpt-dir"), parallel,
+        ckpt_dir = decided_together(lambda: check_writable_dir(args.ckpt_dir, "directory"), parallel,
                                     "the checkpoint directory")
     metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
                 "seed": args.seed, "world_size": 1 if parallel is None else parallel.group_size, **job.settings}
