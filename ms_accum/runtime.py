@@ -18,7 +18,7 @@ from . import _mindspore
 from ._choices import DEVICES
 from ._validation import check_value_in, door
 
-ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
+ISA_VARIABLE = _mindspore.ONEDNN_ISA_VARIABLES[0]  # the name oneDNN 3.x reads, which users set
 # oneDNN's dnnl_cpu_isa_t codes are bit sets, each ISA's bits holding those of the ISAs below it; some values moved
 # between oneDNN 2.x (MindSpore 2.8) and 3.x (2.9, 2.10), hence two codes for some names. A code is named by the
 # largest ISA whose bits it holds (`isa_name`), so a CPU newer than this table still reads as what it at least is.
