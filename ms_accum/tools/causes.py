@@ -111,6 +111,16 @@ def uncleared_buffer(window: int, held: float) -> Cause:
         fix=_CARRIED_FIX)
 
 
+def skipped_window(window: int) -> Cause:
+    """The cause of a difference when the executor skipped window `window` as not finite."""
+    return Cause(
+        name="a window skipped as not finite",
+        evidence=f"the executor skipped window {window}: its gradient or loss was not finite (with a loss scaler, the "
+                 f"scaled backward overflowed), so the optimizer did not step where the large batch did",
+        fix="check the loss on this batch; with a loss scaler, start from a smaller scale "
+            "(GuardOptions(loss_scaler=...))")
+
+
 def miscounted_steps(window: int, expected: int, actual: int) -> Cause:
     """The cause of a difference when the optimizer's ``global_step`` after window `window` is `actual`, where the
     big batch's steps left `expected`."""

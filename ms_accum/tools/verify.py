@@ -1,29 +1,34 @@
-"""verify_equivalence: does accumulating K micro-batches give the update of one K-times larger batch?"""
+"""verify_equivalence: does the executor's own path, with the options a run trains with, give the updates of one
+K-times larger batch?"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 
-from .._validation import (ArgumentValueError, check_isinstance, check_positive_float, check_positive_int,
-                           check_value_in, door)
-from ..core.buffer import RULES
+from .._choices import AUTO_STRUCTURE, PARTIAL_WINDOWS, REDUCTIONS, STRUCTURES, TIMED_STRUCTURES
+from .._validation import (ArgumentError, ArgumentValueError, check_isinstance, check_positive_float,
+                           check_positive_int, check_value_in, door)
+from ..core.columns import check_columns
+from ..core.losses import check_loss_output, window_reduction
 from ..core.inference import in_inference
-from .causes import Cause, batchnorm_cells, explain, miscounted_steps, stochastic_cells, uncleared_buffer
-from ..graphs.cells import TrainAccumulationCell
-from ..graphs.cached import TrainCachedWindowCell
-from ..train.options import GuardOptions, StatisticsOptions
-from ..train.structures import structure_class
-from .._choices import STRUCTURES
-from ..core.columns import check_columns, with_loss
-from ..core.losses import LossOnly, check_loss_output, window_reduction
+from ..core.parallel import data_parallel_info
+from ..train.executor import GradientAccumulation
+from ..train.options import GuardOptions, StatisticsOptions, WindowOptions
+from .causes import (Cause, batchnorm_cells, explain, miscounted_steps, skipped_window, stochastic_cells,
+                     uncleared_buffer)
+from .reference import BIG_BATCH, Reference
+
+ALL = "all"  # `structure="all"`: every structure the options allow, one verdict each
+VERIFIED_STRUCTURES = TIMED_STRUCTURES + ("cached",)
 
 
 @dataclass
 class EquivalenceReport:
-    """Parameter differences between accumulated windows and big-batch steps, after each of `windows` updates.
+    """The executor's windows against as many large-batch updates, after each: for one structure, or for every one
+    (``structure="all"``: `by_structure`).
 
     Attributes:
         accumulate_step (int): K, the number of micro-batches the batch was split into.
@@ -34,16 +39,29 @@ class EquivalenceReport:
         per_parameter (dict): name -> (max abs diff, max rel diff), each the largest over all windows.
         moved_between_updates (list): Parameters that changed before a window was full, in any window (must be
             empty).
-        passed (bool): After every window every parameter is allclose(rtol, atol) to the big batch's, and none moved
-            between updates.
+        passed (bool): After every window every parameter is allclose(rtol, atol) to the reference's, none moved
+            between updates and no window was skipped.
         causes (list[Cause]): When it failed, why, each with its evidence and fix (`ms_accum.tools.causes`), found at
-            the first window that differs.
-        inference_mode (list): Stochastic layers (dropout, drop-path) that ran as in inference for both updates,
-            which can only be compared without their random masks.
-        windows (int): How many windows were compared with as many big-batch steps.
-        first_failed_window (int, optional): The first window (1-based) whose parameters differ or moved before it
-            was full; None when it passed.
+            the first window that differs, from the window's gradient as the structure left it in its buffer.
+        inference_mode (list): Stochastic layers whose masks ms_accum does not draw (MindSpore's dropout on GPU and
+            Ascend, a random function in a `construct`), run as in inference for both: named, since a mask drawn by
+            MindSpore's kernels can never be drawn again.
+        windows (int): How many full windows were compared with as many large-batch updates.
+        first_failed_window (int, optional): The first window (1-based, the partial one last) that differs; None when
+            it passed.
         per_window (list): (max abs diff, max rel diff) over all parameters after each window, in order.
+        structure (str): The structure verified (``"auto"`` resolved), or ``"all"``.
+        ranks (int): The data-parallel ranks the window ran on (1 stand-alone); every rank reports the same verdict.
+        reference (str): What the windows were compared with: one step on the large batch, or (dropout drawn by
+            ms_accum) the micro-batches' gradients with the masks the window drew, combined apart from the window's
+            machinery.
+        decided_by (str, optional): Which tolerance passed it: ``"rtol"`` (every difference within rtol alone),
+            ``"atol"`` (within atol alone, the relative ones beyond rtol) or ``"rtol and atol"``; None when it failed.
+        partial_window (int, optional): The micro-batches of the partial window compared after the full ones (an
+            epoch's last, ``partial_window="apply"``); None when none was.
+        skipped (list): Windows (1-based) that the executor skipped as not finite.
+        by_structure (dict): With ``structure="all"``, each verified structure's report.
+        refused (dict): With ``structure="all"``, each structure that refuses these options, with its reason.
     """
 
     accumulate_step: int
@@ -59,58 +77,89 @@ class EquivalenceReport:
     windows: int = 1
     first_failed_window: Optional[int] = None
     per_window: List[Tuple[float, float]] = field(default_factory=list)
+    structure: str = AUTO_STRUCTURE
+    ranks: int = 1
+    reference: str = BIG_BATCH
+    decided_by: Optional[str] = None
+    partial_window: Optional[int] = None
+    skipped: list = field(default_factory=list)
+    by_structure: Dict[str, "EquivalenceReport"] = field(default_factory=dict)
+    refused: Dict[str, str] = field(default_factory=dict)
+
+    def verdict(self) -> str:
+        """The one-line verdict: the structure, the ranks, what was compared, and which tolerance decided."""
+        passed = "PASSED" if self.passed else "FAILED"
+        ranks = "1 process" if self.ranks == 1 else f"{self.ranks} ranks"
+        plural = "s" if self.windows != 1 else ""
+        partial = (f" and a partial window of {self.partial_window}" if self.partial_window else "")
+        steps = self.windows + bool(self.partial_window)
+        where = (f"window {self.first_failed_window} of {steps} first differs, "
+                 if self.first_failed_window is not None else "")
+        return (f"{passed} ({self.structure}, {ranks}): {self.windows} window{plural} of {self.accumulate_step} "
+                f"accumulated micro-batches{partial} vs {steps} big-batch step{'s' if steps != 1 else ''}: {where}"
+                f"max abs diff {self.max_abs_diff:.3e}, max rel diff {self.max_rel_diff:.3e} {self._tolerance()}")
+
+    def _tolerance(self) -> str:
+        rtol, atol = f"rtol {self.rtol:g}", f"atol {self.atol:g}"
+        if self.decided_by == "rtol":
+            return f"(passed by {rtol} alone; {atol} not needed)"
+        if self.decided_by == "atol":
+            return f"(passed by {atol}: the relative differences exceed {rtol})"
+        if self.decided_by is not None:
+            return f"(passed by {rtol} and {atol} together)"
+        return f"(beyond {rtol} x |reference| + {atol})"
 
     def __str__(self) -> str:
-        verdict = "PASSED" if self.passed else "FAILED"
-        plural = "s" if self.windows != 1 else ""
-        where = (f"window {self.first_failed_window} of {self.windows} first differs, "
-                 if self.first_failed_window is not None else "")
-        lines = [f"{verdict}: {self.windows} window{plural} of {self.accumulate_step} accumulated micro-batches vs "
-                 f"{self.windows} big-batch step{plural}: {where}max abs diff {self.max_abs_diff:.3e}, max rel diff "
-                 f"{self.max_rel_diff:.3e} (rtol {self.rtol:g}, atol {self.atol:g})"]
+        if self.structure == ALL:
+            lines = [f"{'PASSED' if self.passed else 'FAILED'}: {len(self.by_structure)} structure(s) verified"]
+            lines += [str(report) for report in self.by_structure.values()]
+            lines += [f"not verified ({name}): {reason}" for name, reason in self.refused.items()]
+            return "\n".join(lines)
+        lines = [self.verdict()]
         if not self.passed and len(self.per_window) > 1:
             lines.append(f"max abs diff after window {', '.join(map(str, range(1, len(self.per_window) + 1)))}: "
                          f"{', '.join(f'{abs_diff:.3e}' for abs_diff, _ in self.per_window)}")
         if self.moved_between_updates:
             lines.append(f"parameters moved before the window was full: {self.moved_between_updates}")
+        if self.reference != BIG_BATCH:
+            lines.append(f"compared with {self.reference}")
         if self.inference_mode:
-            lines.append(f"compared with {', '.join(self.inference_mode)} in inference mode: a random mask drawn for "
-                         f"the big batch never equals the micro-batches' masks")
+            lines.append(f"compared with {', '.join(self.inference_mode)} in inference mode: their masks come from "
+                         f"MindSpore's kernels, which no API draws again")
         lines += [str(cause) for cause in self.causes]
         return "\n".join(lines)
-
-
-class _Gradient(nn.Cell):
-    """The gradient of `network`'s loss with respect to `params`."""
-
-    def __init__(self, network: nn.Cell, params) -> None:
-        super().__init__(auto_prefix=False)
-        self.network, self.params = network, params
-        self.grad = ops.GradOperation(get_by_list=True)
-
-    def construct(self, *inputs):
-        return self.grad(self.network, self.params)(*inputs)
 
 
 @door("verify_equivalence")
 def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, inputs: Sequence,
                        accumulate_step: int, rtol: float = 1e-5, atol: float = 1e-6,
-                       reduction: Optional[str] = None, structure: str = "auto",
-                       windows: int = 3) -> EquivalenceReport:
+                       reduction: Optional[str] = None, structure: str = "auto", windows: int = 3, *,
+                       window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
+                       statistics: Optional[StatisticsOptions] = None, shard_optimizer=False,
+                       partial_window: str = "apply") -> EquivalenceReport:
     r"""
-    Compares `windows` optimizer updates from `accumulate_step` accumulated micro-batches each with as many big-batch
-    updates.
+    Trains `windows` windows of `accumulate_step` micro-batches through the executor's own path, with the options a
+    run trains with, and compares the parameters after each with as many updates on the whole batch.
 
-    The batch `inputs` is split along its first axis into `accumulate_step` micro-batches (of unequal size when it
-    does not divide). From the same starting weights and optimizer state, it trains `windows` steps of
-    `nn.TrainOneStepCell` on the whole batch, then `windows` windows of one `TrainAccumulationCell` on the
-    micro-batches, and compares the parameters after every window with those after the same number of big-batch
-    steps. Every window trains the same batch: a window is compared with a step on the same data, and what a later
-    window adds is the state carried from one update to the next, which a single window never exercises: the
-    buffer's clear after the update, the optimizer's state after it (momentum, Adam's moments), and a learning rate
-    that moves with the optimizer's step (a list or a `LearningRateSchedule`: `optimizer` is used as given). The
-    report names the first window that differs. The network and the optimizer are left exactly as they were (its
-    ``global_step`` and moments included).
+    The window is trained exactly as `GradientAccumulation` trains it: the executor is built from `network`,
+    `loss_fn`, `optimizer` and the options (`structure`, `window`, `guard`, `statistics`, `shard_optimizer`), and its
+    structure runs each window (its Cells, its buffer, its closer; the stacking and padding of ``"window"``; the
+    bucketed all-reduce and the sharded optimizer in data parallel). The batch `inputs` is split along its first axis
+    into `accumulate_step` micro-batches (of unequal size when it does not divide); every window trains the same
+    batch, so each is compared with a step on the same data, and what a later window adds is the state carried from
+    one update to the next: the buffer's clear, the optimizer's state, a learning rate that moves with its step.
+    With ``partial_window="apply"``, as `train_process` applies an epoch's last, incomplete window, a window of the
+    first K-1 micro-batches follows, compared with a step on those samples.
+
+    The reference is built apart from the window's machinery, with the same meaning: the large batch's gradient,
+    divided as the reduction says, clipped by its global norm when `window` clips, unscaled (a loss scale does not
+    change an update), stepped by `optimizer`. Where ms_accum draws the dropout masks (its seeded dropout on CPU), the
+    comparison runs in training mode: the reference takes the micro-batches' gradients with the masks the window drew
+    (`EquivalenceReport.reference` says so). Random ops ms_accum does not draw run as in inference for both, named in
+    `inference_mode`. Under msrun (`ms_accum.init_data_parallel` first), each rank trains its share of every
+    micro-batch (the global batch is `inputs`, the same on every rank), the window is all-reduced as in training, and
+    every rank reports the same verdict over all ranks. The network, the optimizer and the loss scaler are left
+    exactly as they were.
 
     Float32 sums in another order differ by rounding, which Adam's first step (about ``lr * g / (|g| + eps)``) can
     magnify to a good part of `lr` where a gradient is within rounding of zero: verify with `nn.SGD` or `nn.Momentum`.
@@ -122,29 +171,35 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
         optimizer (nn.Optimizer): Your optimizer over `network`'s parameters.
         inputs (Sequence[Union[Tensor, numpy.ndarray]]): One batch of any number of columns, e.g. ``(data, label)``
             or ``(input_ids, attention_mask, token_type_ids, label)``: the network takes the first ones, in order.
-        accumulate_step (int): K. Must not exceed the batch size.
+        accumulate_step (int): K. Must not exceed the batch size (over the ranks: each micro-batch needs a sample on
+            every rank).
         rtol (float): Relative tolerance. Default: ``1e-5``.
         atol (float): Absolute tolerance. Default: ``1e-6``.
-        reduction (str): How micro-batches are weighted, as in `AccumulationBuffer`. With ``"weighted_mean"``
-            `loss_fn` returns ``(loss, weight)`` (e.g. `TokenCrossEntropy`) and the big batch's step trains its
-            `loss`, the mean over all its items. Default: ``None``, what `loss_fn` says it computes (``"sum"`` for a
-            MindSpore loss built with ``reduction="sum"``, else ``"mean"``), as `GradientAccumulation` takes it.
-        structure (str): The executor's structure. Every one but ``"cached"`` gives the same update, checked through
-            `TrainAccumulationCell`; ``"cached"`` checks gradient caching (`TrainCachedWindowCell`: `network` returns
-            the outputs, ``loss_fn(outputs, labels)`` runs once on the whole window's), the way to train a loss that
-            couples the samples of a batch exactly. Default: ``"auto"``.
-        windows (int): How many windows are compared with as many big-batch steps. One checks a single update;
-            a second is the first to start from a cleared buffer and an updated optimizer. Default: ``3``.
+        reduction (str): How micro-batches are weighted, as `WindowOptions.reduction` (give one of the two). With
+            ``"weighted_mean"`` `loss_fn` returns ``(loss, weight)`` (e.g. `TokenCrossEntropy`) and the large batch
+            trains its `loss`, the mean over all its items. Default: ``None``, what `loss_fn` says it computes.
+        structure (str): The executor's structure to verify, as `GradientAccumulation` takes it (``"auto"``: the one
+            it runs), or ``"all"``: each structure, one verdict each (`EquivalenceReport.by_structure`; those that
+            refuse these options are listed in `refused`). Default: ``"auto"``.
+        windows (int): How many full windows are compared with as many large-batch updates. One checks a single
+            update; a second is the first to start from a cleared buffer and an updated optimizer. Default: ``3``.
+        window (WindowOptions, optional): The executor's window options: reduction, clipping, buffer dtype.
+        guard (GuardOptions, optional): The executor's guard: policy, loss scaler (a finite window is applied, so the
+            reference is the unscaled update), stop.
+        statistics (StatisticsOptions, optional): The norms and the noise scale measured in the graphs; measuring
+            does not change an update. `skip_outliers` has no large-batch meaning and is refused.
+        shard_optimizer (Union[bool, Callable]): As `GradientAccumulation`'s, in data parallel. Default: ``False``.
+        partial_window (str): ``"apply"`` (default): a partial window of K-1 micro-batches is compared after the
+            full ones, as `train_process` applies an epoch's last; ``"drop"``: none.
 
     Returns:
-        EquivalenceReport; `print` it for a one-line verdict.
+        EquivalenceReport; `print` it for the verdict.
 
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If `accumulate_step` or `windows` is not positive, `accumulate_step` exceeds the batch size, the
-            inputs disagree in batch size, or `reduction` is unknown or does not fit what `loss_fn` returns
-            (``"weighted_mean"`` needs ``(loss, weight)``, the others a loss alone; found by one eager forward pass,
-            `check_loss_output`).
+            inputs disagree in batch size, `reduction` is unknown, given twice differently, or does not fit what
+            `loss_fn` returns, `statistics` skips outliers, or the executor refuses the options for the structure.
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -155,17 +210,35 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
         >>> from ms_accum import verify_equivalence
         >>> net = nn.Dense(4, 2)
         >>> x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
-        >>> report = verify_equivalence(net, nn.MSELoss(), nn.Adam(net.trainable_params()), (x, y), 4)
-        >>> report.passed, report.windows, report.first_failed_window
-        (True, 3, None)
+        >>> report = verify_equivalence(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9), (x, y), 4)
+        >>> report.passed, report.structure, report.windows, report.partial_window
+        (True, 'three_graphs', 3, 3)
     """
     _check_types(network, loss_fn, optimizer, inputs)
     accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
     windows = check_positive_int(windows, "windows")
     rtol, atol = check_positive_float(rtol, "rtol"), check_positive_float(atol, "atol")
-    reduction = _checked_reduction(network, loss_fn, reduction, structure)
-    comparison = _Comparison(network, loss_fn, optimizer, _split(inputs, accumulate_step), reduction)
-    return comparison.report(structure, windows, rtol, atol)
+    check_value_in(structure, "structure", STRUCTURES + (ALL,))
+    check_value_in(partial_window, "partial_window", PARTIAL_WINDOWS)
+    options = _options(reduction, window, guard, statistics)
+    parallel = data_parallel_info()
+    batch = _split(inputs, accumulate_step, parallel, partial_window == "apply")
+
+    def build(name: str) -> GradientAccumulation:
+        return GradientAccumulation(network, loss_fn, optimizer, structure=name, window=options[0], guard=options[1],
+                                    statistics=options[2], shard_optimizer=shard_optimizer)
+
+    if structure != ALL:
+        return _Comparison(build(structure), batch, parallel, options[0].reduction).report(windows, rtol, atol)
+    reports, refused = {}, {}
+    for name in VERIFIED_STRUCTURES:
+        try:
+            executor = build(name)
+        except ArgumentError as err:  # this structure cannot train these options: said, not verified
+            refused[name] = err.render()
+            continue
+        reports[name] = _Comparison(executor, batch, parallel, options[0].reduction).report(windows, rtol, atol)
+    return _all(reports, refused, rtol, atol)
 
 
 def _check_types(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, inputs: Sequence) -> None:
@@ -176,33 +249,72 @@ def _check_types(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Opt
     check_isinstance(inputs, "inputs", (tuple, list))
 
 
-def _checked_reduction(network: nn.Cell, loss_fn: Optional[nn.Cell], reduction: Optional[str], structure: str) -> str:
-    """The window's reduction for `loss_fn` under `structure`, as the executor takes it (the structure's refusals)."""
-    kind = structure_class(check_value_in(structure, "structure", STRUCTURES))
-    return kind.refuse(network, loss_fn, window_reduction(loss_fn, reduction), GuardOptions(), StatisticsOptions())
+def _options(reduction: Optional[str], window: Optional[WindowOptions], guard: Optional[GuardOptions],
+             statistics: Optional[StatisticsOptions]) -> Tuple[WindowOptions, GuardOptions, StatisticsOptions]:
+    """The executor's options as verify takes them: `reduction` moved into the window's, and what has no large-batch
+    meaning refused."""
+    window = WindowOptions() if window is None else check_isinstance(window, "window", WindowOptions)
+    guard = GuardOptions() if guard is None else check_isinstance(guard, "guard", GuardOptions)
+    statistics = StatisticsOptions() if statistics is None else \
+        check_isinstance(statistics, "statistics", StatisticsOptions)
+    if reduction is not None:
+        check_value_in(reduction, "reduction", REDUCTIONS)
+        if window.reduction not in (None, reduction):
+            raise ArgumentValueError("{@reduction:subject} and window.reduction must agree, but got '{reduction}' and "
+                                     "'{other}'.", reduction=reduction, other=window.reduction)
+        window = WindowOptions(reduction, window.clip_norm, window.buffer_dtype)
+    if statistics.skip_outliers is not None:
+        raise ArgumentValueError("{@skip_outliers:subject} has no large-batch meaning, but got {value}: it leaves "
+                                 "micro-batches out of their window by the running statistics of earlier ones, which "
+                                 "one step on the whole batch does not have; verify without it.",
+                                 value=statistics.skip_outliers)
+    return window, guard, statistics
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One window to compare: the large batch it equals, and this rank's share of each of its micro-batches."""
+
+    big: List[np.ndarray]
+    shares: List[Tuple[np.ndarray, ...]]
 
 
 @dataclass(frozen=True)
 class _Batch:
-    """The batch as arrays, and as the K micro-batches they split into along the first axis."""
+    """The windows verify trains, full ones then the partial one (if any), and its size."""
 
-    arrays: List[np.ndarray]
-    micro_batches: List[Tuple[np.ndarray, ...]]
+    windows: List[_Window]
+    accumulate_step: int
+    partial: Optional[int]
+    columns: list
+
+    def plan(self, windows: int) -> List[_Window]:
+        full, *partial = self.windows
+        return [full] * windows + partial
 
 
-def _split(inputs: Sequence, accumulate_step: int) -> _Batch:
+def _split(inputs: Sequence, accumulate_step: int, parallel, partial: bool) -> _Batch:
     arrays = [x.asnumpy() if isinstance(x, Tensor) else np.asarray(x) for x in inputs]
     if not arrays or len({a.shape[0] if a.ndim else -1 for a in arrays}) != 1 or arrays[0].ndim == 0:
         raise ArgumentValueError("{@inputs:subject} must be arrays sharing their first (batch) axis, but got shapes "
                                  "{value}.", value=[a.shape for a in arrays])
+    ranks = 1 if parallel is None else parallel.group_size
     if accumulate_step > arrays[0].shape[0]:
         raise ArgumentValueError("{@accumulate_step:subject} must not exceed the batch size {value}, but got "
                                  "{accumulate_step}.", value=arrays[0].shape[0], accumulate_step=accumulate_step)
-    return _Batch(arrays=arrays, micro_batches=list(zip(*[np.array_split(a, accumulate_step) for a in arrays])))
-
-
-def _tensors(arrays) -> List[Tensor]:
-    return [Tensor(a) for a in arrays]
+    if accumulate_step * ranks > arrays[0].shape[0]:  # each micro-batch needs a sample on every rank
+        raise ArgumentValueError("{@accumulate_step:subject} must not exceed the batch size {size} over {ranks} ranks "
+                                 "({limit}), but got {accumulate_step}.", size=arrays[0].shape[0], ranks=ranks,
+                                 limit=arrays[0].shape[0] // ranks, accumulate_step=accumulate_step)
+    micro_batches = list(zip(*[np.array_split(a, accumulate_step) for a in arrays]))
+    rank = 0 if parallel is None else parallel.rank
+    shares = [tuple(np.array_split(column, ranks)[rank] for column in micro) for micro in micro_batches]
+    windows = [_Window(arrays, shares)]
+    partial = accumulate_step - 1 if partial and accumulate_step > 1 else None
+    if partial:
+        big = [np.concatenate(column) for column in zip(*micro_batches[:partial])]
+        windows.append(_Window(big, shares[:partial]))
+    return _Batch(windows, accumulate_step, partial, [a.shape for a in arrays])
 
 
 def _values(params) -> List[np.ndarray]:
@@ -226,24 +338,85 @@ def _left_in_buffer(buffer) -> float:
     return max(float(np.abs(h.asnumpy().astype(np.float64)).max(initial=0.0)) for h in held)
 
 
-def _differences(params, expected: List[np.ndarray], actual: List[np.ndarray],
-                 atol: float) -> Dict[str, Tuple[float, float]]:
-    """Each parameter's name -> (max abs diff, max rel diff) of its `actual` values against the `expected` ones."""
-    found = {}
-    for p, ref, acc in zip(params, expected, actual):
-        ref, acc = ref.astype(np.float64), acc.astype(np.float64)
-        abs_diff = np.abs(acc - ref)
-        found[p.name] = (float(abs_diff.max(initial=0.0)), float((abs_diff / (np.abs(ref) + atol)).max(initial=0.0)))
-    return found
+@dataclass
+class _Differences:
+    """One window's parameters against the reference's: per parameter (max abs, max rel), and whether every value
+    is within rtol alone, within atol alone, within both."""
+
+    per_parameter: Dict[str, Tuple[float, float]]
+    within: bool
+    within_rtol: bool
+    within_atol: bool
+
+    @classmethod
+    def of(cls, params, expected: List[np.ndarray], actual: List[np.ndarray], rtol: float,
+           atol: float) -> "_Differences":
+        found, within, within_rtol = {}, True, True
+        for p, ref, acc in zip(params, expected, actual):
+            ref, acc = ref.astype(np.float64), acc.astype(np.float64)
+            abs_diff = np.abs(acc - ref)
+            found[p.name] = (float(abs_diff.max(initial=0.0)),
+                             float((abs_diff / (np.abs(ref) + atol)).max(initial=0.0)))
+            within = within and bool(np.all(abs_diff <= atol + rtol * np.abs(ref)))
+            within_rtol = within_rtol and bool(np.all(abs_diff <= rtol * np.abs(ref)))
+        return cls(found, within, within_rtol, max(a for a, _ in found.values()) <= atol)
+
+    def as_row(self) -> np.ndarray:
+        """What the ranks agree on, as numbers whose maximum over the ranks is the group's."""
+        values = [v for pair in self.per_parameter.values() for v in pair]
+        return np.array(values + [not self.within, not self.within_rtol, not self.within_atol], np.float64)
+
+    def from_row(self, row: np.ndarray) -> "_Differences":
+        names = list(self.per_parameter)
+        pairs = {name: (float(row[2 * i]), float(row[2 * i + 1])) for i, name in enumerate(names)}
+        return _Differences(pairs, not row[-3], not row[-2], not row[-1])
+
+
+class _Ranks:
+    """What every rank holds the same: the largest of each value over the ranks (one small all-reduce per call in
+    data parallel; stand-alone, the values as they are)."""
+
+    def __init__(self, parallel) -> None:
+        self.parallel = parallel
+        self.count = 1 if parallel is None else parallel.group_size
+
+    def maxima(self, row: np.ndarray) -> np.ndarray:
+        if self.parallel is None:
+            return row
+        from ..train.distributed import all_reduce_sum
+        slots = np.zeros((self.count, row.size), np.float32)
+        slots[self.parallel.rank] = row
+        return all_reduce_sum(Tensor(slots.ravel())).asnumpy().reshape(self.count, row.size).max(axis=0)
+
+    def sum_cell(self) -> Optional[Callable]:
+        if self.parallel is None:
+            return None
+        from ..train.distributed import all_reduce_sum
+        return all_reduce_sum
+
+
+@dataclass
+class _Run:
+    """What a run of updates left after each: the parameters and the optimizer's step count; for the executor's run
+    also the parameters that moved before each window closed, what its buffer still held after it, whether it was
+    applied, and the window's gradient where it first differed."""
+
+    params: List[List[np.ndarray]] = field(default_factory=list)
+    steps: List[int] = field(default_factory=list)
+    moved: List[List[str]] = field(default_factory=list)
+    left: List[float] = field(default_factory=list)
+    applied: List[bool] = field(default_factory=list)
+    offsets: List[List[int]] = field(default_factory=list)
 
 
 class _Start:
-    """Everything the updates change, BatchNorm's statistics and the optimizer's ``global_step`` and moments included,
-    as it was: each ``with`` block puts it back."""
+    """Everything a training changes, as it was (the network, the optimizer's state, the executor's buffer, the
+    loss scale, the dropout streams): each ``with`` block puts it back."""
 
-    def __init__(self, network: nn.Cell, optimizer: nn.Optimizer) -> None:
-        owned = [*network.get_parameters(), *(p for _, p in optimizer.parameters_and_names())]
-        self.params = list({id(p): p for p in owned}.values())
+    def __init__(self, executor: GradientAccumulation, optimizer: nn.Optimizer) -> None:
+        owned = [*executor.network.get_parameters(), *(p for _, p in optimizer.parameters_and_names()),
+                 *executor.state.get_parameters()]
+        self.params: List[Parameter] = list({id(p): p for p in owned}.values())
         self.values = {id(p): p.asnumpy().copy() for p in self.params}
 
     def __enter__(self) -> "_Start":
@@ -255,131 +428,155 @@ class _Start:
         return False
 
 
-@dataclass
-class _Run:
-    """What a run of updates left after each: the parameters and the optimizer's step count; for the accumulating
-    run also the parameters that moved before each window closed, and what its buffer still held after it."""
-
-    params: List[List[np.ndarray]] = field(default_factory=list)
-    steps: List[int] = field(default_factory=list)
-    moved: List[List[str]] = field(default_factory=list)
-    left: List[float] = field(default_factory=list)
-
-
 class _Comparison:
-    """The big batch's updates and the windows', each run from the same start, and why they differ."""
+    """The reference's updates and the executor's windows, each run from the same start, and why they differ."""
 
-    def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, batch: _Batch,
-                 reduction: str) -> None:
-        self.network, self.loss_fn, self.optimizer, self.batch = network, loss_fn, optimizer, batch
-        self.reduction = reduction
-        self.with_loss = with_loss(network, loss_fn)
-        check_columns(self.with_loss, [a.shape for a in batch.arrays], "inputs")
-        check_loss_output(self.with_loss, _tensors(batch.micro_batches[0]), reduction, arg_name="loss_fn")
-        self.loss_only = LossOnly(self.with_loss) if reduction == "weighted_mean" else self.with_loss
-        self.start = _Start(network, optimizer)
+    def __init__(self, executor: GradientAccumulation, batch: _Batch, parallel, reduction: Optional[str]) -> None:
+        self.executor, self.batch = executor, batch
+        self.parts = executor.parts
+        self.params = list(self.parts.optimizer.parameters)
+        check_columns(self.parts.net_with_loss, batch.columns, "inputs")
+        # What the window means, the user's reduction (a structure may accumulate by another rule of its own).
+        reduction = window_reduction(self.parts.loss_fn, reduction)
+        check_loss_output(self.parts.net_with_loss, [Tensor(a) for a in batch.windows[0].shares[0]], reduction,
+                          arg_name=self.parts.loss_arg)
+        self.ranks = _Ranks(parallel)
+        streams = executor.dropout
+        # The masks ms_accum draws are drawn again for the reference; the rest run as in inference, named.
+        self.held = [path for path in stochastic_cells(executor.network) if not _drawn(executor.network, path, streams)]
+        same_masks = len(self.held) < len(stochastic_cells(executor.network))
+        self.reference = Reference(self.parts.net_with_loss, self.parts.network, self.parts.loss_fn,
+                                   self.parts.optimizer, reduction,
+                                   self.parts.clip_norm, executor.buffer.reducer.sum_divisor, same_masks,
+                                   self.ranks.sum_cell())
+        self.start = _Start(executor, self.parts.optimizer)
         self.hold = None  # `in_inference`'s, while `report` runs: called after every `set_train`
+        self.captured: List[np.ndarray] = []  # the open window's gradient as the structure's check left it
 
-    def report(self, structure: str, windows: int, rtol: float, atol: float) -> EquivalenceReport:
-        """Both runs of `windows` updates, with the stochastic layers held as in inference (a mask drawn for the big
-        batch never equals the micro-batches' masks), compared after each update within `rtol` and `atol`."""
-        stochastic = stochastic_cells(self.network)
-        with in_inference(self.network, stochastic) as self.hold:
-            expected = self._big_batch_steps(windows)
-            actual = self._windows(structure, windows)
-            per_window = [_differences(self.optimizer.parameters, e, a, atol)
-                          for e, a in zip(expected.params, actual.params)]
-            failed = [window for window, (e, a, moved) in enumerate(zip(expected.params, actual.params, actual.moved))
-                      if moved or not all(np.allclose(x, r, rtol=rtol, atol=atol) for r, x in zip(e, a))]
-            first = failed[0] + 1 if failed else None  # 1-based, as the report says windows
-            maxima = [(max(a for a, _ in found.values()), max(r for _, r in found.values())) for found in per_window]
-            causes = [] if first is None else self._causes(structure, expected, actual, first,
-                                                           maxima[first - 1][0], rtol, atol)
-        per_parameter = {name: tuple(max(found[name][i] for found in per_window) for i in (0, 1))
-                         for name in per_window[0]}
-        return EquivalenceReport(accumulate_step=len(self.batch.micro_batches),
-                                 max_abs_diff=max(a for a, _ in maxima), max_rel_diff=max(r for _, r in maxima),
-                                 rtol=rtol, atol=atol, per_parameter=per_parameter,
-                                 moved_between_updates=sorted(set().union(*actual.moved)), passed=first is None,
-                                 causes=causes, inference_mode=stochastic, windows=windows,
-                                 first_failed_window=first, per_window=maxima)
+    def report(self, windows: int, rtol: float, atol: float) -> EquivalenceReport:
+        plan = self.batch.plan(windows)
+        with in_inference(self.executor.network, self.held) as self.hold:
+            expected = self._reference_run(plan)
+            actual, kept = self._executor_run(plan, expected, rtol, atol)
+        differences = [_Differences.of(self.params, e, a, rtol, atol) for e, a in zip(expected.params, actual.params)]
+        local = np.concatenate([d.as_row() for d in differences] +
+                               [np.array([bool(m) for m in actual.moved] + [not a for a in actual.applied], float)])
+        agreed = self.ranks.maxima(local)  # every rank decides on the group's largest differences
+        width = differences[0].as_row().size
+        differences = [d.from_row(agreed[i * width:(i + 1) * width]) for i, d in enumerate(differences)]
+        moved_flags = agreed[len(plan) * width:len(plan) * (width + 1)]
+        skipped_flags = agreed[len(plan) * (width + 1):]
+        failed = [i for i, d in enumerate(differences) if not d.within or moved_flags[i] or skipped_flags[i]]
+        first = failed[0] + 1 if failed else None  # 1-based, as the report says windows
+        maxima = [(max(a for a, _ in d.per_parameter.values()), max(r for _, r in d.per_parameter.values()))
+                  for d in differences]
+        causes = [] if first is None else self._causes(plan, expected, actual, first, kept, maxima[first - 1][0],
+                                                       rtol, atol)
+        decided = None if first is not None else ("rtol" if all(d.within_rtol for d in differences) else
+                                                  "atol" if all(d.within_atol for d in differences) else
+                                                  "rtol and atol")
+        per_parameter = {name: tuple(max(d.per_parameter[name][i] for d in differences) for i in (0, 1))
+                         for name in differences[0].per_parameter}
+        return EquivalenceReport(
+            accumulate_step=self.batch.accumulate_step, max_abs_diff=max(a for a, _ in maxima),
+            max_rel_diff=max(r for _, r in maxima), rtol=rtol, atol=atol, per_parameter=per_parameter,
+            moved_between_updates=sorted(set().union(*actual.moved)), passed=first is None, causes=causes,
+            inference_mode=self.held, windows=windows, first_failed_window=first, per_window=maxima,
+            structure=self.executor.structure, ranks=self.ranks.count, reference=self.reference.kind,
+            decided_by=decided, partial_window=self.batch.partial,
+            skipped=[i + 1 for i, flag in enumerate(skipped_flags) if flag])
 
-    def _big_batch_steps(self, windows: int) -> _Run:
+    def _drawing(self):
+        """The executor's dropout streams drawing, from where the start left them."""
+        return self.executor.dropout.drawing()
+
+    def _reference_run(self, plan: List[_Window]) -> _Run:
         run = _Run()
-        with self.start:
-            reference = nn.TrainOneStepCell(self.loss_only, self.optimizer).set_train()
+        with self.start, self._drawing():
+            self.reference.set_train()
             self.hold()
-            for _ in range(windows):
-                reference(*_tensors(self.batch.arrays))
-                run.params.append(_values(self.optimizer.parameters))
-                run.steps.append(_step_count(self.optimizer))
+            for window in plan:
+                self.reference.step(window.big, window.shares)
+                run.params.append(_values(self.params))
+                run.steps.append(_step_count(self.parts.optimizer))
         return run
 
-    def _windows(self, structure: str, windows: int) -> _Run:
-        """`windows` windows of one accumulating cell: its buffer and the optimizer carry their state from each
-        window into the next, as in training."""
-        run = _Run()
-        with self.start:
-            if structure == "cached":
-                cell = TrainCachedWindowCell(self.network, self.loss_fn, self.optimizer).set_train()
-            else:
-                cell = TrainAccumulationCell(self.with_loss, self.optimizer, len(self.batch.micro_batches),
-                                             reduction=self.reduction).set_train()
-            self.hold()
-            before = _values(self.optimizer.parameters)
-            for _ in range(windows):
-                run.moved.append(self._window(cell, structure, before))
-                before = _values(self.optimizer.parameters)
-                run.params.append(before)
-                run.steps.append(_step_count(self.optimizer))
-                run.left.append(_left_in_buffer(cell.buffer))
-        return run
+    def _executor_run(self, plan: List[_Window], expected: _Run, rtol: float, atol: float):
+        """The windows of `plan` through the executor's structure, its buffer and its optimizer carrying their state
+        from each window into the next, as in training; returns the run and the gradient of the first window whose
+        parameters differ from `expected` (as the structure's check left it in the buffer), or None."""
+        run, kept = _Run(), None
+        structure = self.executor.runner(self.batch.accumulate_step)
+        closer, follow = structure.closer, structure.closer.follow
 
-    def _window(self, cell: nn.Cell, structure: str, before: List[np.ndarray]) -> List[str]:
-        """Trains one window; returns the parameters that moved from their values `before` it, before it closed."""
-        if structure == "cached":  # one call trains the whole window: nothing can move before it closes
-            cell.train_window([tuple(_tensors(micro)) for micro in self.batch.micro_batches])
-            return []
-        moved: List[str] = []
-        *opening, last = self.batch.micro_batches
-        for micro in opening:
-            cell(*_tensors(micro))
-            moved += [name for name in _moved(self.optimizer.parameters, before) if name not in moved]
-        cell(*_tensors(last))
-        return moved
+        def capture(verdict):  # the window's gradient, checked (reduced, divided, unscaled, clipped), before its step
+            self.captured = [g.asnumpy().astype(np.float64) for g in self.parts.buffer.grad_sum]
+            return follow(verdict)
 
-    def _causes(self, structure: str, expected: _Run, actual: _Run, first: int, parameter_diff: float, rtol: float,
-                atol: float) -> List[Cause]:
-        """Why window `first`, the first that differs, does: what the earlier windows carried into it, or else the
-        layers and the gradients from the parameters it started from."""
+        closer.follow = capture  # on the structure's own closer, which this comparison built
+        try:
+            with self.start, self._drawing():
+                structure.reset()
+                self.hold()
+                before = _values(self.params)
+                for index, window in enumerate(plan):
+                    run.offsets.append([op.offset for op in self.executor.dropout.ops])
+                    moved: List[str] = []
+                    trained = structure.run(self._fed(window, before, moved), len(window.shares))
+                    before = _values(self.params)
+                    run.moved.append(moved)
+                    run.params.append(before)
+                    run.steps.append(_step_count(self.parts.optimizer))
+                    run.left.append(_left_in_buffer(self.parts.buffer))
+                    run.applied.append(trained.applied)
+                    if kept is None and not all(np.allclose(x, r, rtol=rtol, atol=atol)
+                                                for r, x in zip(expected.params[index], before)):
+                        kept = self.captured
+        finally:
+            del closer.follow
+        return run, kept
+
+    def _fed(self, window: _Window, before: List[np.ndarray], moved: List[str]):
+        """The window's micro-batches as the structure reads them, noting the parameters that moved from `before`
+        each time another is asked for (a structure that reads them all first moves nothing in between)."""
+        for index, share in enumerate(window.shares):
+            if index:
+                moved += [name for name in _moved(self.params, before) if name not in moved]
+            yield tuple(Tensor(a) for a in share)
+
+    def _causes(self, plan: List[_Window], expected: _Run, actual: _Run, first: int, kept, parameter_diff: float,
+                rtol: float, atol: float) -> List[Cause]:
+        """Why window `first`, the first that differs, does: what the earlier windows carried into it, a skip, or
+        else the layers and the window's gradient, as the structure left it, against the reference's from the
+        parameters the window started from."""
         carried = _carried(expected, actual, first)
         if carried or actual.moved[first - 1]:
             return carried
-        batchnorm = batchnorm_cells(self.network)
-        if structure == "cached":  # the loss saw the whole window: only BatchNorm's statistics remain
-            return [c for c in explain(batchnorm, [np.zeros(1)], [np.zeros(1)], 1, 0.0, rtol, atol)
-                    if c.name.startswith("BatchNorm")]
-        with self.start:
-            if first > 1:  # the gradients where the window started: the accumulating run's parameters then
-                for p, value in zip(self.optimizer.parameters, actual.params[first - 2]):
+        if not actual.applied[first - 1]:
+            return [skipped_window(first)]
+        with self.start, self._drawing():
+            if first > 1:  # the reference's gradient where the window started: the executor's parameters then
+                for p, value in zip(self.params, actual.params[first - 2]):
                     p.set_data(Tensor(value))
-            window, big = self._gradients()
-        return explain(batchnorm, window, big, len(self.batch.micro_batches), parameter_diff, rtol, atol)
+            for op, offset in zip(self.executor.dropout.ops, actual.offsets[first - 1]):
+                op.set(op.seed, offset)
+            self.reference.set_train()
+            self.hold()
+            window = plan[first - 1]
+            reference = self.reference.window_gradient(window.big, window.shares)
+        # A rank that saw no difference of its own holds no gradient of the window: the reference's stands in.
+        grads = reference if kept is None else kept
+        return explain(batchnorm_cells(self.executor.network), grads, reference, self.batch.accumulate_step,
+                       parameter_diff, rtol, atol)
 
-    def _gradients(self) -> Tuple[List[np.ndarray], List[np.ndarray]]:
-        """The window's gradient as the reduction's rule combines its micro-batches' (float64, on the host: what a
-        micro-batch weighs, what the window is divided by, stand-alone) and the big batch's."""
-        rule = RULES[self.reduction]()
-        gradient = _Gradient(self.loss_only, self.optimizer.parameters).set_train()
-        self.hold()
-        big = [g.asnumpy().astype(np.float64) for g in gradient(*_tensors(self.batch.arrays))]
-        total, weights = [np.zeros_like(b) for b in big], 0.0
-        for micro in self.batch.micro_batches:
-            inputs = _tensors(micro)
-            weight = float(rule.split(self.with_loss(*inputs), inputs[0])[1])
-            total = [t + weight * g.asnumpy().astype(np.float64) for t, g in zip(total, gradient(*inputs))]
-            weights += weight
-        return [t / rule.divisor(weights, 1.0) for t in total], big
+
+def _drawn(network: nn.Cell, path: str, streams) -> bool:
+    """Whether the stochastic cell at `path` draws its masks from ms_accum's `streams`."""
+    from .._mindspore import dropout_op
+    cells = dict(network.cells_and_names())
+    cell = cells.get(path) or (cells.get("") if path == type(network).__name__ else None)
+    prim = dropout_op(cell) if isinstance(cell, nn.Dropout) else None
+    return prim is not None and streams.covers(prim)
 
 
 def _carried(expected: _Run, actual: _Run, first: int) -> List[Cause]:
@@ -394,3 +591,15 @@ def _carried(expected: _Run, actual: _Run, first: int) -> List[Cause]:
         window = counted[0]
         causes.append(miscounted_steps(window, expected.steps[window - 1], actual.steps[window - 1]))
     return causes
+
+
+def _all(reports: Dict[str, EquivalenceReport], refused: Dict[str, str], rtol: float,
+         atol: float) -> EquivalenceReport:
+    """One report of every structure's: passed when each verified one passed."""
+    first = next(iter(reports.values()))
+    return EquivalenceReport(
+        accumulate_step=first.accumulate_step, max_abs_diff=max(r.max_abs_diff for r in reports.values()),
+        max_rel_diff=max(r.max_rel_diff for r in reports.values()), rtol=rtol, atol=atol,
+        passed=all(r.passed for r in reports.values()), windows=first.windows, structure=ALL, ranks=first.ranks,
+        inference_mode=first.inference_mode, reference=first.reference, partial_window=first.partial_window,
+        by_structure=reports, refused=refused)
