@@ -1,12 +1,13 @@
 """verify_equivalence: passes where accumulation is exact, fails where it is not, leaves the model alone."""
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 
 from ms_accum import verify_equivalence
 from ms_accum.core import _ops
@@ -51,7 +52,8 @@ def test_passes_over_three_windows_with_a_moving_rate_and_leaves_everything_as_g
     assert (report.windows, report.first_failed_window, len(report.per_window)) == (3, None, 3)
     assert report.max_abs_diff == max(a for a, _ in report.per_window) <= 1e-6
     assert report.max_abs_diff == max(a for a, _ in report.per_parameter.values())
-    assert str(report).startswith("PASSED: 3 windows of 4 accumulated micro-batches vs 3 big-batch steps: max abs ")
+    assert str(report).startswith("PASSED (three_graphs, 1 process): 2 windows of 4 accumulated micro-batches and a "
+                                  "partial window of 3 vs 3 big-batch steps: max abs ")
     after = state_of(network, optimizer)
     assert after.keys() == before.keys() and all(np.array_equal(after[k], before[k]) for k in before)
     assert int(after["global_step"][0]) == 0
@@ -94,7 +96,7 @@ def test_passes_and_leaves_network_and_optimizer_untouched(kind, k, n):
     assert report.passed, str(report)
     assert report.accumulate_step == k and not report.moved_between_updates
     assert 0 <= report.max_abs_diff <= 1e-6
-    assert str(report).startswith("PASSED: ")
+    assert str(report).startswith("PASSED (three_graphs, 1 process): ")
     after = [p.asnumpy() for _, p in optimizer.parameters_and_names()]
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
 
@@ -123,7 +125,7 @@ def test_detects_batchnorm_which_accumulation_cannot_reproduce():
     report = verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=1), 4)
     assert not report.passed
     assert report.max_abs_diff > 1e-4
-    assert str(report).startswith("FAILED: ")
+    assert str(report).startswith("FAILED (three_graphs, 1 process): ")
     worst = max(report.per_parameter, key=lambda name: report.per_parameter[name][0])
     assert report.per_parameter[worst][0] == report.max_abs_diff
     # It says why, and what to do, and leaves BatchNorm's running statistics as they were.
@@ -172,16 +174,6 @@ def test_names_a_loss_that_sums_an_optimizer_that_magnifies_rounding_and_a_coupl
     assert not coupled.passed and [c.name for c in coupled.causes] == ["a loss that couples the samples of a batch"]
 
 
-def test_dropout_is_compared_in_inference_mode_and_named():
-    ms.set_seed(0)
-    net = nn.SequentialCell([nn.Flatten(), nn.Dense(784, 32), nn.Dropout(p=0.5), nn.ReLU(), nn.Dense(32, 10)])
-    training = [cell.training for _, cell in net.cells_and_names()]
-    report = verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=1), 4)
-    assert report.passed and report.inference_mode == ["2"] and not report.causes
-    assert "compared with 2 in inference mode" in str(report)
-    assert [cell.training for _, cell in net.cells_and_names()] == training
-
-
 def test_bad_arguments():
     net = make_net("mlp")
     args = (net, loss_fn(), nn.SGD(net.trainable_params()), batch_for("mlp", 4, seed=0))
@@ -218,7 +210,7 @@ import json, sys
 import ms_accum
 import numpy as np
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 import mindcv  # a test dependency (pyproject), so a missing install fails rather than skips
 
 ms.set_context(mode=ms.GRAPH_MODE)
@@ -250,3 +242,200 @@ def test_real_models_of_mindspores_zoo(tmp_path):
     assert name == "BatchNorm layers in training mode"
     assert evidence.startswith("20 layer(s), bn1, layer1.0.bn1, layer1.0.bn2, layer1.1.bn1, layer1.1.bn2 and 15 more "
                                "normalize each micro-batch")
+
+
+# The executor's own path: each structure, its options, its dropout, its faults.
+
+def momentum_case(net_builder=small_net, lr=0.1):
+    network = net_builder()
+    return network, loss_fn(), nn.Momentum(network.trainable_params(), lr, 0.9)
+
+
+def test_every_structure_is_verified_through_its_own_path_and_says_which_tolerance_decided():
+    report = verify_equivalence(*momentum_case(), small_batch(), 4, structure="all")
+    assert report.passed and report.structure == "all", str(report)
+    assert list(report.by_structure) == ["three_graphs", "fused", "window", "cached"] and not report.refused
+    lines = str(report).splitlines()
+    assert lines[0] == "PASSED: 4 structure(s) verified"
+    for name, each in report.by_structure.items():
+        assert each.structure == name and each.passed and each.ranks == 1 and each.partial_window == 3
+        assert each.decided_by in ("rtol", "atol", "rtol and atol")
+        assert each.verdict().startswith(f"PASSED ({name}, 1 process): 2 windows of 4 accumulated micro-batches "
+                                         f"and a partial window of 3 vs 3 big-batch steps: ")
+        assert each.verdict().endswith({"rtol": "(passed by rtol 1e-05 alone; atol 1e-06 not needed)",
+                                        "atol": "(passed by atol 1e-06: the relative differences exceed rtol 1e-05)",
+                                        "rtol and atol": "(passed by rtol 1e-05 and atol 1e-06 together)"}[
+                                            each.decided_by])
+    # "auto" verifies what the executor runs; a tolerance that the differences exceed fails, saying so.
+    auto = verify_equivalence(*momentum_case(), small_batch(), 4)
+    assert auto.structure == "three_graphs" and auto.passed
+    tight = verify_equivalence(*momentum_case(), small_batch(), 4, rtol=1e-12, atol=1e-12)
+    assert tight.passed is (tight.max_abs_diff == 0.0)
+    if not tight.passed:
+        assert tight.verdict().endswith("(beyond rtol 1e-12 x |reference| + atol 1e-12)")
+
+
+def _clears_window_2(follow):
+    """A closer that clears window 2 and says it applied it: a fault of the executor's path alone."""
+    calls = []
+
+    def faulty(self, verdict):
+        calls.append(1)
+        if len(calls) == 2:
+            self.clear()
+            return True
+        return follow(self, verdict)
+    return faulty
+
+
+@pytest.mark.parametrize("structure", ["three_graphs", "fused", "window", "cached"])
+def test_a_fault_in_the_closer_fails_verify_at_the_window_it_breaks(structure, monkeypatch):
+    from ms_accum.train.structures import base
+    monkeypatch.setattr(base.Closer, "follow", _clears_window_2(base.Closer.follow))
+    report = verify_equivalence(*momentum_case(), small_batch(), 4, structure=structure)
+    assert not report.passed and report.first_failed_window == 2, str(report)
+    assert report.verdict().startswith(f"FAILED ({structure}, 1 process): ")
+    assert "window 2 of 3 first differs" in report.verdict()
+    monkeypatch.undo()
+    assert verify_equivalence(*momentum_case(), small_batch(), 4, structure=structure).passed
+
+
+class _FirstStacked:
+    """numpy for `structures.window` whose `stack` stacks the first micro-batch K times: a stacking fault."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def stack(arrays):
+        return np.stack([arrays[0]] * len(arrays))
+
+
+def _every_stacked(set_micro_batches):
+    def faulty(self, count):  # trains the padding copies too: a padding fault
+        return set_micro_batches(self, self.accumulate_step)
+    return faulty
+
+
+def test_a_fault_in_the_windows_stacking_or_padding_fails_verify_for_the_window_structure(monkeypatch):
+    from ms_accum.graphs.window import TrainWindowCell
+    from ms_accum.train.structures import window
+    monkeypatch.setattr(window, "np", _FirstStacked())
+    stacked = verify_equivalence(*momentum_case(), small_batch(), 4, structure="window")
+    assert not stacked.passed and stacked.first_failed_window == 1, str(stacked)
+    assert verify_equivalence(*momentum_case(), small_batch(), 4).passed  # three_graphs does not stack
+    monkeypatch.undo()
+    monkeypatch.setattr(TrainWindowCell, "set_micro_batches", _every_stacked(TrainWindowCell.set_micro_batches))
+    padded = verify_equivalence(*momentum_case(), small_batch(), 4, structure="window")
+    assert not padded.passed and padded.first_failed_window == 3 and padded.partial_window == 3, str(padded)
+    # Only the partial window is padded: full windows alone do not see it.
+    assert verify_equivalence(*momentum_case(), small_batch(), 4, structure="window", partial_window="drop").passed
+    monkeypatch.undo()
+    assert verify_equivalence(*momentum_case(), small_batch(), 4, structure="window").passed
+
+
+def test_the_options_a_run_trains_with_are_verified_with_their_large_batch_meaning(monkeypatch):
+    from mindspore import amp
+    from ms_accum import GuardOptions, StatisticsOptions, WindowOptions
+    from ms_accum.tools import reference
+    clip = WindowOptions(clip_norm=0.05)
+    assert verify_equivalence(*momentum_case(), small_batch(), 4, window=clip).passed
+    # The window's gradient is clipped (its norm is well above 0.05 here): a reference that did not clip differs.
+    monkeypatch.setattr(reference, "clipped", lambda grads, clip_norm: grads)
+    unclipped = verify_equivalence(*momentum_case(), small_batch(), 4, window=clip)
+    assert not unclipped.passed and unclipped.first_failed_window == 1
+    monkeypatch.undo()
+    scaler = amp.DynamicLossScaler(2.0 ** 10, scale_factor=2, scale_window=1)
+    for options in ({"guard": GuardOptions(loss_scaler=amp.StaticLossScaler(1024.0))},
+                    {"guard": GuardOptions(policy="skip_microbatch", loss_scaler=scaler)},
+                    {"statistics": StatisticsOptions(norms=True, noise_scale=True)},
+                    {"window": WindowOptions(clip_norm=0.05, buffer_dtype=ms.float64)}):
+        report = verify_equivalence(*momentum_case(), small_batch(), 4, structure="all", **options)
+        assert report.passed and len(report.by_structure) + len(report.refused) == 4, (options, str(report))
+    assert float(scaler.scale_value.asnumpy()) == 2.0 ** 10  # the user's scaler is left as given
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'skip_outliers' has no large-batch "
+                                    "meaning, but got 2.0: it leaves micro-batches out of their window by the running "
+                                    "statistics of earlier ones, which one step on the whole batch does not have; "
+                                    "verify without it."):
+        verify_equivalence(*momentum_case(), small_batch(), 4, statistics=StatisticsOptions(skip_outliers=2.0))
+    with raises_exactly(ValueError, "For 'verify_equivalence', the argument 'reduction' and window.reduction must "
+                                    "agree, but got 'sum' and 'mean'."):
+        verify_equivalence(*momentum_case(), small_batch(), 4, reduction="sum", window=WindowOptions("mean"))
+
+
+class _FunctionalDropout(nn.Cell):
+    """Dropout through `ops.dropout` in a construct: randomness ms_accum does not draw."""
+
+    def construct(self, x):
+        return ops.dropout(x, p=0.5, training=self.training)
+
+
+def test_dropout_is_compared_in_training_mode_with_the_masks_the_window_drew(monkeypatch):
+    from ms_accum.core.inference import in_inference
+    from ms_accum.tools import verify
+    from ms_accum.tools.reference import SAME_MASKS
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Flatten(), nn.Dense(784, 32), nn.Dropout(p=0.5), nn.ReLU(), nn.Dense(32, 10)])
+    training = [cell.training for _, cell in net.cells_and_names()]
+    report = verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=1), 4,
+                                structure="all")
+    assert report.passed and report.inference_mode == [], str(report)
+    assert all(each.reference == SAME_MASKS for each in report.by_structure.values())
+    assert "compared with the large batch with the masks the window drew" in str(report)
+    assert [cell.training for _, cell in net.cells_and_names()] == training
+    # The masks matter: a reference with the dropout held as in inference (the old comparison) differs.
+    real = verify._Comparison._reference_run
+
+    def without_masks(self, plan):
+        hold = self.hold
+        with in_inference(self.executor.network, ["2"]) as inner:
+            self.hold = lambda: (hold(), inner())
+            try:
+                return real(self, plan)
+            finally:
+                self.hold = hold
+    monkeypatch.setattr(verify._Comparison, "_reference_run", without_masks)
+    assert not verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=1),
+                                  4).passed
+    monkeypatch.undo()
+    # Masks drawn by MindSpore's kernels cannot be drawn again: that cell runs as in inference, named.
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(8, 16), _FunctionalDropout(), nn.Dense(16, 3)])
+    report = verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), small_batch(), 4)
+    assert report.passed and report.inference_mode == ["1"], str(report)
+    assert "compared with 1 in inference mode" in str(report)
+
+
+def test_causes_come_from_the_structures_own_gradient_in_every_structure():
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Flatten(), nn.Dense(784, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dense(32, 10)])
+    report = verify_equivalence(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1), batch_for("mlp", 16, seed=1), 4,
+                                structure="all")
+    assert not report.passed
+    for name, each in report.by_structure.items():
+        [cause] = each.causes
+        assert cause.name == "BatchNorm layers in training mode", (name, str(each))
+        grad_diff = float(cause.evidence.rsplit("differ by up to ", 1)[1])
+        assert grad_diff > 1e-4, (name, cause.evidence)  # a real gradient's difference, "cached" included
+
+
+@pytest.mark.slow  # make test-all
+@pytest.mark.distributed
+def test_under_msrun_verify_compares_the_data_parallel_window_on_every_rank(tmp_path):
+    from test_distributed import SCRIPTS, WORKERS, msrun, worker_logs
+    code, output = msrun(str(tmp_path / "logs"), os.path.join(SCRIPTS, "verify_worker.py"), str(tmp_path))
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
+    ranks = []
+    for rank in range(WORKERS):
+        with open(tmp_path / f"verify_rank{rank}.json", encoding="utf-8") as handle:
+            ranks.append(json.load(handle))
+    assert ranks[0] == ranks[1]  # every rank reports the same verdict
+    results = ranks[0]
+    assert results["all"]["passed"] and results["all"]["ranks"] == 2, results["all"]["text"]
+    assert results["all"]["structures"] == {"three_graphs": True, "fused": True, "window": True, "cached": True}
+    assert "(fused, 2 ranks)" in results["all"]["text"]
+    assert results["sharded"]["passed"], results["sharded"]["text"]
+    assert results["dropout"]["passed"] and "masks the window drew" in results["dropout"]["reference"]
+    # The ranks' shares never summed: each applies its own part of the window, which verify sees at window 1.
+    assert not results["unreduced"]["passed"] and results["unreduced"]["first_failed_window"] == 1
+    assert results["unreduced"]["text"].startswith("FAILED (three_graphs, 2 ranks): ")

@@ -11,6 +11,7 @@ from .errors import CliError, during, error_line, smaller_batch
 from .job import Job, apply_plan, demo_job, factory_job, join_launcher
 from .mnist import SYNTHETIC_NOTE, accuracy_line
 from .plot import save_loss_plot
+from .train_arguments import loss_scaler
 
 
 def run(args: argparse.Namespace) -> Optional[dict]:
@@ -126,7 +127,7 @@ def _executor(args: argparse.Namespace, job: Job, planned, world: int):
             recompute_cells(job.network, args.recompute, arg_name="--recompute")
     return GradientAccumulation(job.network, job.loss_fn, job.optimizer, structure=args.structure,
                                 window=WindowOptions(clip_norm=args.clip_norm),
-                                guard=GuardOptions(policy=args.policy, loss_scaler=_loss_scaler(args),
+                                guard=GuardOptions(policy=args.policy, loss_scaler=loss_scaler(args),
                                                    stop_on_nonfinite=args.stop_on_nonfinite),
                                 statistics=StatisticsOptions(norms=args.statistics, noise_scale=args.noise_scale,
                                                              skip_outliers=args.skip_outliers,
@@ -230,11 +231,3 @@ def _print_trained(label: str, summary: dict, result, synthetic: bool) -> None:
     print(f"Peak memory: {summary['peak_memory_mib']:.0f} MiB" + (
         "" if predicted is None else f" (the plan predicted {predicted:.0f} MiB)"))
 
-
-def _loss_scaler(args: argparse.Namespace):
-    from mindspore import amp
-    if args.loss_scale == "static":
-        return amp.StaticLossScaler(args.loss_scale_value)
-    if args.loss_scale == "dynamic":  # MindSpore's usual settings: halve on overflow, double after 1000 clean steps
-        return amp.DynamicLossScaler(args.loss_scale_value, scale_factor=2, scale_window=1000)
-    return None

@@ -39,10 +39,34 @@ def add_parser(sub) -> None:
                             "is then the global micro-batch, split evenly over the workers")
 
 
+def add_update_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that change what a window's update is, which `train` trains with and `verify` verifies."""
+    parser.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
+    parser.add_argument("--policy", choices=POLICIES, default="skip_window",
+                        help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
+    parser.add_argument("--loss-scale", choices=("none", "static", "dynamic"), default="none",
+                        help="MindSpore loss scaling, checked and updated once per window (default none)")
+    parser.add_argument("--loss-scale-value", type=positive_float, default=2.0 ** 16, metavar="S",
+                        help="the (initial) loss scale (default 65536)")
+    parser.add_argument("--shard-optimizer", action="store_true",
+                        help="under msrun, each worker keeps and steps the optimizer state of its own part of the "
+                             "parameters (less memory per worker, the same updates; docs/data-parallel.md)")
+
+
+def loss_scaler(args: argparse.Namespace):
+    """MindSpore's loss scaler that --loss-scale and --loss-scale-value ask for, or None."""
+    from mindspore import amp
+    if args.loss_scale == "static":
+        return amp.StaticLossScaler(args.loss_scale_value)
+    if args.loss_scale == "dynamic":  # MindSpore's usual settings: halve on overflow, double after 1000 clean steps
+        return amp.DynamicLossScaler(args.loss_scale_value, scale_factor=2, scale_window=1000)
+    return None
+
+
 def _add_window_arguments(train: argparse.ArgumentParser) -> None:
     """How each window becomes an update: clipping, statistics and outliers, non-finite windows, loss scaling,
     recomputation, an epoch's last window."""
-    train.add_argument("--clip-norm", type=positive_float, help="clip each window's gradient to this global norm")
+    add_update_arguments(train)
     train.add_argument("--statistics", action="store_true",
                        help="measure each window's and each micro-batch's gradient norm, listed in --json (a few "
                             "percent of a small network's step; implied by --noise-scale and --skip-outliers)")
@@ -55,18 +79,9 @@ def _add_window_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--outlier-warmup", type=non_negative_int, default=OUTLIER_WARMUP, metavar="N",
                        help=f"micro-batches seen before any is judged an outlier (default {OUTLIER_WARMUP}, "
                             "at least 8)")
-    train.add_argument("--policy", choices=POLICIES, default="skip_window",
-                       help="a non-finite loss or gradient skips its window (default) or only its micro-batch")
     train.add_argument("--stop-on-nonfinite", action="store_true", help="stop at the first non-finite window")
-    train.add_argument("--loss-scale", choices=("none", "static", "dynamic"), default="none",
-                       help="MindSpore loss scaling, checked and updated once per window (default none)")
-    train.add_argument("--loss-scale-value", type=positive_float, default=2.0 ** 16, metavar="S",
-                       help="the (initial) loss scale (default 65536)")
     train.add_argument("--recompute", nargs="+", metavar="CELL", help="sub-cells to recompute in the backward "
                                                                       "pass, e.g. conv1 conv2 (saves memory)")
-    train.add_argument("--shard-optimizer", action="store_true",
-                       help="under msrun, each worker keeps and steps the optimizer state of its own part of the "
-                            "parameters (less memory per worker, the same updates; docs/data-parallel.md)")
     train.add_argument("--partial-window", choices=PARTIAL_WINDOWS, default="apply",
                        help="what to do with an epoch's last, incomplete window (default apply)")
 

@@ -376,17 +376,24 @@ def uncovered_random_ops(network: nn.Cell, streams: DropoutStreams) -> List[str]
     ``ops.uniform``, ...); one line per Cell, naming it and what it calls. An `nn.Dropout` that the streams would
     draw for on CPU but cannot, its kernel not built here, is left out: that was said once, with what is lost
     (`kernel_available`)."""
+    return [f"'{path or 'the network'}' ({type(cell).__name__}): {what}"
+            for path, cell, what in _uncovered(network, streams)]
+
+
+def uncovered_cells(network: nn.Cell, streams: DropoutStreams) -> List[str]:
+    """The paths of the Cells `uncovered_random_ops` names (the network itself as its class name)."""
+    return [path or type(cell).__name__ for path, cell, _ in _uncovered(network, streams)]
+
+
+def _uncovered(network: nn.Cell, streams: DropoutStreams) -> Iterator[Tuple[str, nn.Cell, str]]:
     said = {id(prim) for _, _, prim in _dropout_layers(network)} \
         if ms.get_context("device_target") == "CPU" and not _built() else set()
-    found = []
     for path, cell in network.cells_and_names():
         prims = [f"{attribute} ({type(value).__name__})" for attribute, value in primitives(cell).items()
                  if not streams.covers(value) and id(value) not in said and _is_random_primitive(value)]
         calls = _random_calls(type(cell))
         if prims or calls:
-            what = ", ".join([*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)])
-            found.append(f"'{path or 'the network'}' ({type(cell).__name__}): {what}")
-    return found
+            yield path, cell, ", ".join([*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)])
 
 
 def warn_uncovered(network: nn.Cell, streams: DropoutStreams, stacklevel: int = 3) -> List[str]:

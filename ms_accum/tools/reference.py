@@ -119,6 +119,14 @@ class Reference:
         self.all_reduce = all_reduce
         self.kind = BIG_BATCH if not same_masks else SAME_MASKS if loss_fn is not None else SAME_MASKS_PER_MICRO_BATCH
 
+    def prepare(self, counts) -> None:
+        """Builds the Cells for windows of each of `counts` micro-batches (before `set_train`: building a Cell after
+        the stochastic cells were held as in inference would set them to train again)."""
+        if self.same_masks and self.loss_fn is not None:
+            for count in counts:
+                loss = _WindowLoss(self.network, self.loss_fn, label_columns(self.loss_fn), count)
+                self.window_losses[count] = _Gradient(loss, self.params, self.weighted)
+
     def set_train(self) -> "Reference":
         for cell in (self.gradient, self.apply, *self.window_losses.values()):
             cell.set_train()
@@ -155,9 +163,6 @@ class Reference:
         micro-batches in one loss when the loss is apart from the network, else each micro-batch on its own."""
         if self.loss_fn is None:
             return [(*self._output_and_grads(share), share[0].shape[0]) for share in shares]
-        if len(shares) not in self.window_losses:
-            loss = _WindowLoss(self.network, self.loss_fn, label_columns(self.loss_fn), len(shares))
-            self.window_losses[len(shares)] = _Gradient(loss, self.params, self.weighted).set_train()
         out, grads = self.window_losses[len(shares)](*[Tensor(a) for share in shares for a in share])
         return [(out, grads, sum(share[0].shape[0] for share in shares))]
 

@@ -13,6 +13,7 @@ from .._validation import (ArgumentError, ArgumentValueError, check_isinstance, 
                            check_positive_int, check_value_in, door)
 from ..core.columns import check_columns
 from ..core.losses import check_loss_output, window_reduction
+from ..core.dropout import uncovered_cells
 from ..core.inference import in_inference
 from ..core.parallel import data_parallel_info
 from ..train.executor import GradientAccumulation
@@ -46,7 +47,7 @@ class EquivalenceReport:
         inference_mode (list): Stochastic layers whose masks ms_accum does not draw (MindSpore's dropout on GPU and
             Ascend, a random function in a `construct`), run as in inference for both: named, since a mask drawn by
             MindSpore's kernels can never be drawn again.
-        windows (int): How many full windows were compared with as many large-batch updates.
+        windows (int): How many windows were compared with as many large-batch updates, the partial one included.
         first_failed_window (int, optional): The first window (1-based, the partial one last) that differs; None when
             it passed.
         per_window (list): (max abs diff, max rel diff) over all parameters after each window, in order.
@@ -57,8 +58,8 @@ class EquivalenceReport:
             machinery.
         decided_by (str, optional): Which tolerance passed it: ``"rtol"`` (every difference within rtol alone),
             ``"atol"`` (within atol alone, the relative ones beyond rtol) or ``"rtol and atol"``; None when it failed.
-        partial_window (int, optional): The micro-batches of the partial window compared after the full ones (an
-            epoch's last, ``partial_window="apply"``); None when none was.
+        partial_window (int, optional): The micro-batches of the partial window compared last (an epoch's last,
+            ``partial_window="apply"``, with more than one window); None when none was.
         skipped (list): Windows (1-based) that the executor skipped as not finite.
         by_structure (dict): With ``structure="all"``, each verified structure's report.
         refused (dict): With ``structure="all"``, each structure that refuses these options, with its reason.
@@ -90,13 +91,13 @@ class EquivalenceReport:
         """The one-line verdict: the structure, the ranks, what was compared, and which tolerance decided."""
         passed = "PASSED" if self.passed else "FAILED"
         ranks = "1 process" if self.ranks == 1 else f"{self.ranks} ranks"
-        plural = "s" if self.windows != 1 else ""
-        partial = (f" and a partial window of {self.partial_window}" if self.partial_window else "")
-        steps = self.windows + bool(self.partial_window)
-        where = (f"window {self.first_failed_window} of {steps} first differs, "
+        full = self.windows - bool(self.partial_window)
+        partial = f" and a partial window of {self.partial_window}" if self.partial_window else ""
+        where = (f"window {self.first_failed_window} of {self.windows} first differs, "
                  if self.first_failed_window is not None else "")
-        return (f"{passed} ({self.structure}, {ranks}): {self.windows} window{plural} of {self.accumulate_step} "
-                f"accumulated micro-batches{partial} vs {steps} big-batch step{'s' if steps != 1 else ''}: {where}"
+        return (f"{passed} ({self.structure}, {ranks}): {full} window{'s' if full != 1 else ''} of "
+                f"{self.accumulate_step} accumulated micro-batches{partial} vs {self.windows} big-batch "
+                f"step{'s' if self.windows != 1 else ''}: {where}"
                 f"max abs diff {self.max_abs_diff:.3e}, max rel diff {self.max_rel_diff:.3e} {self._tolerance()}")
 
     def _tolerance(self) -> str:
@@ -148,8 +149,8 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
     into `accumulate_step` micro-batches (of unequal size when it does not divide); every window trains the same
     batch, so each is compared with a step on the same data, and what a later window adds is the state carried from
     one update to the next: the buffer's clear, the optimizer's state, a learning rate that moves with its step.
-    With ``partial_window="apply"``, as `train_process` applies an epoch's last, incomplete window, a window of the
-    first K-1 micro-batches follows, compared with a step on those samples.
+    With ``partial_window="apply"``, as `train_process` applies an epoch's last, incomplete window, the last window
+    holds the first K-1 micro-batches only, compared with a step on those samples.
 
     The reference is built apart from the window's machinery, with the same meaning: the large batch's gradient,
     divided as the reduction says, clipped by its global norm when `window` clips, unscaled (a loss scale does not
@@ -181,16 +182,17 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
         structure (str): The executor's structure to verify, as `GradientAccumulation` takes it (``"auto"``: the one
             it runs), or ``"all"``: each structure, one verdict each (`EquivalenceReport.by_structure`; those that
             refuse these options are listed in `refused`). Default: ``"auto"``.
-        windows (int): How many full windows are compared with as many large-batch updates. One checks a single
-            update; a second is the first to start from a cleared buffer and an updated optimizer. Default: ``3``.
+        windows (int): How many windows are compared with as many large-batch updates (the optimizer steps as many
+            times). One checks a single update; a second is the first to start from a cleared buffer and an updated
+            optimizer. Default: ``3``.
         window (WindowOptions, optional): The executor's window options: reduction, clipping, buffer dtype.
         guard (GuardOptions, optional): The executor's guard: policy, loss scaler (a finite window is applied, so the
             reference is the unscaled update), stop.
         statistics (StatisticsOptions, optional): The norms and the noise scale measured in the graphs; measuring
             does not change an update. `skip_outliers` has no large-batch meaning and is refused.
         shard_optimizer (Union[bool, Callable]): As `GradientAccumulation`'s, in data parallel. Default: ``False``.
-        partial_window (str): ``"apply"`` (default): a partial window of K-1 micro-batches is compared after the
-            full ones, as `train_process` applies an epoch's last; ``"drop"``: none.
+        partial_window (str): ``"apply"`` (default): with more than one window, the last holds K-1 micro-batches,
+            as an epoch's last partial window that `train_process` applies; ``"drop"``: every window is full.
 
     Returns:
         EquivalenceReport; `print` it for the verdict.
@@ -213,6 +215,8 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
         >>> report = verify_equivalence(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9), (x, y), 4)
         >>> report.passed, report.structure, report.windows, report.partial_window
         (True, 'three_graphs', 3, 3)
+        >>> print(report.verdict().split(":")[0])
+        PASSED (three_graphs, 1 process)
     """
     _check_types(network, loss_fn, optimizer, inputs)
     accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
@@ -228,17 +232,19 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
         return GradientAccumulation(network, loss_fn, optimizer, structure=name, window=options[0], guard=options[1],
                                     statistics=options[2], shard_optimizer=shard_optimizer)
 
-    if structure != ALL:
-        return _Comparison(build(structure), batch, parallel, options[0].reduction).report(windows, rtol, atol)
     reports, refused = {}, {}
-    for name in VERIFIED_STRUCTURES:
-        try:
-            executor = build(name)
-        except ArgumentError as err:  # this structure cannot train these options: said, not verified
-            refused[name] = err.render()
-            continue
-        reports[name] = _Comparison(executor, batch, parallel, options[0].reduction).report(windows, rtol, atol)
-    return _all(reports, refused, rtol, atol)
+    with in_inference(network, []):  # every cell's training flag back afterwards: the executor sets them to train
+        for name in VERIFIED_STRUCTURES if structure == ALL else [structure]:
+            try:
+                executor = build(name)
+            except ArgumentError as err:
+                if structure != ALL:
+                    raise
+                refused[name] = err.render()  # this structure cannot train these options: said, not verified
+                continue
+            comparison = _Comparison(executor, batch, parallel, options[0].reduction)
+            reports[executor.structure] = comparison.report(windows, rtol, atol)
+    return _all(reports, refused, rtol, atol) if structure == ALL else reports[executor.structure]
 
 
 def _check_types(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, inputs: Sequence) -> None:
@@ -289,8 +295,11 @@ class _Batch:
     columns: list
 
     def plan(self, windows: int) -> List[_Window]:
+        """`windows` windows: full ones, the last partial when there is one and more than one window."""
         full, *partial = self.windows
-        return [full] * windows + partial
+        if windows == 1:
+            return [full]
+        return [full] * (windows - len(partial)) + partial
 
 
 def _split(inputs: Sequence, accumulate_step: int, parallel, partial: bool) -> _Batch:
@@ -443,12 +452,17 @@ class _Comparison:
         self.ranks = _Ranks(parallel)
         streams = executor.dropout
         # The masks ms_accum draws are drawn again for the reference; the rest run as in inference, named.
-        self.held = [path for path in stochastic_cells(executor.network) if not _drawn(executor.network, path, streams)]
-        same_masks = len(self.held) < len(stochastic_cells(executor.network))
+        stochastic = stochastic_cells(executor.network)
+        drawn = [path for path in stochastic if _drawn(executor.network, path, streams)]
+        uncovered = uncovered_cells(executor.network, streams)
+        self.held = [path for path in stochastic if path not in drawn] + \
+            [path for path in uncovered if path not in stochastic]
+        same_masks = bool(drawn)
         self.reference = Reference(self.parts.net_with_loss, self.parts.network, self.parts.loss_fn,
                                    self.parts.optimizer, reduction,
                                    self.parts.clip_norm, executor.buffer.reducer.sum_divisor, same_masks,
                                    self.ranks.sum_cell())
+        self.reference.prepare({len(window.shares) for window in batch.windows})
         self.start = _Start(executor, self.parts.optimizer)
         self.hold = None  # `in_inference`'s, while `report` runs: called after every `set_train`
         self.captured: List[np.ndarray] = []  # the open window's gradient as the structure's check left it
@@ -483,7 +497,7 @@ class _Comparison:
             moved_between_updates=sorted(set().union(*actual.moved)), passed=first is None, causes=causes,
             inference_mode=self.held, windows=windows, first_failed_window=first, per_window=maxima,
             structure=self.executor.structure, ranks=self.ranks.count, reference=self.reference.kind,
-            decided_by=decided, partial_window=self.batch.partial,
+            decided_by=decided, partial_window=self.batch.partial if len(plan) > 1 else None,
             skipped=[i + 1 for i, flag in enumerate(skipped_flags) if flag])
 
     def _drawing(self):
