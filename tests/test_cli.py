@@ -79,7 +79,8 @@ def test_verify_reports_every_parameter_and_passes(model, synthetic, capsys):
     code = cli.main(["verify", "--model", model, "--accumulate-step", "4", "--batch-size", "8", "--data", synthetic])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.splitlines()[-1].startswith("PASSED: 3 windows of 4 accumulated micro-batches vs 3 big-batch steps")
+    assert out.splitlines()[-1].startswith("PASSED (three_graphs, 1 process): 2 windows of 4 accumulated micro-batches "
+                                           "and a partial window of 3 vs 3 big-batch steps: ")
     assert "3 windows of K=4 x B=8 against 3 steps on one batch of 32 (learning rate 0.01, 0.005, 0.0025)" in \
         out.splitlines()[0]
     assert "SYNTHETIC" in out.splitlines()[0]
@@ -101,6 +102,29 @@ def _left_as_it_is(grad_sum):
     return grad_sum
 
 
+def test_verify_takes_the_structure_and_the_flags_of_train_that_change_the_update(synthetic, capsys):
+    argv = ["verify", "--model", "mlp", "--accumulate-step", "2", "--batch-size", "8", "--data", synthetic,
+            "--structure", "all", "--clip-norm", "0.5", "--loss-scale", "static", "--loss-scale-value", "1024",
+            "--policy", "skip_microbatch"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-5] == "PASSED: 4 structure(s) verified"
+    assert [line.split(" (")[1].split(",")[0] for line in out[-4:]] == ["three_graphs", "fused", "window", "cached"]
+    assert cli.main(argv + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["passed"] and report["structure"] == "all" and report["refused"] == {}
+    assert (report["clip_norm"], report["loss_scale"], report["loss_scale_value"], report["policy"]) == (
+        0.5, "static", 1024.0, "skip_microbatch")
+    assert list(report["verdicts"]) == ["three_graphs", "fused", "window", "cached"]
+    for name, verdict in report["verdicts"].items():
+        assert verdict["passed"] and verdict["structure"] == name and verdict["ranks"] == 1
+        assert verdict["verdict"].startswith(f"PASSED ({name}, 1 process): ")
+        assert verdict["decided_by"] in ("rtol", "atol", "rtol and atol")
+    assert cli.main(argv[:-8] + ["--structure", "window", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["structure"] == "window" and list(report["verdicts"]) == ["window"]
+
+
 def test_verify_names_the_first_window_that_differs(synthetic, monkeypatch, capsys):
     argv = ["verify", "--model", "mlp", "--accumulate-step", "2", "--batch-size", "8", "--data", synthetic]
     assert cli.main(argv + ["--windows", "2", "--json"]) == 0
@@ -111,8 +135,8 @@ def test_verify_names_the_first_window_that_differs(synthetic, monkeypatch, caps
     monkeypatch.setattr("ms_accum.core._ops.zero_finite", _left_as_it_is)
     assert cli.main(argv) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[-3].startswith("FAILED: 3 windows of 2 accumulated micro-batches vs 3 big-batch steps: window 2 of 3 "
-                              "first differs, max abs diff ")
+    assert out[-3].startswith("FAILED (three_graphs, 1 process): 2 windows of 2 accumulated micro-batches and a "
+                              "partial window of 1 vs 3 big-batch steps: window 2 of 3 first differs, max abs diff ")
     assert out[-2].startswith("max abs diff after window 1, 2, 3: ")
     assert out[-1].startswith("cause: a buffer not cleared after the update: after window 1's update")
     assert cli.main(argv + ["--json"]) == 1

@@ -434,8 +434,10 @@ def test_under_msrun_verify_compares_the_data_parallel_window_on_every_rank(tmp_
     assert results["all"]["passed"] and results["all"]["ranks"] == 2, results["all"]["text"]
     assert results["all"]["structures"] == {"three_graphs": True, "fused": True, "window": True, "cached": True}
     assert "(fused, 2 ranks)" in results["all"]["text"]
+    assert results["unequal"]["passed"], results["unequal"]["text"]
     assert results["sharded"]["passed"], results["sharded"]["text"]
     assert results["dropout"]["passed"] and "masks the window drew" in results["dropout"]["reference"]
     # The ranks' shares never summed: each applies its own part of the window, which verify sees at window 1.
     assert not results["unreduced"]["passed"] and results["unreduced"]["first_failed_window"] == 1
     assert results["unreduced"]["text"].startswith("FAILED (three_graphs, 2 ranks): ")
+    assert "cause: ranks whose windows were not combined: after window 1's all-reduce" in results["unreduced"]["text"]

@@ -121,6 +121,16 @@ def skipped_window(window: int) -> Cause:
             "(GuardOptions(loss_scaler=...))")
 
 
+def uncombined_ranks(window: int, apart: float) -> Cause:
+    """The cause of a data-parallel difference when the ranks held different window gradients after the window's
+    all-reduce: up to `apart` from rank 0's."""
+    return Cause(
+        name="ranks whose windows were not combined",
+        evidence=f"after window {window}'s all-reduce the ranks' window gradients differ from rank 0's by up to "
+                 f"{apart:.3e}: each applied its own share instead of the global batch's",
+        fix=_CARRIED_FIX)
+
+
 def miscounted_steps(window: int, expected: int, actual: int) -> Cause:
     """The cause of a difference when the optimizer's ``global_step`` after window `window` is `actual`, where the
     big batch's steps left `expected`."""

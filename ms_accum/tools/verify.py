@@ -19,7 +19,7 @@ from ..core.parallel import data_parallel_info
 from ..train.executor import GradientAccumulation
 from ..train.options import GuardOptions, StatisticsOptions, WindowOptions
 from .causes import (Cause, batchnorm_cells, explain, miscounted_steps, skipped_window, stochastic_cells,
-                     uncleared_buffer)
+                     uncleared_buffer, uncombined_ranks)
 from .reference import BIG_BATCH, Reference
 
 ALL = "all"  # `structure="all"`: every structure the options allow, one verdict each
@@ -397,6 +397,19 @@ class _Ranks:
         slots[self.parallel.rank] = row
         return all_reduce_sum(Tensor(slots.ravel())).asnumpy().reshape(self.count, row.size).max(axis=0)
 
+    def from_rank_0(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
+        """Rank 0's `arrays` on every rank (each rank's own stand-alone)."""
+        if self.parallel is None:
+            return arrays
+        from ..train.distributed import all_reduce_sum
+        flat = np.concatenate([a.ravel() for a in arrays]).astype(np.float32)
+        summed = all_reduce_sum(Tensor(flat if self.parallel.is_main else np.zeros_like(flat))).asnumpy()
+        out, at = [], 0
+        for a in arrays:
+            out.append(summed[at:at + a.size].reshape(a.shape).astype(np.float64))
+            at += a.size
+        return out
+
     def sum_cell(self) -> Optional[Callable]:
         if self.parallel is None:
             return None
@@ -578,8 +591,13 @@ class _Comparison:
             self.hold()
             window = plan[first - 1]
             reference = self.reference.window_gradient(window.big, window.shares)
-        # A rank that saw no difference of its own holds no gradient of the window: the reference's stands in.
-        grads = reference if kept is None else kept
+        # A rank that saw no difference of its own holds no gradient of the window: the reference's stands in. Every
+        # rank explains rank 0's, so all say the same; ranks whose windows differ from it were never combined.
+        grads = self.ranks.from_rank_0(reference if kept is None else kept)
+        apart = self.ranks.maxima(np.array([max(float(np.abs(g - k).max(initial=0.0)) for g, k in zip(grads, kept))
+                                            if kept is not None else 0.0]))[0]
+        if apart > 0:
+            return [uncombined_ranks(first, float(apart))]
         return explain(batchnorm_cells(self.executor.network), grads, reference, self.batch.accumulate_step,
                        parameter_diff, rtol, atol)
 

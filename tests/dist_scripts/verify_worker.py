@@ -2,8 +2,8 @@
 
     msrun --worker_num=2 --local_worker_num=2 --master_port=P --join=True verify_worker.py OUT_DIR
 
-Each rank verifies every structure on its share of each micro-batch (the same global batch on every rank), then the
-sharded optimizer, a dropout network, and the host's reduction broken on purpose (`Closer.all_reduce` reduces nothing);
+Each rank verifies every structure on its share of each micro-batch (the same global batch on every rank), shares of
+unequal size, the sharded optimizer, a dropout network, and the host's reduction broken on purpose (`Closer.all_reduce` reduces nothing);
 OUT_DIR/verify_rank<r>.json holds each report's verdict lines, whether it passed, its ranks and its reference.
 """
 import json
@@ -28,9 +28,11 @@ def network(dropout: float = 0.0) -> nn.Cell:
     return nn.SequentialCell(cells)
 
 
-def verify(net: nn.Cell, **options) -> dict:
-    rng = np.random.default_rng(0)  # the same global batch on every rank: 18 samples, shares of 2 and 3 per rank
-    batch = rng.standard_normal((18, 8)).astype(np.float32), rng.integers(0, 3, 18).astype(np.int32)
+def verify(net: nn.Cell, samples: int = 18, **options) -> dict:
+    # The same global batch on every rank; 18 samples make shares of 3 and 2 (the window weighs them by their samples),
+    # 16 equal shares, which gradient caching's gather of the ranks' outputs needs.
+    rng = np.random.default_rng(0)
+    batch = rng.standard_normal((samples, 8)).astype(np.float32), rng.integers(0, 3, samples).astype(np.int32)
     report = verify_equivalence(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                                 nn.Momentum(net.trainable_params(), 0.1, 0.9), batch, 4, **options)
     return {"passed": report.passed, "text": str(report), "ranks": report.ranks, "reference": report.reference,
@@ -39,7 +41,8 @@ def verify(net: nn.Cell, **options) -> dict:
 
 
 def main(out_dir: str) -> None:
-    results = {"all": verify(network(), structure="all"),
+    results = {"all": verify(network(), 16, structure="all"),
+               "unequal": verify(network(), structure="window"),
                "sharded": verify(network(), shard_optimizer=True),
                "dropout": verify(network(0.3), structure="fused")}
     real = base.Closer.all_reduce
