@@ -29,6 +29,10 @@ SUPPORTED_RANGE = ">=2.8,<2.11"
 UNSUPPORTED_VARIABLE = "MS_ACCUM_ALLOW_UNSUPPORTED_MINDSPORE"
 
 
+class UnsupportedMindSporeError(MessageError, ImportError):
+    """The MindSpore found is outside the releases ms_accum supports, or its version cannot be read."""
+
+
 def installed_version() -> Optional[str]:
     """The MindSpore release of this process: the loaded module's, else the installed distribution's; None when there
     is none."""
@@ -45,7 +49,7 @@ def release(version: str) -> Tuple[int, int]:
     """The (major, minor) of a version string such as ``"2.7.1.post1"`` or ``"2.10.0rc1"``."""
     found = re.match(r"(\d+)\.(\d+)", version)
     if found is None:
-        raise ImportError(f"ms_accum cannot read the MindSpore version '{version}'.")
+        raise UnsupportedMindSporeError("ms_accum cannot read the MindSpore version '{version}'.", version=version)
     return int(found.group(1)), int(found.group(2))
 
 
@@ -67,13 +71,16 @@ def check_version(version: Optional[str]) -> None:
     """
     if version is None or supported(version):
         return
-    text = (f"ms_accum supports MindSpore {SUPPORTED_RANGE}, but found MindSpore {version}. Install a supported "
-            f"release (pip install 'mindspore{SUPPORTED_RANGE}'); docs/mindspore.md, versions, says what breaks on "
-            f"others.")
-    if os.environ.get(UNSUPPORTED_VARIABLE) == "1":
-        warnings.warn(f"{text} {UNSUPPORTED_VARIABLE}=1: going on untested.", UserWarning, stacklevel=3)
-        return
-    raise ImportError(f"{text} To try it anyway, set {UNSUPPORTED_VARIABLE}=1.")
+    allowed = os.environ.get(UNSUPPORTED_VARIABLE) == "1"
+    error = UnsupportedMindSporeError(
+        "ms_accum supports MindSpore {supported}, but found MindSpore {version}. Install a supported release (pip "
+        "install 'mindspore{supported}'); docs/mindspore.md, versions, says what breaks on others. {then}",
+        supported=SUPPORTED_RANGE, version=version,
+        then=(f"{UNSUPPORTED_VARIABLE}=1: going on untested." if allowed
+              else f"To try it anyway, set {UNSUPPORTED_VARIABLE}=1."))
+    if not allowed:
+        raise error
+    warnings.warn(str(error), UserWarning, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -89,20 +96,17 @@ class MindSporeChangedError(MessageError, RuntimeError):
     the name, the releases it holds for, and the release found."""
 
 
-def _missing(feature: str, what: str, then: str) -> str:
-    """The sentence for a missing name: `feature` of ms_accum needs `what`, which this release lacks; `then` says what
-    happens instead or what to do."""
-    return (f"ms_accum's {feature} needs MindSpore's {what} (MindSpore {KNOWN}), but MindSpore {installed_version()} "
-            f"has none: {then}")
-
-
 def _changed(feature: str, what: str, then: str) -> MindSporeChangedError:
-    return MindSporeChangedError("{text}", text=_missing(feature, what, then))
+    """The error for a missing name: `feature` of ms_accum needs `what`, which this release lacks; `then` says what
+    happens instead or what to do."""
+    return MindSporeChangedError("ms_accum's {feature} needs MindSpore's {what} (MindSpore {known}), but MindSpore "
+                                 "{found} has none: {then}", feature=feature, what=what, known=KNOWN,
+                                 found=installed_version(), then=then)
 
 
 def _fall_back(feature: str, what: str, instead: str) -> None:
     # Called from functools.lru_cache'd lookups, so each fallback is said once per process.
-    warnings.warn(_missing(feature, what, instead), UserWarning, stacklevel=3)
+    warnings.warn(str(_changed(feature, what, instead)), UserWarning, stacklevel=3)
 
 
 # --- Cells ------------------------------------------------------------------------------------------------------------

@@ -240,11 +240,10 @@ class MessageError(Message, Exception):
         return self.render()
 
 
-class ArgumentError(MessageError):
+class CallError(MessageError):
     """
-    An argument refused, as data: the `Message` says which arguments (`arguments`) and what was expected; the public
-    function the user called (`door`) is named in front, in MindSpore's wording: ``For 'Accumulator', the argument
-    ...``.
+    A call refused, as data: the `Message` says what was expected; the public function the user called (`door`) is
+    named in front, in MindSpore's wording: ``For 'Accumulator', the argument ...``.
 
     Inner code raises it without knowing who called: the outermost `door` an error passes through names it, so a
     class built by another (the executor's buffer) speaks in the name the user called. `named` fixes the name for
@@ -256,7 +255,7 @@ class ArgumentError(MessageError):
         self.caller: Optional[str] = None
         self.final = False
 
-    def named(self, name: str) -> "ArgumentError":
+    def named(self, name: str) -> "CallError":
         """This error, named after `name` whatever door it passes through next."""
         self.caller, self.final = name, True
         return self
@@ -264,6 +263,15 @@ class ArgumentError(MessageError):
     def __str__(self) -> str:
         text = self.render()
         return text if self.caller is None else f"For '{self.caller}', {text}"
+
+
+class ArgumentError(CallError):
+    """An argument refused: the `Message` says which arguments (`arguments`) and what was expected."""
+
+
+class StateError(CallError, RuntimeError):
+    """A call refused for the state it finds, not for its arguments (a buffer that holds an open window, a process
+    that no launcher started, every dropout slot taken): the message says what the state must be."""
 
 
 class ArgumentWarning(Message, UserWarning):
@@ -296,7 +304,7 @@ class NoBatchError(ArgumentValueError):
 
 
 class door(contextlib.ContextDecorator):  # noqa: N801  (read as a decorator: @door("Accumulator"))
-    """A public entry point: an `ArgumentError` raised inside is named after `name`, unless an outer door, the one
+    """A public entry point: a `CallError` raised inside is named after `name`, unless an outer door, the one
     the user called, names it after itself. As a decorator or a ``with`` block. A `final` door names them for good:
     for errors about another door's arguments found later (a loss that does not fit, found when training)."""
 
@@ -307,7 +315,7 @@ class door(contextlib.ContextDecorator):  # noqa: N801  (read as a decorator: @d
         return self
 
     def __exit__(self, kind, error, traceback) -> bool:
-        if isinstance(error, ArgumentError) and not error.final:
+        if isinstance(error, CallError) and not error.final:
             error.caller, error.final = self.name, self.final
         return False
 

@@ -95,15 +95,6 @@ def raises_exactly(error, message: str):
     assert str(info.value) == message
 
 
-@contextlib.contextmanager
-def raises_in_graph(error, message: str):
-    """As `raises_exactly`, for an error raised inside a compiled graph: MindSpore quotes the message on the first
-    line and appends its C++ stack and the traceback of the graph's source lines, which are not the message."""
-    with pytest.raises(error) as info:
-        yield info
-    assert str(info.value).splitlines()[0] == f"'{message}'"
-
-
 def cli_error(err: str) -> str:
     """The one error line of the command line's stderr (argparse prints its usage above it)."""
     return err.strip().splitlines()[-1]

@@ -329,14 +329,15 @@ def test_the_final_checkpoint_records_the_settings_and_where_k_changed(tmp_path)
 # The command line.
 
 @pytest.mark.parametrize("given, message", [
-    ("8:2", "argument --adaptive-k: must be MIN:MAX with MIN <= MAX, but got '8:2'"),
-    ("4", "argument --adaptive-k: must be MIN:MAX, two positive ints such as 2:16, but got '4'"),
-    ("0:4", "argument --adaptive-k: must be MIN:MAX, two positive ints such as 2:16, but got '0:4'"),
+    ("8:2", "must be MIN:MAX with MIN <= MAX, but got '8:2'."),
+    ("4", "must be MIN:MAX, two positive ints such as 2:16, but got '4'."),
+    ("0:4", "must be MIN:MAX, two positive ints such as 2:16, but got '0:4'."),
 ])
 def test_the_command_line_refuses_bad_bounds(given, message, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--adaptive-k", given, "--ckpt-dir", str(tmp_path / "ck")])
-    assert cli_error(capsys.readouterr().err) == f"ms-accum train: error: {message}"
+    assert cli_error(capsys.readouterr().err) == (f"ms-accum train: error: For 'ms-accum train', the argument "
+                                                  f"'--adaptive-k' {message}")
     assert not os.path.exists(tmp_path / "ck")
 
 

@@ -224,6 +224,14 @@ class _Pooled(nn.Cell):
         return self.dense(x).mean(0, keep_dims=True)
 
 
+def test_a_call_without_inputs_is_refused_in_the_cell_s_name():
+    net, loss, _ = build("supcon")
+    cell = TrainCachedWindowCell(net, loss, nn.SGD(net.trainable_params(), 0.1))
+    with raises_exactly(TypeError, "For 'TrainCachedWindowCell', the inputs must be the window's data and labels, "
+                                   "stacked on a leading axis of micro-batches, but got none."):
+        cell()
+
+
 def test_bad_inputs_are_refused_before_anything_compiles():
     name = "GradientAccumulation"
     net, loss, data = build("supcon")

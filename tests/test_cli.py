@@ -1,4 +1,5 @@
 """`ms-accum` end to end: train and eval on real MNIST and on generated data; every bad input is one line."""
+import argparse
 import io
 import json
 import os
@@ -170,8 +171,8 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
         cli.main(argv + ["--accumulate-schedule", "256:2,0:1"])
     assert bad.value.code == 2
     assert cli_error(capsys.readouterr().err) == (
-        "ms-accum train: error: argument --accumulate-schedule: For 'ms-accum train', the thresholds of "
-        "'--accumulate-schedule' must start at 0 and increase, but got [256, 0].")
+        "ms-accum train: error: For 'ms-accum train', the thresholds of '--accumulate-schedule' must start at 0 and "
+        "increase, but got [256, 0].")
 
 
 
@@ -208,8 +209,8 @@ def test_verify_takes_your_own_model_through_a_factory(tmp_path, monkeypatch, ca
         cli.main(argv + ["--model", "users_model"])
     assert bad.value.code == 2
     assert cli_error(capsys.readouterr().err) == (
-        "ms-accum verify: error: argument --model: must be one of lenet5, mlp or package.module:function (a factory "
-        "returning network, loss, optimizer and sample), but got 'users_model'")
+        "ms-accum verify: error: For 'ms-accum verify', the argument '--model' must be one of lenet5, mlp or "
+        "package.module:function (a factory returning network, loss, optimizer and sample), but got 'users_model'.")
 
 
 @requires_mnist
@@ -260,26 +261,49 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--accumulate-step", "0"], "argument --accumulate-step: must be a positive int, but got 0"),
-    (["train", "--accumulate-step", "2.5"], "argument --accumulate-step: must be a positive int, but got '2.5'"),
-    (["train", "--batch-size", "-3"], "argument --batch-size: must be a positive int, but got -3"),
-    (["train", "--epochs", "zero"], "argument --epochs: must be a positive int, but got 'zero'"),
-    (["train", "--lr", "nan"], "argument --lr: must be a positive float, but got nan"),
-    (["train", "--clip-norm", "0"], "argument --clip-norm: must be a positive float, but got 0"),
-    (["train", "--model", "resnet"], "argument --model: must be one of lenet5, mlp or package.module:function (a "
-                                     "factory returning network, loss, optimizer and sample), but got 'resnet'"),
-    (["eval", "--model", "lenet5"], "the following arguments are required: --ckpt"),
+    (["train", "--accumulate-step", "0"], "the argument '--accumulate-step' must be a positive int, but got 0."),
+    (["train", "--accumulate-step", "2.5"], "the argument '--accumulate-step' must be a positive int, but got '2.5'."),
+    (["train", "--accumulate-steps", "0"], "the argument '--accumulate-step' must be a positive int, but got 0."),
+    (["train", "--batch-size", "-3"], "the argument '--batch-size' must be a positive int, but got -3."),
+    (["train", "--epochs", "zero"], "the argument '--epochs' must be a positive int, but got 'zero'."),
+    (["train", "--lr", "nan"], "the argument '--lr' must be a positive float, but got nan."),
+    (["train", "--clip-norm", "0"], "the argument '--clip-norm' must be a positive float, but got 0."),
+    (["train", "--model", "resnet"], "the argument '--model' must be one of lenet5, mlp or package.module:function (a "
+                                     "factory returning network, loss, optimizer and sample), but got 'resnet'."),
+    (["train", "--adaptive-k", "8:2"], "the argument '--adaptive-k' must be MIN:MAX with MIN <= MAX, but got '8:2'."),
+    (["train", "--structure", "fast"], "the argument '--structure' must be one of ['auto', 'three_graphs', 'fused', "
+                                       "'window', 'cached'], but got 'fast'."),
     (["eval", "--ckpt", "x.ckpt", "--device", "TPU"],
-     "argument --device: invalid choice: 'TPU' (choose from 'CPU', 'GPU', 'Ascend')"),
-    (["verify", "--rtol", "0"], "argument --rtol: must be a positive float, but got 0"),
-    (["verify", "--accumulate-step", "-1"], "argument --accumulate-step: must be a positive int, but got -1"),
-    (["verify", "--windows", "0"], "argument --windows: must be a positive int, but got 0"),
+     "the argument '--device' must be one of ['CPU', 'GPU', 'Ascend'], but got 'TPU'."),
+    (["verify", "--rtol", "0"], "the argument '--rtol' must be a positive float, but got 0."),
+    (["verify", "--accumulate-step", "-1"], "the argument '--accumulate-step' must be a positive int, but got -1."),
+    (["verify", "--windows", "0"], "the argument '--windows' must be a positive int, but got 0."),
+    (["plan", "--memory", "lots"], "the argument '--memory' must be a memory size such as '800MiB', '2GiB' or a "
+                                   "number of bytes, but got 'lots'."),
 ])
-def test_bad_command_lines_exit_2_with_one_line(argv, message, capsys):
+def test_a_bad_flag_value_exits_2_with_one_line_in_the_library_s_style(argv, message, capsys):
+    """argparse's refusals of a flag's value (its type's, its choices') read as the library's refusals do."""
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     assert exit_info.value.code == 2
-    assert cli_error(capsys.readouterr().err) == f"ms-accum {argv[0]}: error: {message}"
+    assert cli_error(capsys.readouterr().err) == f"ms-accum {argv[0]}: error: For 'ms-accum {argv[0]}', {message}"
+
+
+def test_a_missing_flag_is_argparse_s_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "--model", "lenet5"])
+    assert exit_info.value.code == 2
+    assert cli_error(capsys.readouterr().err) == "ms-accum eval: error: the following arguments are required: --ckpt"
+
+
+def test_the_argument_types_keep_argparse_s_words_in_a_script_s_own_parser(capsys):
+    """A script's own `argparse.ArgumentParser` takes `positive_int` and the others: argparse names the flag."""
+    parser = argparse.ArgumentParser(prog="script")
+    parser.add_argument("--steps", type=cli.positive_int)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--steps", "0"])
+    assert exit_info.value.code == 2
+    assert cli_error(capsys.readouterr().err) == "script: error: argument --steps: must be a positive int, but got 0"
 
 
 def write_bytes(path, data):

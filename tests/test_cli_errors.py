@@ -212,15 +212,16 @@ def test_traceback_shows_the_whole_stack_of_any_error(asked, zero_factory, capsy
     assert lines[-1] == "ms-accum train: error: --lr-rule needs --adaptive-k: it says how K follows the noise scale."
 
 
-def test_a_bad_argument_is_one_line_and_argparse_keeps_its_own(capsys):
+def test_a_bad_argument_is_one_line_and_a_usage_error_keeps_argparse_s_exit(capsys):
     assert cli.main(["train", "--lr-rule", "sqrt", "--quiet"]) == 1
     assert capsys.readouterr().err == ("ms-accum train: error: --lr-rule needs --adaptive-k: it says how K follows the "
                                        "noise scale.\n")
-    with pytest.raises(SystemExit) as refused:  # argparse's usage error: as argparse prints it, --traceback or not
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error (exit 2), --traceback or not
         cli.main(["train", "--batch-size", "0", "--traceback"])
     err = capsys.readouterr().err
     assert refused.value.code == 2 and "Traceback" not in err
-    assert cli_error(err) == "ms-accum train: error: argument --batch-size: must be a positive int, but got 0"
+    assert cli_error(err) == ("ms-accum train: error: For 'ms-accum train', the argument '--batch-size' must be a "
+                              "positive int, but got 0.")
 
 
 def test_an_error_in_ms_accum_s_own_code_says_it_is_a_bug(capsys, monkeypatch):
@@ -483,8 +484,8 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
      "split holds 512 sample(s), fewer than one batch of 1024. Pass a --batch-size of at most 512."),
     (["train", "--model", "tokens:diverging", "--batch-size", "16", "--accumulate-step", "2", "--stop-on-nonfinite",
       "--ckpt-dir", "{root}/t", "--quiet"],
-     "epoch 1 step 2: the window's gradient or loss is not finite, so it was skipped (parameters unchanged; 1 "
-     "window(s) skipped so far); stopped, as --stop-on-nonfinite asks."),
+     "For 'ms-accum train', epoch 1 step 2: the window's gradient or loss is not finite, so it was skipped "
+     "(parameters unchanged; 1 window(s) skipped so far); stopping, as --stop-on-nonfinite asks."),
     (["train", "--distributed", "--data", "{data}", "--ckpt-dir", "{root}/d", "--quiet"],
      "distributed mode requested without a launcher: start it with msrun, e.g. 'msrun --worker_num=2 "
      "--local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are "

@@ -505,8 +505,8 @@ def test_synthetic_replaces_synthetic_never_real(tmp_path):
     assert sorted(os.listdir(root)) == ["MNIST_Data"]
     os.remove(os.path.join(second, data.SYNTHETIC_MARKER))  # now it looks like real data
     before = _file_bytes(second)
-    with raises_exactly(FileExistsError, f"For 'make_synthetic_mnist', '{second}' exists and is not synthetic; it is "
-                                         f"never replaced. Choose another root."):
+    with raises_exactly(ValueError, f"For 'make_synthetic_mnist', the argument 'root' must not hold real data, but "
+                                    f"'{second}' exists and is not synthetic; it is never replaced."):
         data.make_synthetic_mnist(root, num_train=30, num_test=20)
     assert _file_bytes(second) == before and sorted(os.listdir(root)) == ["MNIST_Data"]
     assert not data.is_synthetic(second)

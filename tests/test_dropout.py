@@ -96,6 +96,16 @@ X = np.random.default_rng(1).standard_normal((8, 20)).astype(np.float32)
 Y = np.arange(8, dtype=np.int32) % 4
 
 
+
+def test_every_slot_taken_is_refused(monkeypatch):
+    from ms_accum.core import dropout
+    monkeypatch.setattr(dropout, "_FREE", [])  # as if every slot's op were alive
+    with pytest.raises(RuntimeError) as refused:
+        SeededDropout(0.5, seed=1)
+    assert str(refused.value) == (f"ms_accum's dropout kernel has {dropout.SLOTS} slots per process, and "
+                                  f"{dropout.SLOTS} seeded dropout ops are alive in this process: a new one needs an "
+                                  f"earlier one gone (its network deleted).")
+
 def test_streams_are_kept_beside_the_network_which_stays_as_given():
     net = two_layer()
     prims = [getattr(net[i], DROPOUT_OP) for i in (2, 4)]

@@ -1,7 +1,10 @@
 """Messages as data (`ms_accum._validation.Message`): a template's fields are argument references (``{@name}``) or
 values (``{name}``, ``{name=}``), told apart by their form; a template whose fields and values do not match is refused
 as the message is built, a bug found here rather than by a user; and every template of the package fits the values its
-raise site gives, and renders, in the library's words and in the command line's."""
+raise site gives, and renders, in the library's words and in the command line's; and no error of the package is written
+by hand (a builtin exception of a string, a ``For '...'`` prefix outside the renderer, a template that only passes text
+through)."""
+import builtins
 import ast
 import pathlib
 import pickle
@@ -161,3 +164,85 @@ def test_every_template_of_the_package_fits_its_values_and_renders():
         sites.append(where)
     assert len(sites) > 150, sites  # the walk found the package's messages
     assert dynamic == set(DYNAMIC), "a listed exception no longer exists"
+
+
+# --- No error written by hand. ---
+
+# Exceptions built from a string on purpose, by (file, class), with why.
+HAND_WRITTEN = {
+    ("_validation.py", "TypeError"): "the message machinery refusing a template: a bug in ms_accum, which no template "
+                                     "can say",
+    ("_mindspore.py", "AttributeError"): "a module's __getattr__: Python's own words, which hasattr and imports expect",
+    ("deprecation.py", "AttributeError"): "a removed name, in Python's own words for a missing one and the table's "
+                                          "line",
+    ("deprecation.py", "TypeError"): "a removed keyword, in Python's own words for an unexpected one and the table's "
+                                     "line",
+    ("deprecation.py", "RuntimeError"): "a table entry past its removal: a maintainer's bug, found at import",
+    ("deprecation.py", "KeyError"): "ms_accum asking the table for a module it does not list: a bug",
+    ("core/native.py", "KernelBuildError"): "the native build's errors, not yet a message",
+}
+# Where the caller's name is put in front of a message (``For 'X', ``): the renderers, nowhere else.
+RENDERERS = {("_validation.py", "__str__"), ("cli/errors.py", "error_line")}
+EXCEPTIONS = {name for name, value in vars(builtins).items()
+              if isinstance(value, type) and issubclass(value, BaseException) and not issubclass(value, Warning)}
+
+
+def package_nodes():
+    """Each node of the package's modules but their docstrings: (file, enclosing function, node)."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+
+        def visit(node, function):
+            for child in ast.iter_child_nodes(node):
+                inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+                if id(child) not in docstrings:
+                    yield str(path.relative_to(PACKAGE).as_posix()), inner, child
+                    yield from visit(child, inner)
+        yield from visit(tree, "<module>")
+
+
+def is_text(node: ast.AST) -> bool:
+    """Whether `node` builds a string in place: a literal, an f-string, a sum or a ``%`` of them, a ``.format``."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.JoinedStr):
+        return True
+    if isinstance(node, ast.BinOp):
+        return is_text(node.left) or is_text(node.right)
+    return isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "format" and is_text(node.func.value)
+
+
+def hand_written():
+    """Each place the package writes an error by hand, with what is wrong with it."""
+    messages, own = message_classes(), set()
+    for path in PACKAGE.rglob("*.py"):  # the package's exception classes that are not messages
+        own |= {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Exception"))}
+    for path, function, node in package_nodes():
+        where = f"{path}:{getattr(node, 'lineno', '?')} ({function})"
+        if isinstance(node, ast.Call):
+            kind = getattr(node.func, "id", getattr(node.func, "attr", None))
+            if (kind in EXCEPTIONS or kind in own or kind in ("ArgumentTypeError", "ArgumentError")) \
+                    and kind not in messages and any(map(is_text, node.args)):
+                yield where, kind, "an exception built from a string"
+            elif kind in messages and node.args and isinstance(node.args[0], ast.Constant) and is_text(node.args[0]):
+                parts = list(string.Formatter().parse(node.args[0].value))
+                fields = [field for _, field, _, _ in parts if field is not None]
+                words = "".join(text for text, _, _, _ in parts)
+                if len(fields) == 1 and not fields[0].startswith(("@", "_")) and not fields[0].endswith("=") \
+                        and not any(map(str.isalpha, words)):
+                    yield where, kind, "a template that only passes text through"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "For '" in node.value \
+                and (path, function) not in RENDERERS:
+            yield where, None, "a caller's name written by hand"
+
+
+def test_no_error_of_the_package_is_written_by_hand():
+    found = list(hand_written())
+    listed = {(where.partition(":")[0], kind) for where, kind, _ in found}
+    assert [site for site in found if (site[0].partition(":")[0], site[1]) not in HAND_WRITTEN] == []
+    assert listed >= set(HAND_WRITTEN), f"no longer written by hand: {set(HAND_WRITTEN) - listed}"

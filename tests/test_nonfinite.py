@@ -125,7 +125,7 @@ def test_stop_on_nonfinite_raises_with_parameters_untouched():
                                     stop_on_nonfinite=True)
     with raises_exactly(NonFiniteError, "For 'GradientAccumulation.train_process', epoch 1 step 1: the window's "
                                         "gradient or loss is not finite, so it was skipped (parameters unchanged; 1 "
-                                        "window(s) skipped so far); stopping, as 'stop_on_nonfinite' is True."):
+                                        "window(s) skipped so far); stopping, as stop_on_nonfinite=True asks."):
         executor.train_process(1, dataset(batches(bad=(2,))), K, ckpt_dir=None, verbose=False)
     for name, value in params_of(net).items():
         np.testing.assert_array_equal(value, before[name])

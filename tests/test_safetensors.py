@@ -156,8 +156,9 @@ def test_an_unknown_format_is_refused_naming_the_argument(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "--ckpt-format", "pt"])
     assert exit_info.value.code == 2
-    assert cli_error(capsys.readouterr().err) == ("ms-accum train: error: argument --ckpt-format: invalid choice: "
-                                                  "'pt' (choose from 'ckpt', 'safetensors')")
+    assert cli_error(capsys.readouterr().err) == ("ms-accum train: error: For 'ms-accum train', the argument "
+                                                  "'--ckpt-format' must be one of ['ckpt', 'safetensors'], but got "
+                                                  "'pt'.")
 
 
 def test_the_command_line_trains_to_safetensors_and_evaluates_it(tmp_path, capsys):

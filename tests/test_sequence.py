@@ -15,7 +15,7 @@ from ms_accum import Accumulator, GradientAccumulation, TokenCrossEntropy, Train
 from ms_accum.core import AccumulationBuffer, LossOnly, losses
 from ms_accum.graphs import TrainAccumulationCell, TrainWindowCell
 from accumulator_step import accumulator_step
-from conftest import raises_exactly, raises_in_graph
+from conftest import raises_exactly
 
 T, F, V, B, K, PAD = 6, 5, 7, 2, 4, -100
 
@@ -319,9 +319,9 @@ def test_accumulator_under_weighted_mean_needs_the_token_count():
     accumulator = Accumulator(nn.SGD(network.trainable_params(), 0.1), K, reduction="weighted_mean")
     step = accumulator_step(network, LossOnly(TokenCrossEntropy(PAD)), accumulator)  # the token count is not given
     x, y = token_batches(B)
-    with raises_in_graph(ValueError, "For 'Accumulator', the argument 'num_samples' must be given under "
-                                     "reduction='weighted_mean' (the micro-batch's weight, e.g. its real tokens, the "
-                                     "weight TokenCrossEntropy returns), but got None."):
+    with raises_exactly(ValueError, "For 'Accumulator', the argument 'num_samples' must be given under "
+                                    "reduction='weighted_mean' (the micro-batch's weight, e.g. its real tokens, the "
+                                    "weight TokenCrossEntropy returns), but got None."):
         step(Tensor(x), Tensor(y))
 
 

@@ -266,8 +266,8 @@ def test_an_open_window_in_the_buffer_is_refused():
     x, y = x[0], y[0]
     TrainForwardBackward(net, opt, buffer)(Tensor(x[0]), Tensor(y[0]))
     before = [p.asnumpy().copy() for p in net.trainable_params()]
-    with raises_exactly(ValueError, "For 'TrainWindowCell', the buffer must hold no open window when called, but it "
-                                    "holds 1 micro-batch(es): close it first (TrainOptim and TrainClear)."):
+    with raises_exactly(RuntimeError, "For 'TrainWindowCell', the buffer must hold no open window when called, but it "
+                                      "holds 1 micro-batch(es): close it first (TrainOptim and TrainClear)."):
         window(Tensor(x), Tensor(y))
     assert all(np.array_equal(p.asnumpy(), b) for p, b in zip(net.trainable_params(), before))
 

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                              help=f"on an error, print the whole stack of every exception, ms_accum's and MindSpore's "
                                   f"frames included (as {VARIABLE}=1 does)")
         add_removed_flags(command, name)
-        command.set_defaults(flags=command.flags)  # how the command's errors name its arguments (`errors.CliWords`)
+        command.set_defaults(command=name, flags=command.flags)  # how its errors name it and its arguments
         parser.flags = {**command.flags, **parser.flags}  # every command's, the first's where they differ
     return parser
 

@@ -3,13 +3,14 @@ take `positive_int` and the others, as the tutorials do)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .._choices import DEMO_FACTORIES, DEVICES
-from .._validation import Argument, door
+from .._validation import Argument, ArgumentValueError, CallError, MessageError, check_value_in
 from ..deprecation import TABLE, removal, removed
-from .errors import CliError
+from .errors import CliError, error_line
 
 MODEL_NAMES = tuple(DEMO_FACTORIES)
 OPTIMIZERS = ("momentum", "sgd", "adam")
@@ -18,10 +19,16 @@ OPTIMIZERS = ("momentum", "sgd", "adam")
 DEFAULTS = {"model": "lenet5", "batch_size": 32, "accumulate_step": 4, "structure": "auto"}
 
 
+class FlagError(MessageError, argparse.ArgumentTypeError):
+    """What a flag's text must be, refused by its type (`positive_int` and the others): argparse says it after the
+    flag (``argument --lr: must be ...``, in a script's own argparse), a `Parser` as the library's sentence."""
+
+
 class Parser(argparse.ArgumentParser):
     """
     An `argparse.ArgumentParser` that keeps, as each argument is added, the flag an error names it by (`flags`, read by
-    `errors.CliWords`), so a flag's name is written once, where it is added.
+    `errors.CliWords`), so a flag's name is written once, where it is added; and that says a flag's value refused (by
+    its type or its choices) as the command says any refusal (`errors.error_line`), still argparse's usage error.
 
     `flags` maps each option's destination, and each name the library gives what the option sets (``sets``:
     ``add_argument("--epochs", ..., sets=("epoch",))``), to the option's first long flag. A command's parser is a
@@ -38,7 +45,24 @@ class Parser(argparse.ArgumentParser):
             flag = next((name for name in action.option_strings if name.startswith("--")), action.option_strings[0])
             for name in (action.dest, *sets):
                 self.flags.setdefault(name, flag)  # a deprecated spelling, added later, keeps the flag
+        if action.type is not None or action.choices is not None:
+            action.type = functools.partial(self._value, action, action.type)
         return action
+
+    def _value(self, action: argparse.Action, kind: Optional[Callable[[str], Any]], text: str) -> Any:
+        """`text` as `kind` reads it (as it is if None), one of `action`'s choices if it has them. Refused, it is an
+        `argparse.ArgumentError` of no argument: argparse prints it as it is, in the usage error (exit 2)."""
+        try:
+            value = text if kind is None else kind(text)
+            if action.choices is not None:
+                check_value_in(value, action.dest, action.choices)
+            return value
+        except FlagError as err:
+            refusal: CallError = ArgumentValueError("{flag:subject} {rule}.", flag=Argument(action.dest), rule=err)
+        except CallError as err:
+            refusal = err
+        words = argparse.Namespace(command=self.get_default("command"), flags=self.flags)
+        raise argparse.ArgumentError(None, error_line(refusal, words))
 
 
 def _number(kind, positive: bool, what: str):
@@ -46,9 +70,9 @@ def _number(kind, positive: bool, what: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, but got '{text}'") from None
+            raise FlagError("must be {what}, but got {text!r}", what=what, text=text) from None
         if (kind is float and not math.isfinite(value)) or value < 0 or (positive and value == 0):
-            raise argparse.ArgumentTypeError(f"must be {what}, but got {text}")
+            raise FlagError("must be {what}, but got {text}", what=what, text=text)
         return value
     return parse
 
@@ -63,8 +87,8 @@ def model_or_factory(text: str) -> str:
     """A built-in model's name, or a factory's ``package.module:function`` (`ms_accum.tools.factory`)."""
     if text in MODEL_NAMES or ":" in text:
         return text
-    raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODEL_NAMES)} or package.module:function (a "
-                                     f"factory returning network, loss, optimizer and sample), but got '{text}'")
+    raise FlagError("must be one of {names} or package.module:function (a factory returning network, loss, optimizer "
+                    "and sample), but got {text!r}", names=", ".join(MODEL_NAMES), text=text)
 
 
 class _OldSpelling(argparse.Action):
@@ -99,31 +123,23 @@ def add_removed_flags(parser: argparse.ArgumentParser, command: str) -> None:
 def accumulate_schedule(text: str) -> dict:
     """``samples:K,...`` as a dict (`ms_accum.train.schedule.parse_schedule`)."""
     from ..train.schedule import parse_schedule
-    try:
-        with door("ms-accum train"):
-            return parse_schedule(text, "--accumulate-schedule")
-    except (TypeError, ValueError) as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    return parse_schedule(text, "accumulate_schedule")
 
 
 def k_bounds(text: str) -> tuple:
     """``MIN:MAX``, the bounds of an adaptive K (`ms_accum.AdaptiveK`), as two ints."""
     low, colon, high = text.partition(":")
     if not (colon and low.strip().isdigit() and high.strip().isdigit()) or int(low) < 1:
-        raise argparse.ArgumentTypeError(f"must be MIN:MAX, two positive ints such as 2:16, but got '{text}'")
+        raise FlagError("must be MIN:MAX, two positive ints such as 2:16, but got {text!r}", text=text)
     if int(high) < int(low):
-        raise argparse.ArgumentTypeError(f"must be MIN:MAX with MIN <= MAX, but got '{text}'")
+        raise FlagError("must be MIN:MAX with MIN <= MAX, but got {text!r}", text=text)
     return int(low), int(high)
 
 
 def memory_size(text: str) -> int:
     """Bytes of a size such as 800MiB or 2GiB (`ms_accum.tools.planner.parse_size`)."""
     from ..tools.planner import parse_size
-    try:
-        with door("ms-accum plan"):
-            return parse_size(text, "--memory")
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    return parse_size(text, "memory")
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import sys
 from typing import Any, Optional
 
-from .._validation import Argument, ArgumentError, Message, MessageError, Words, describe_exception, first_paragraph
+from .._validation import Argument, CallError, Message, MessageError, Words, describe_exception, first_paragraph
 
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
@@ -71,15 +71,12 @@ class CliError(MessageError):
 
 
 def error_line(err: BaseException, args: argparse.Namespace) -> str:
-    """`err` as the one line the command prints, in its terms (`CliWords`): an argument refused is named after the
-    command the user ran; the tool's own errors say what they say; anything else is its type and first paragraph,
+    """`err` as the one line the command prints, in its terms (`CliWords`): a call refused (`CallError`) is named after
+    the command the user ran; the tool's own errors say what they say; anything else is its type and first paragraph,
     with the error a MindSpore data pipeline wraps, and what the command was doing when it happened (`during`)."""
-    from ..train.records import NonFiniteError
     if isinstance(err, MessageError):
         text = first_paragraph(err.render(CliWords(args)))
-        return f"For 'ms-accum {args.command}', {text}" if isinstance(err, ArgumentError) else text
-    if isinstance(err, NonFiniteError) and err.window:
-        return f"{err.window}; stopped, as --stop-on-nonfinite asks."
+        return f"For 'ms-accum {args.command}', {text}" if isinstance(err, CallError) else text
     what = getattr(err, "ms_accum_during", None)
     return describe_exception(err) + (f" (while {what})" if what else "")
 

@@ -88,11 +88,10 @@ def is_bug(err: BaseException, own: Tuple[str, ...] = ()) -> bool:
 
 def expected(err: BaseException) -> bool:
     """Whether `err` is a failure ms_accum reports to the user rather than a bug: its own errors about arguments,
-    data and checkpoints (`MessageError`), a window that is not finite, a kernel that cannot be built here, the
+    data, checkpoints and a window that is not finite (`MessageError`), a kernel that cannot be built here, the
     operating system's errors (a file, the disk) and memory running out."""
     from ..core.native import KernelBuildError
-    from ..train.records import NonFiniteError
-    return isinstance(err, (MessageError, NonFiniteError, KernelBuildError, OSError, MemoryError))
+    return isinstance(err, (MessageError, KernelBuildError, OSError, MemoryError))
 
 
 def causes(err: BaseException) -> List[BaseException]:

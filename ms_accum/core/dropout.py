@@ -33,6 +33,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from .._mindspore import (DROPOUT_OP, RANDOM_EFFECT_ATTR, RANDOM_SEED_ATTRS, aot_primitive, dropout_op,
                           dropout_settings, mark_random, prim_attrs, primitives, random_functions)
+from .._validation import StateError
 from ..deprecation import module_getattr
 from . import native
 
@@ -178,8 +179,9 @@ class SeededDropout:
         self.keep_prob = float(keep_prob)
         path, self._lib = _library()
         if not _FREE:
-            raise RuntimeError(f"ms_accum's dropout kernel has {SLOTS} slots per process, and {SLOTS} seeded dropout "
-                               f"ops are alive in this process.")
+            raise StateError("ms_accum's dropout kernel has {slots} slots per process, and {slots} seeded dropout ops "
+                             "are alive in this process: a new one needs an earlier one gone (its network deleted).",
+                             slots=SLOTS)
         self.slot = _FREE.pop()
         weakref.finalize(self, _FREE.append, self.slot)  # the slot serves another op once this one is gone
         # Nothing can be drawing from the slot: its last op's streams stopped drawing, and waited, before it went.

@@ -157,11 +157,7 @@ def check_mnist_dir(path: PathLike) -> str:
         raise DataError("MNIST directory '{path}' does not exist or is not a directory. {WHAT_TO_DO}", path=path,
                         WHAT_TO_DO=_WHAT_TO_DO)
     # The tutorials pass 'MNIST_Data/train'; say so instead of only "missing train/train/...".
-    if os.path.basename(os.path.normpath(path)) in _SPLITS and not os.path.isdir(os.path.join(path, "train")):
-        hint = (f" '{path}' looks like one split: pass its parent, the directory that holds both train/ and "
-                f"test/.")
-    else:
-        hint = ""
+    one_split = os.path.basename(os.path.normpath(path)) in _SPLITS and not os.path.isdir(os.path.join(path, "train"))
     for images_rel, labels_rel in _SPLITS.values():
         images = os.path.join(path, images_rel)
         labels = os.path.join(path, labels_rel)
@@ -172,7 +168,10 @@ def check_mnist_dir(path: PathLike) -> str:
                                 images=images, rows=rows, cols=cols, side=_SIDE)
             _, (label_count,) = _idx_header(labels, _LABEL_MAGIC)
         except DataError as err:
-            raise DataError("{err}{hint}", err=err, hint=hint) from None
+            if not one_split:
+                raise
+            raise DataError("{err} '{path}' looks like one split: pass its parent, the directory that holds both "
+                            "train/ and test/.", err=err, path=path) from None
         if label_count != count:
             raise DataError("MNIST file '{labels}' has {label_count} labels but '{images}' has {count} images.",
                             labels=labels, label_count=label_count, images=images, count=count)
@@ -599,8 +598,8 @@ def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 
 
     Raises:
         TypeError: If `root` is not a path or a count or `seed` is not an int.
-        ValueError: If a count is not positive or `seed` is negative.
-        FileExistsError: If ``root/MNIST_Data`` exists and is not synthetic (real data is never replaced).
+        ValueError: If a count is not positive or `seed` is negative, or ``root/MNIST_Data`` exists and is not
+            synthetic (real data is never replaced).
     """
     check_isinstance(root, "root", (str, os.PathLike))
     check_positive_int(num_train, "num_train")
@@ -609,8 +608,8 @@ def make_synthetic_mnist(root: PathLike, num_train: int = 2000, num_test: int = 
     root = os.fspath(root)
     target = os.path.join(root, "MNIST_Data")
     if os.path.lexists(target) and not is_synthetic(target):
-        raise FileExistsError(f"For 'make_synthetic_mnist', '{target}' exists and is not synthetic; it is never "
-                              f"replaced. Choose another root.")
+        raise ArgumentValueError("{@root:subject} must not hold real data, but '{target}' exists and is not "
+                                 "synthetic; it is never replaced.", target=target)
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".MNIST_Data.synthetic-", dir=root)
     old = None

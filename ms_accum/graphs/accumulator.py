@@ -9,7 +9,7 @@ from mindspore import nn, ops
 from ..core import _ops
 from ..core.buffer import AccumulationBuffer
 from ..runtime import check_cpu_kernels
-from .._validation import check_isinstance, check_positive_float, check_positive_int, door
+from .._validation import ArgumentValueError, check_isinstance, check_positive_float, check_positive_int, door
 
 
 @ms.jit_class
@@ -130,18 +130,35 @@ class Accumulator:
     def _check_weight(self, num_samples):
         # The Accumulator sees no loss: under "weighted_mean" the caller's token count is the only weight there is.
         if num_samples is None and self.buffer.reduction.name == "weighted_mean":
-            raise ValueError("For 'Accumulator', the argument 'num_samples' must be given under reduction="
-                             "'weighted_mean' (the micro-batch's weight, e.g. its real tokens, the weight "
-                             "TokenCrossEntropy returns), but got None.")
+            _refuse_no_weight()
 
     def _check_grads(self, grads):
         # Shapes are compile-time constants, so a mismatch fails while the step compiles, before any update.
         if len(grads) != len(self.param_shapes):
-            raise ValueError(f"For 'Accumulator', the argument 'grads' must hold {len(self.param_shapes)} "
-                             f"tensors, one per optimizer parameter, but got {len(grads)}.")
+            _refuse_grads_count(len(self.param_shapes), len(grads))
         for i in range(len(grads)):
             shape = _ops.dense_shape(grads[i])
             if not _ops.shape_matches(shape, self.param_shapes[i]):
-                raise ValueError(f"For 'Accumulator', the argument 'grads' must match the optimizer's parameter "
-                                 f"shapes, but grads[{i}] has shape {shape}, expected "
-                                 f"{self.param_shapes[i]}.")
+                _refuse_grad_shape(i, shape, self.param_shapes[i])
+
+
+# The refusals of a call, run while the step compiles: a graph can raise only Python's own exception types, and a
+# `constexpr` runs in Python, so the user gets the library's error whole (named here: no door runs in a graph).
+@ops.constexpr
+def _refuse_no_weight():
+    raise ArgumentValueError("{@num_samples:subject} must be given under {reduction=} (the micro-batch's weight, e.g. "
+                             "its real tokens, the weight TokenCrossEntropy returns), but got None.",
+                             reduction="weighted_mean").named("Accumulator")
+
+
+@ops.constexpr
+def _refuse_grads_count(expected, got):
+    raise ArgumentValueError("{@grads:subject} must hold {expected} tensors, one per optimizer parameter, but got "
+                             "{got}.", expected=expected, got=got).named("Accumulator")
+
+
+@ops.constexpr
+def _refuse_grad_shape(i, shape, expected):
+    raise ArgumentValueError("{@grads:subject} must match the optimizer's parameter shapes, but grads[{i}] has shape "
+                             "{shape}, expected {expected}.", i=i, shape=tuple(shape),
+                             expected=tuple(expected)).named("Accumulator")

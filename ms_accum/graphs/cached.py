@@ -331,8 +331,9 @@ class TrainCachedWindowCell(nn.Cell):
 
     def __call__(self, *inputs):
         if not inputs:
-            raise TypeError(f"For '{type(self).__name__}', the inputs must be the window's data and labels, stacked "
-                            f"on a leading axis of micro-batches, but got none.")
+            with door(type(self).__name__):
+                raise ArgumentTypeError("the inputs must be the window's data and labels, stacked on a leading axis of "
+                                        "micro-batches, but got none.")
         count = inputs[0].shape[0]
         # Copies, not views of the stacked window (see `train_window`).
         return self.train_window([tuple(x[i].copy() for x in inputs) for i in range(count)])[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from .._validation import ArgumentValueError, check_isinstance, check_positive_int, door
+from .._validation import ArgumentValueError, StateError, check_isinstance, check_positive_int, door
 from .cells import TrainAccumulationCell
 
 
@@ -34,8 +34,8 @@ class TrainWindowCell(TrainAccumulationCell):
 
     Raises:
         TypeError: As `TrainAccumulationCell` raises.
-        ValueError: As `TrainAccumulationCell` raises; or, when called, if the inputs' leading axis is not K long or
-            the buffer holds an open window (a window is the micro-batches of one call).
+        ValueError: As `TrainAccumulationCell` raises; or, when called, if the inputs' leading axis is not K long.
+        RuntimeError: When called, if the buffer holds an open window (a window is the micro-batches of one call).
 
     Supported Platforms:
         ``Ascend`` ``GPU`` ``CPU``
@@ -76,13 +76,16 @@ class TrainWindowCell(TrainAccumulationCell):
 
     def __call__(self, *inputs):
         # Checked before the graph runs: the loop below closes the window after the stack's first `micro_batches`.
-        if inputs and inputs[0].shape[0] != self.accumulate_step:
-            raise ValueError(f"For 'TrainWindowCell', the inputs' leading axis must be 'accumulate_step' long "
-                             f"({self.accumulate_step}), but got shape {tuple(inputs[0].shape)}.")
-        open_window = int(self.buffer.mini_step.asnumpy())  # one scalar read per window
-        if open_window:
-            raise ValueError(f"For 'TrainWindowCell', the buffer must hold no open window when called, but it holds "
-                             f"{open_window} micro-batch(es): close it first (TrainOptim and TrainClear).")
+        with door(type(self).__name__):
+            if inputs and inputs[0].shape[0] != self.accumulate_step:
+                raise ArgumentValueError("the inputs' leading axis must be {@accumulate_step} long "
+                                         "({accumulate_step}), but got shape {shape}.",
+                                         accumulate_step=self.accumulate_step, shape=tuple(inputs[0].shape))
+            open_window = int(self.buffer.mini_step.asnumpy())  # one scalar read per window
+            if open_window:
+                raise StateError("the buffer must hold no open window when called, but it holds {open_window} "
+                                 "micro-batch(es): close it first (TrainOptim and TrainClear).",
+                                 open_window=open_window)
         return super().__call__(*inputs)
 
     def one_micro_batch(self, inputs):

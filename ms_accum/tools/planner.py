@@ -13,9 +13,12 @@ from right after MindSpore's import; on GPU and Ascend the device's peak allocat
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
 import json
 import math
 import os
+import pickle
 import re
 import signal
 import statistics
@@ -27,8 +30,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, check_isinstance,
-                           check_positive_int, check_value_in, door)
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError,
+                           check_isinstance, check_positive_int, check_value_in, door)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -350,8 +353,11 @@ class _Trials:
         """Imports the factory and runs its network and loss on two samples, in a fresh process; returns the
         reduction its loss needs (kept for `run`), the device's free memory and the network's fingerprint."""
         out = self._child(["check", self.spec, self.device])
+        if "raised" in out:  # the check's own error, whole: a command line says it in its flags
+            raise pickle.loads(base64.b64decode(out["raised"]))
         if "error" in out:
-            raise ArgumentValueError("{error}", error=out["error"])  # the trial's message, named at `plan`'s door
+            raise ArgumentValueError("{@model:subject} could not be checked in a fresh process: {error}.",
+                                     error=out["error"].rstrip("."))
         self.reduction = out["reduction"]
         return out
 
@@ -425,7 +431,8 @@ def process_status(key: str) -> int:
         for line in handle:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    raise StateError("/proc/self/status must have a line {key}, but it has none (the memory figures read Linux's).",
+                     key=key)
 
 
 class PeakMemory:
@@ -511,6 +518,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     except (ValueError, TypeError, RuntimeError, MemoryError) as err:
         text = (err.render() if isinstance(err, Message) else str(err)).strip()  # unnamed: `plan` names it
         out = {"error": text.splitlines()[0] if text else type(err).__name__}
+        if isinstance(err, MessageError):  # as data too (`_Trials.check` raises it), if its values pickle
+            with contextlib.suppress(Exception):
+                out["raised"] = base64.b64encode(pickle.dumps(err)).decode()
     print(json.dumps(out), flush=True)
 
 

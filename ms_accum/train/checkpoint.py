@@ -137,9 +137,9 @@ def _holds_bfloat16(save_obj: Union[nn.Cell, list]) -> bool:
 
 def _safetensors_header(handle) -> dict:
     """The JSON header of the safetensors file open in `handle`, which is left at the first tensor's bytes."""
-    length = int.from_bytes(handle.read(_HEADER_LENGTH), "little")
-    if length > os.fstat(handle.fileno()).st_size:
-        raise ValueError("its header is longer than the file")
+    length, size = int.from_bytes(handle.read(_HEADER_LENGTH), "little"), os.fstat(handle.fileno()).st_size
+    if length > size:
+        raise CheckpointError("its header says {length} bytes, more than the file's {size}.", length=length, size=size)
     return json.loads(handle.read(length))
 
 

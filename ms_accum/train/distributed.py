@@ -16,7 +16,7 @@ from mindspore import nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 
 from .._mindspore import world_group
-from .._validation import ArgumentValueError, MessageError, check_isinstance, door
+from .._validation import ArgumentValueError, MessageError, StateError, check_isinstance, door
 from ..core.parallel import DataParallelInfo
 
 # What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
@@ -75,11 +75,9 @@ def init_data_parallel(gradients_mean: Optional[bool] = None) -> DataParallelInf
     if gradients_mean is not None:
         check_isinstance(gradients_mean, "gradients_mean", bool)
     if distributed_launch() is None:
-        # Not an argument refused, so no `door` names it: the name is written here.
-        raise RuntimeError("For 'init_data_parallel', distributed mode requested without a launcher: start the "
-                           "script with msrun, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 "
-                           "--join=True script.py' (the environment variables MS_ROLE and MS_WORKER_NUM are "
-                           "not set).")
+        raise StateError("distributed mode requested without a launcher: start the script with msrun, e.g. 'msrun "
+                         "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True script.py' (the "
+                         "environment variables MS_ROLE and MS_WORKER_NUM are not set).")
     init()
     if gradients_mean is not None:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=gradients_mean)

@@ -216,7 +216,7 @@ def with_deprecated(given: Dict[str, Any], keywords: Dict[str, Any], allowed: Se
     for keyword, value in keywords.items():
         option, field = EXECUTOR_KEYWORDS.get(keyword, (None, None))
         if option not in moved:
-            raise TypeError(f"got an unexpected keyword argument '{keyword}'")
+            raise ArgumentTypeError("got an unexpected keyword argument {keyword}.", keyword=Argument(keyword))
         deprecated(executor_key(keyword), stacklevel=4)  # this, the caller, its door, the user
         moved[option][field] = value
     result = {}

@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor
 
+from .._validation import CallError
 from ..deprecation import removed_from
 
 
@@ -37,13 +38,9 @@ class StepRecord:
     validation: Optional[Dict[str, float]] = None  # with an eval_dataset, when scored after this window (`Validation`)
 
 
-class NonFiniteError(FloatingPointError):
-    """Raised with ``stop_on_nonfinite=True`` when a window is not finite; the parameters were left untouched.
-    `window` says which window and why, without the call that stopped (the command line words it its own way)."""
-
-    def __init__(self, message: str, window: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.window = window
+class NonFiniteError(CallError, FloatingPointError):
+    """Raised with ``stop_on_nonfinite=True`` when a window is not finite; the parameters were left untouched. The
+    message says which window and why."""
 
 
 @dataclass
@@ -131,8 +128,8 @@ class WindowLog:
             what = (f"epoch {epoch} step {step}: {why}, so it was skipped (parameters unchanged; "
                     f"{result.skipped_windows} window(s) skipped so far)")
             if self.stop_on_nonfinite:
-                raise NonFiniteError(f"For 'GradientAccumulation.train_process', {what}; stopping, as "
-                                     f"'stop_on_nonfinite' is True.", window=what)
+                raise NonFiniteError("{what}; stopping, as {stop_on_nonfinite=} asks.", what=what,
+                                     stop_on_nonfinite=True)
             if self.scaled:  # overflow is routine with a loss scaler: a log line, not a warning
                 if self.verbose:
                     print(f"{what}; loss scale now {record.loss_scale:g}", flush=True)
