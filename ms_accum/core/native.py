@@ -16,10 +16,7 @@ not checked:
 - Every file is written under a temporary name and renamed into place, so a process reads a whole library and a whole
   record or none; builds of one key are byte-identical (the source goes through the compiler's standard input, so no
   temporary path lands in the library). Processes that find a build missing at once (msrun's ranks) build it once:
-  the first takes the build's lock (``{library}.lock``, `fcntl.flock`), the others wait for it and then find its build.
-  The system releases a lock when its process ends, killed or not, so no lock outlives its builder.
-- Each child process of a build (the compiler, its ``--version``, a load) and each wait for another process's build
-  ends after `TIMEOUT` seconds (`TIMEOUT_ENV`): a compiler that hangs is a failure like any other.
+  the others wait on its lock (`_lock`). Each child process and each wait ends after `timeout` seconds.
 - Where the cache cannot be written, the library is built into a directory of the process's own, removed at exit, and
   that is said once: the kernel, and so the masks, are the same; only the build is repeated by each process.
 
@@ -206,15 +203,15 @@ def _contents(path: Path) -> Tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def record(library_path: Path, parts: Dict[str, str], contents: Optional[Tuple[str, int]] = None) -> None:
+def record(library_path: Path, parts: Dict[str, str]) -> None:
     """
-    Writes the record of `library_path`: the key's `parts`, and `contents` (SHA-256, size; read from the file when
-    None), under a temporary name renamed into place.
+    Writes the record of `library_path`: the key's `parts`, and the file's SHA-256 and size, under a temporary name
+    renamed into place.
 
     Raises:
         OSError: If it cannot be written.
     """
-    sha256, size = contents or _contents(library_path)
+    sha256, size = _contents(library_path)
     text = json.dumps({"key": parts, "sha256": sha256, "size": size}, indent=1, sort_keys=True)
     target = record_path(library_path)
     fd, temporary = _temporary(target)
@@ -223,7 +220,8 @@ def record(library_path: Path, parts: Dict[str, str], contents: Optional[Tuple[s
             file.write(text)
         os.replace(temporary, target)
     except BaseException:
-        _remove(temporary)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
         raise
 
 
@@ -278,13 +276,6 @@ def _temporary(target: Path) -> Tuple[int, str]:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
         except FileExistsError:
             continue
-
-
-def _remove(path) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,9 +343,8 @@ def _lock(target: Path, name: str) -> Iterator[None]:
         os.close(fd)  # which releases the lock
 
 
-def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tuple[str, ...]) -> Tuple[str, int]:
-    """Compiles into a temporary name beside `target`, loads it in a child, and renames it to `target`; returns its
-    SHA-256 and size.
+def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tuple[str, ...]) -> None:
+    """Compiles into a temporary name beside `target`, loads it in a child, and renames it to `target`.
 
     Raises:
         KernelBuildError: If the compiler fails or what it built does not load.
@@ -368,12 +358,11 @@ def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tu
         if failure is not None:
             raise KernelBuildError("ms_accum's {name} kernel, built just now by {compiler}, does not load: {failure}.",
                                    name=name, compiler=compiler_path, failure=failure)
-        contents = _contents(Path(temporary))
         os.replace(temporary, target)
     except BaseException:
-        _remove(temporary)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
         raise
-    return contents
 
 
 @functools.lru_cache(maxsize=None)
@@ -404,7 +393,8 @@ def library(name: str, appended: str = "", symbols: Tuple[str, ...] = ()) -> str
         target.parent.mkdir(parents=True, exist_ok=True)
         with _lock(target, name):
             if not _serves(target, parts, symbols):  # else another process built it while this one waited
-                record(target, parts, _build(name, source, compiler_path, target, symbols))
+                _build(name, source, compiler_path, target, symbols)
+                record(target, parts)
         return str(target)
     except OSError as err:
         unwritable = err
