@@ -1,5 +1,5 @@
-"""`ms-accum env` and ``python -m ms_accum.env`` (`ms_accum.env`): what a problem report needs, each fact checked against
-what this interpreter finds by other means (importlib.metadata, platform, /proc/cpuinfo, the compiler's own
+"""`ms-accum env` and ``python -m ms_accum.env`` (`ms_accum.env`): what a problem report needs, each fact checked
+against what this interpreter finds by other means (importlib.metadata, platform, /proc/cpuinfo, the compiler's own
 ``--version``, the cache's files), in fresh processes as a user runs them: the command with ``--json``, the module
 under a cap, a cache and msrun variables of the test's choosing, and the text form."""
 import importlib.metadata
@@ -86,8 +86,8 @@ def test_python_m_ms_accum_env_says_the_user_s_cap_the_cache_s_builds_and_the_ra
         "cap": "SSE41", "set_by": "the user", "variables": list(ONEDNN)}  # under both of oneDNN's names
     if platform.machine() == "x86_64":
         assert facts["onednn"]["isa"] == "sse41"
-    assert facts["compiler"] == {"error": "no C++ compiler found to build ms_accum's seeded_dropout kernel (set CXX, or "
-                                          "install g++)."}
+    assert facts["compiler"] == {"error": "no C++ compiler found to build ms_accum's seeded_dropout kernel (set CXX, "
+                                          "or install g++)."}
     assert facts["kernel_cache"] == {"directory": str(directory), "set_by": native.CACHE_ENV, "builds": {
         built: {"recorded": True, "this_machine": False},  # no compiler: which key is this machine's is not known
         damaged: {"recorded": False, "this_machine": False}}}
