@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 from . import _mindspore
 from ._choices import DEVICES
@@ -32,7 +32,8 @@ _state = {"set_here": False, "capped_before_load": False, "warned": False}
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_flags() -> frozenset:
+def cpu_flags() -> frozenset:
+    """The CPU's flags (``avx2``, ``avx512f``, ...) as /proc/cpuinfo lists them; empty where it cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
@@ -61,7 +62,7 @@ def prefer_fast_cpu_kernels() -> Optional[str]:
         for variable in _mindspore.ONEDNN_ISA_VARIABLES:  # the user's choice under every oneDNN's name
             os.environ.setdefault(variable, chosen)
         return chosen
-    if "avx512f" in _cpu_flags():
+    if "avx512f" in cpu_flags():
         for variable in _mindspore.ONEDNN_ISA_VARIABLES:
             os.environ[variable] = "AVX2"
         _state["set_here"] = True
@@ -75,6 +76,15 @@ def _user_choice() -> Optional[str]:
     if _state["set_here"]:
         return None
     return next((os.environ[v] for v in _mindspore.ONEDNN_ISA_VARIABLES if v in os.environ), None)
+
+
+def isa_cap() -> Tuple[Optional[str], Optional[str]]:
+    """oneDNN's ISA cap in this process and who set it: (the value, ``"the user"``), (``"AVX2"``, ``"ms_accum"``) on an
+    AVX-512 CPU (`prefer_fast_cpu_kernels`), or (None, None)."""
+    chosen = _user_choice()
+    if chosen is not None:
+        return chosen, "the user"
+    return (os.environ.get(ISA_VARIABLE), "ms_accum") if _state["set_here"] else (None, None)
 
 
 def cpu_kernel_isa() -> Optional[str]:
@@ -134,7 +144,7 @@ def check_cpu_kernels() -> bool:
         return True
     import mindspore as ms
     user_set = _user_choice() is not None
-    slow = slow_cpu_kernels(ms.get_context("device_target"), _isa_code(), _cpu_flags(), user_set,
+    slow = slow_cpu_kernels(ms.get_context("device_target"), _isa_code(), cpu_flags(), user_set,
                             _state["capped_before_load"])
     if slow:
         _state["warned"] = True

@@ -1,13 +1,23 @@
 """Shared fixtures: execution mode, small networks with identical starting weights, real-MNIST lookup, and the
 checks of a whole error message."""
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import numpy as np
-import pytest
+# Kernels are built into a cache of the test session's own, never into the user's (~/.cache/ms_accum): set before
+# ms_accum loads, and inherited by every process a test starts (subprocesses, msrun's workers, pytest-xdist's workers,
+# which so share the session's). A cache the developer names (MS_ACCUM_CACHE) is theirs to give.
+if not os.environ.get("MS_ACCUM_CACHE"):
+    os.environ["MS_ACCUM_CACHE"] = tempfile.mkdtemp(prefix="ms_accum-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MS_ACCUM_CACHE"], ignore_errors=True)
 
-import ms_accum  # noqa: F401  (before mindspore, as the CLI and the tutorials: it caps oneDNN at AVX2 on AVX-512 CPUs)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import ms_accum  # noqa: F401,E402  (before mindspore, as the CLI and the tutorials: it caps oneDNN at AVX2 on AVX-512)
 import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn
 

@@ -233,14 +233,15 @@ def test_an_error_in_ms_accum_s_own_code_says_it_is_a_bug(capsys, monkeypatch):
     assert capsys.readouterr().err == (
         f"ms-accum train: error: AttributeError: 'Namespace' object has no attribute 'no_such_option'\n"
         f"ms-accum train: this is a bug in ms_accum {ms_accum.__version__}: please report it with the output of the "
-        f"same command with --traceback on the ms_accum issue tracker.\n")
+        f"same command with --traceback and what 'ms-accum env --json' prints, on the project's issue tracker "
+        f"(README.md, Reporting a problem).\n")
     assert cli.main(["train", "--quiet", "--traceback"]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[-2:] == [
         "ms-accum train: error: AttributeError: 'Namespace' object has no attribute 'no_such_option'",
-        f"ms-accum train: this is a bug in ms_accum {ms_accum.__version__}: please report it with this output on the "
-        f"ms_accum issue tracker."]
+        f"ms-accum train: this is a bug in ms_accum {ms_accum.__version__}: please report it with this output and what "
+        f"'ms-accum env --json' prints, on the project's issue tracker (README.md, Reporting a problem)."]
 
 
 def test_help_says_what_a_failure_shows():
@@ -249,7 +250,7 @@ def test_help_says_what_a_failure_shows():
     for helped in (parser, *commands.values()):
         text = " ".join(helped.format_help().split())
         assert "your code's frames" in text and "--traceback, or MS_ACCUM_TRACEBACK=1" in text, helped.prog
-    assert set(commands) == {"train", "eval", "verify", "plan"}
+    assert set(commands) == {"train", "eval", "verify", "plan", "env"}
     assert all("--traceback" in command.format_help() for command in commands.values())
 
 

@@ -436,11 +436,19 @@ def test_an_unwritable_cache_builds_for_the_process_says_so_once_and_draws_the_s
 
 
 @pytest.mark.slow  # make test-all
-def test_without_a_compiler_the_network_keeps_mindspores_dropout_and_says_so(tmp_path):
-    """A machine with no C++ compiler (none in CXX, none on PATH) trains with MindSpore's dropout, after one warning
-    that says what is lost."""
-    run = cache_run(tmp_path, CXX="/nonexistent", PATH=os.path.dirname(sys.executable))
+@pytest.mark.parametrize("compiler", ["none", "hung"])
+def test_without_a_compiler_the_network_keeps_mindspores_dropout_and_says_so(tmp_path, compiler):
+    """A machine with no C++ compiler (none in CXX, none on PATH), or one whose compiler hangs (ended after
+    MS_ACCUM_BUILD_TIMEOUT's 2 s), trains with MindSpore's dropout, after one warning that says what is lost."""
+    if compiler == "none":
+        env, reason = {"CXX": "/nonexistent", "PATH": os.path.dirname(sys.executable)}, "no C++ compiler found"
+    else:
+        hung = tmp_path / "hung-cxx"
+        hung.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "hung c++ 1.0"; exit 0; }\nexec sleep 600\n')
+        hung.chmod(0o755)
+        env, reason = {"CXX": str(hung), native.TIMEOUT_ENV: "2"}, f"{hung} did not end within 2 s"
+    run = cache_run(tmp_path / "cache", **env)
     assert run["seeded"] == 0 and run["steps"] == 1
     assert len(run["warnings"]) == 1, run["warnings"]  # not again at the second build, nor per nn.Dropout
-    assert "no C++ compiler found" in run["warnings"][0]
+    assert reason in run["warnings"][0]
     assert "nn.Dropout keeps MindSpore's kernel: runs may differ" in run["warnings"][0]

@@ -12,7 +12,7 @@ import ms_accum
 PACKAGE = pathlib.Path(ms_accum.__file__).parent
 # Bottom to top. The base modules load no MindSpore when imported (`_mindspore`, the door to its internals, imports it
 # inside its functions) and import nothing of ms_accum but each other.
-LAYERS = ["base", "core", "graphs", "train", "tools", "demo", "cli"]
+LAYERS = ["base", "core", "graphs", "train", "tools", "demo", "env", "cli"]
 BASE = {"_choices", "_validation", "_exports", "_mindspore", "deprecation", "runtime", "__init__"}
 
 

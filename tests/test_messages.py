@@ -179,7 +179,6 @@ HAND_WRITTEN = {
                                      "line",
     ("deprecation.py", "RuntimeError"): "a table entry past its removal: a maintainer's bug, found at import",
     ("deprecation.py", "KeyError"): "ms_accum asking the table for a module it does not list: a bug",
-    ("core/native.py", "KernelBuildError"): "the native build's errors, not yet a message",
 }
 # Where the caller's name is put in front of a message (``For 'X', ``): the renderers, nowhere else.
 RENDERERS = {("_validation.py", "__str__"), ("cli/errors.py", "error_line")}

@@ -1,21 +1,24 @@
 """The kernel cache (`ms_accum.core.native`): a library is named by a key over what makes a build usable (source,
 flags, machine, compiler, C library, MindSpore), recorded once a child process has loaded it, and loaded again by a
 child before it is handed out; a file that is cut short, not a library, another library, of another key or of other
-bytes is built again; an unwritable cache builds for the process alone and says so once; no compiler, or one whose
-library does not load, is a `KernelBuildError` (which core/dropout.py turns into MindSpore's dropout, said once).
-Nothing here loads a library into the test's process. The network-level cases, in fresh processes, are in
-test_dropout.py.
+bytes is built again; an unwritable cache builds for the process alone and says so once; no compiler, one that hangs,
+or one whose library does not load, is a `KernelBuildError` (which core/dropout.py turns into MindSpore's dropout,
+said once); processes that find the cache empty at once build once. Nothing here loads a library into the test's
+process. The network-level cases, in fresh processes, are in test_dropout.py.
 """
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from conftest import raises_exactly
 from ms_accum.core import native
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +47,21 @@ def assert_checked(path: Path, parts: dict) -> None:
     assert native.load_failure(path, SYMBOLS) is None
 
 
+def files(path: Path) -> list:
+    """The names a whole build at `path` leaves in the cache: the library, its record and its lock, no temporary."""
+    return [path.name, path.name + native.RECORD_SUFFIX, path.name + native.LOCK_SUFFIX]
+
+
+def counting_compiler(directory: Path, delay: float = 0) -> Callable[[], int]:
+    """Writes `directory`/cxx, the C++ compiler behind a script that logs each build (not a ``--version``) and waits
+    `delay` seconds before it; returns how many builds the log holds."""
+    log, script = directory / "builds.log", directory / "cxx"
+    script.write_text(f'#!/bin/sh\n[ "$1" = --version ] || {{ echo build >> "{log}"; sleep {delay}; }}\n'
+                      f'exec "{native.compiler(NAME)}" "$@"\n')
+    script.chmod(0o755)
+    return lambda: len(log.read_text().splitlines()) if log.exists() else 0
+
+
 def other_library(directory: Path) -> Path:
     """A valid shared library of another kernel: it loads, but exports none of the dropout kernel's names."""
     path = directory / "other.so"
@@ -63,16 +81,19 @@ def test_a_build_is_keyed_recorded_and_served_again(cache):
     inode = path.stat().st_ino
     native.library.cache_clear()  # another process
     assert build() == path and path.stat().st_ino == inode  # not built again
-    assert sorted(p.name for p in cache.iterdir()) == [path.name, path.name + ".json"]  # no temporary left
+    assert sorted(p.name for p in cache.iterdir()) == files(path)
 
 
-def test_two_builds_of_one_key_are_byte_identical(cache, tmp_path):
-    """What makes builds racing in msrun's ranks harmless: whichever library and record land last agree."""
+def test_two_builds_of_one_key_are_byte_identical(cache, tmp_path, monkeypatch):
+    """What makes builds of processes that cannot lock (a file system without locks) harmless: whichever library and
+    record land last agree. The record removed, the library is built again: the compiler ran twice."""
+    builds = counting_compiler(tmp_path)
+    monkeypatch.setenv("CXX", str(tmp_path / "cxx"))
     first = build().read_bytes()
     native.library.cache_clear()
     os.remove(native.record_path(build()))
     native.library.cache_clear()
-    assert build().read_bytes() == first
+    assert build().read_bytes() == first and builds() == 2
 
 
 def truncated(path: Path) -> None:
@@ -202,7 +223,34 @@ def test_a_compiler_whose_library_does_not_load_leaves_the_cache_empty(cache, tm
     monkeypatch.setenv("CXX", str(fake))
     with pytest.raises(native.KernelBuildError, match="built just now by .*fake-cxx, does not load: .*"):
         build()
-    assert not cache.exists() or list(cache.iterdir()) == []
+    assert [p.suffix for p in cache.iterdir()] == [native.LOCK_SUFFIX]  # no library, no temporary
+
+
+def test_a_compiler_that_hangs_is_ended_with_its_children_and_is_a_kernel_build_error(cache, tmp_path, monkeypatch):
+    """A compiler that never ends (here a script whose child sleeps, as g++'s cc1plus would hang) is killed after
+    `TIMEOUT_ENV`'s seconds, with the programs it started; nothing enters the cache."""
+    fake, child = tmp_path / "hung-cxx", tmp_path / "child.pid"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "hung c++ 1.0"; exit 0; }}\n'
+                    f'sleep 600 &\necho $! > "{child}"\nwait\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv(native.TIMEOUT_ENV, "1.5")
+    start = time.monotonic()
+    with raises_exactly(native.KernelBuildError, f"building ms_accum's {NAME} kernel failed: {fake} did not "
+                                 f"end within 1.5 s (set {native.TIMEOUT_ENV} to wait longer)."):
+        build()
+    assert time.monotonic() - start < 30
+    status = Path(f"/proc/{child.read_text().strip()}/stat")
+    assert not status.exists() or status.read_text().rpartition(")")[2].split()[0] == "Z"  # ended (a zombie at most)
+    assert [p.suffix for p in cache.iterdir()] == [native.LOCK_SUFFIX]
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "inf", "nan"])
+def test_a_timeout_variable_that_is_no_positive_number_is_a_kernel_build_error(cache, monkeypatch, value):
+    monkeypatch.setenv(native.TIMEOUT_ENV, value)
+    with raises_exactly(native.KernelBuildError, f"the environment variable '{native.TIMEOUT_ENV}' must be "
+                                 f"a positive number of seconds, but got '{value}'."):
+        build()
 
 
 def test_the_key_changes_with_each_part(monkeypatch):
@@ -229,17 +277,34 @@ def test_the_key_changes_with_each_part(monkeypatch):
     assert len(digests) == 1 + len(changes) + 1
 
 
-def test_processes_building_at_once_each_get_a_whole_library(cache):
-    """Three processes find the cache empty and build together (as msrun's ranks do): each gets the path, and what is
-    left is one library with its record."""
-    code = ("import sys\nfrom ms_accum.core import native\n"
+def test_processes_that_find_the_cache_empty_at_once_build_it_once(cache, tmp_path, monkeypatch):
+    """Two processes find the cache empty and build together (as msrun's ranks do): the compiler runs once (the second
+    waits on the build's lock, then serves the first's build), each gets the path, and what is left is one library
+    with its record and its lock. Each process, once it has imported ms_accum, waits for a line on its standard input,
+    and the compiler takes 2 s more, so the two builds would overlap without the lock."""
+    builds = counting_compiler(tmp_path, delay=2)
+    monkeypatch.setenv("CXX", str(tmp_path / "cxx"))
+    code = ("import sys\nfrom ms_accum.core import native\nprint('ready', flush=True)\nsys.stdin.readline()\n"
             "print(native.library(sys.argv[1], sys.argv[2], tuple(sys.argv[3:])))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    runs = [subprocess.Popen([sys.executable, "-c", code, NAME, APPENDED, *SYMBOLS], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    runs = [subprocess.Popen([sys.executable, "-c", code, NAME, APPENDED, *SYMBOLS], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    assert [run.stdout.readline() for run in runs] == ["ready\n"] * 2
+    for run in runs:
+        run.stdin.write("go\n")
+        run.stdin.flush()
     outputs = [run.communicate(timeout=300) for run in runs]
-    assert [run.returncode for run in runs] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outputs]
     path, parts = native.locate(NAME, APPENDED)
-    assert {out.strip() for out, _ in outputs} == {str(path)}
+    assert [out.strip() for out, _ in outputs] == [str(path)] * 2
+    assert builds() == 1
     assert_checked(path, parts)
-    assert sorted(p.name for p in cache.iterdir()) == [path.name, path.name + ".json"]
+    assert sorted(p.name for p in cache.iterdir()) == files(path)
+
+
+def test_the_tests_build_into_a_cache_of_their_session(monkeypatch):
+    """conftest.py gives every test process, and every process a test starts, a kernel cache of the session's own:
+    no test builds into the user's (``~/.cache/ms_accum``)."""
+    session = native.cache_dir()
+    monkeypatch.delenv(native.CACHE_ENV)
+    assert session != native.cache_dir()

@@ -11,7 +11,7 @@ from ms_accum import runtime
 from ms_accum._mindspore import ONEDNN_ISA_VARIABLES
 from conftest import raises_exactly
 
-AVX512 = "avx512f" in runtime._cpu_flags()
+AVX512 = "avx512f" in runtime.cpu_flags()
 AVX2, AVX512_CORE_BF16 = 0x7, 0xe7  # oneDNN's dnnl_cpu_isa_t codes
 
 
@@ -21,7 +21,7 @@ AVX2, AVX512_CORE_BF16 = 0x7, 0xe7  # oneDNN's dnnl_cpu_isa_t codes
     ({"avx2", "avx512f"}, "AVX512_CORE", "AVX512_CORE"),  # the user's setting wins
 ])
 def test_isa_cap(monkeypatch, flags, user, expected):
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
     monkeypatch.setattr(runtime, "_state", {**runtime._state, "set_here": False})  # a process that set nothing yet
     for variable in ONEDNN_ISA_VARIABLES:
         monkeypatch.delenv(variable, raising=False)

@@ -7,6 +7,7 @@ accumulation equals the large batch, and plan the micro-batch and K for a global
     ms-accum verify --model mypackage.models:build --accumulate-step 4 --batch-size 8   (your own model)
     ms-accum plan --model mypackage.models:build --global-batch 256 --memory 2GiB --output plan.json
     ms-accum train --plan plan.json   (the plan's model, B, K and structure)
+    ms-accum env [--json]   (what a problem report needs: versions, CPU, compiler, kernel cache, device, ranks)
     ms-accum eval --ckpt ckpt/mypackage_models_build.ckpt   (on the factory's own evaluation data)
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...
 
@@ -36,7 +37,7 @@ from typing import List, Optional
 
 from .. import runtime  # noqa: F401  (imported with the package, before MindSpore: oneDNN's CPU ISA is capped)
 from ..deprecation import message
-from . import evaluate, plan, train, train_arguments, verify
+from . import env, evaluate, plan, train, train_arguments, verify
 from .arguments import Parser, add_removed_flags, non_negative_float, non_negative_int, positive_float, positive_int
 from .errors import CliError, error_line, warning_printer
 from .failure import VARIABLE, explain, wants_traceback
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", dest="traceback_first", action="store_true",
                         help="on an error, print the whole stack (as after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train_arguments, evaluate, verify, plan):
+    for command in (train_arguments, evaluate, verify, plan, env):
         command.add_parser(sub)
     for name, command in sub.choices.items():
         command.epilog = FAILURES
@@ -93,7 +94,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             for spelling in getattr(args, "old_spellings", ()):  # said to the user: Python hides DeprecationWarning
                 print(f"ms-accum {args.command}: warning: {message(f'ms-accum {args.command} {spelling}')}",
                       file=sys.stderr)
-            summary = {"train": train, "eval": evaluate, "verify": verify, "plan": plan}[args.command].run(args)
+            commands = {"train": train, "eval": evaluate, "verify": verify, "plan": plan, "env": env}
+            summary = commands[args.command].run(args)
     except KeyboardInterrupt:
         if wants_traceback(args):  # where it was stopped: a run that hangs is found this way
             traceback.print_exc()

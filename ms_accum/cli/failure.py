@@ -6,7 +6,8 @@
   those frames first, as Python shows a traceback but with the user's frames only, and the exception they raised;
   then the line. MindSpore raises a ``construct``'s compile errors and a dataset's Python errors from its own frames
   and quotes the user's in its message (``In file PATH:LINE``, or a Python traceback): those are shown as frames too.
-- Anything else raised in ms_accum's own code is a bug in ms_accum: the line, and how to report it.
+- Anything else raised in ms_accum's own code is a bug in ms_accum: the line, and how to report it (with what
+  ``ms-accum env`` prints).
 - ``--traceback``, or ``MS_ACCUM_TRACEBACK=1`` in the environment: the whole stack of any error (every exception of the
   chain, every frame, MindSpore's full message) before the line.
 
@@ -32,7 +33,7 @@ from .errors import error_line
 
 VARIABLE = "MS_ACCUM_TRACEBACK"
 HEADER = "Traceback (most recent call last, your code's frames):"
-TRACKER = "the ms_accum issue tracker"  # no public address is known to this package
+TRACKER = "the project's issue tracker (README.md, Reporting a problem)"  # the package knows no public address
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -58,7 +59,7 @@ def explain(err: BaseException, args: argparse.Namespace) -> str:
     if is_bug(err, own):
         with_what = "this output" if wants_traceback(args) else "the output of the same command with --traceback"
         lines.append(f"ms-accum {args.command}: this is a bug in ms_accum {__version__}: please report it with "
-                     f"{with_what} on {TRACKER}.")
+                     f"{with_what} and what 'ms-accum env --json' prints, on {TRACKER}.")
     return "\n".join(lines)
 
 
@@ -90,8 +91,7 @@ def expected(err: BaseException) -> bool:
     """Whether `err` is a failure ms_accum reports to the user rather than a bug: its own errors about arguments,
     data, checkpoints and a window that is not finite (`MessageError`), a kernel that cannot be built here, the
     operating system's errors (a file, the disk) and memory running out."""
-    from ..core.native import KernelBuildError
-    return isinstance(err, (MessageError, KernelBuildError, OSError, MemoryError))
+    return isinstance(err, (MessageError, OSError, MemoryError))
 
 
 def causes(err: BaseException) -> List[BaseException]:

@@ -13,9 +13,10 @@ not checked:
   written after the library, once a child process has loaded the library and found the entry points its caller needs
   (`load_failure`). A library whose record is missing, of another key, or of other bytes is built again.
 - A recorded library is loaded by a child process again before `library` returns it: a crash there ends the child.
-- Every file is written under a temporary name and renamed into place, so processes that start together (msrun's
-  ranks) each read a whole library and a whole record, or build their own; builds of one key are byte-identical (the
-  source goes through the compiler's standard input, so no temporary path lands in the library).
+- Every file is written under a temporary name and renamed into place, so a process reads a whole library and a whole
+  record or none; builds of one key are byte-identical (the source goes through the compiler's standard input, so no
+  temporary path lands in the library). Processes that find a build missing at once (msrun's ranks) build it once:
+  the others wait on its lock (`_lock`). Each child process and each wait ends after `timeout` seconds.
 - Where the cache cannot be written, the library is built into a directory of the process's own, removed at exit, and
   that is said once: the kernel, and so the masks, are the same; only the build is repeated by each process.
 
@@ -25,10 +26,13 @@ the network keeps MindSpore's dropout, said once).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import secrets
@@ -37,19 +41,25 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 from .._mindspore import installed_version
+from .._validation import MessageError
 
 KERNELS = Path(__file__).with_name("kernels")
 CACHE_ENV = "MS_ACCUM_CACHE"  # where built kernels go; default: $XDG_CACHE_HOME/ms_accum or ~/.cache/ms_accum
 # No -march: the cache may be shared by machines of other CPUs (a home directory on a network disk).
 FLAGS = ("-std=c++17", "-O3", "-shared", "-fPIC")
 RECORD_SUFFIX = ".json"
+LOCK_SUFFIX = ".lock"
+# Seconds for each child process of a build and for a wait on another process's build: the dropout kernel builds in
+# about 3 s, so only a compiler that hangs (a network disk gone, a wrapper waiting on a licence) takes this long.
+TIMEOUT = 300
+TIMEOUT_ENV = "MS_ACCUM_BUILD_TIMEOUT"  # seconds, instead of TIMEOUT
 _DIGEST_CHARS = 16  # of the key's SHA-256, in the library's name
-_CHECK_TIMEOUT = 120  # seconds for a child process to load a library: only a hung dlopen takes more
 
 # What the child process runs: plain ctypes, which `python -c` serves (only MindSpore's graph mode needs a source file).
 _LOAD = ("import ctypes, sys\n"
@@ -58,9 +68,9 @@ _LOAD = ("import ctypes, sys\n"
          "sys.exit('it lacks ' + ', '.join(missing) if missing else 0)\n")
 
 
-class KernelBuildError(RuntimeError):
-    """A kernel cannot be built or loaded here: no C++ compiler, the compiler failed, or the library it built does
-    not load."""
+class KernelBuildError(MessageError, RuntimeError):
+    """A kernel cannot be built or loaded here: no C++ compiler, the compiler failed or hung, or the library it built
+    does not load."""
 
 
 def cache_dir() -> Path:
@@ -68,6 +78,25 @@ def cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ms_accum"
+
+
+def timeout() -> float:
+    """
+    The seconds each child process of a build, and each wait for another process's build, may take: `TIMEOUT_ENV`,
+    else `TIMEOUT`.
+
+    Raises:
+        KernelBuildError: If `TIMEOUT_ENV` holds something else than a positive number.
+    """
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(text) if text else TIMEOUT
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise KernelBuildError("the environment variable '{variable}' must be a positive number of seconds, but got "
+                               "'{text}'.", variable=TIMEOUT_ENV, text=text)
+    return seconds
 
 
 def compiler(name: str) -> str:
@@ -82,7 +111,8 @@ def compiler(name: str) -> str:
     """
     found = shutil.which(os.environ.get("CXX", "g++"))
     if found is None:
-        raise KernelBuildError(f"no C++ compiler found to build ms_accum's {name} kernel (set CXX, or install g++).")
+        raise KernelBuildError("no C++ compiler found to build ms_accum's {name} kernel (set CXX, or install g++).",
+                               name=name)
     return found
 
 
@@ -96,13 +126,13 @@ def compiler_identity(path: str) -> str:
         KernelBuildError: If the compiler does not run or does not say.
     """
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout(), check=False)
     except (OSError, subprocess.SubprocessError) as err:
-        raise KernelBuildError(f"the C++ compiler {path} does not run: {err}.") from err
+        raise KernelBuildError("the C++ compiler {path} does not run: {err}.", path=path, err=err) from err
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise KernelBuildError(f"the C++ compiler {path} does not say its version ('{path} --version' exited with "
-                               f"{done.returncode}).")
+        raise KernelBuildError("the C++ compiler {path} does not say its version ('{path} --version' exited with "
+                               "{code}).", path=path, code=done.returncode)
     return lines[0].strip()
 
 
@@ -173,15 +203,15 @@ def _contents(path: Path) -> Tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def record(library_path: Path, parts: Dict[str, str], contents: Optional[Tuple[str, int]] = None) -> None:
+def record(library_path: Path, parts: Dict[str, str]) -> None:
     """
-    Writes the record of `library_path`: the key's `parts`, and `contents` (SHA-256, size; read from the file when
-    None), under a temporary name renamed into place.
+    Writes the record of `library_path`: the key's `parts`, and the file's SHA-256 and size, under a temporary name
+    renamed into place.
 
     Raises:
         OSError: If it cannot be written.
     """
-    sha256, size = contents or _contents(library_path)
+    sha256, size = _contents(library_path)
     text = json.dumps({"key": parts, "sha256": sha256, "size": size}, indent=1, sort_keys=True)
     target = record_path(library_path)
     fd, temporary = _temporary(target)
@@ -190,7 +220,8 @@ def record(library_path: Path, parts: Dict[str, str], contents: Optional[Tuple[s
             file.write(text)
         os.replace(temporary, target)
     except BaseException:
-        _remove(temporary)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
         raise
 
 
@@ -207,6 +238,13 @@ def recorded(library_path: Path, parts: Dict[str, str]) -> bool:
         return False
 
 
+def _serves(target: Path, parts: Dict[str, str], symbols: Tuple[str, ...]) -> bool:
+    """Whether the cache's build at `target` serves: its record proves the bytes are those a child loaded once, and a
+    child loads them again (one interpreter start, which also covers what the key cannot see: a record copied in
+    beside another library, a C++ runtime gone)."""
+    return recorded(target, parts) and load_failure(target, symbols) is None
+
+
 def load_failure(path: Path, symbols: Tuple[str, ...] = ()) -> Optional[str]:
     """
     Why the library at `path` would not serve this process, found by loading it in a child process (one interpreter
@@ -215,7 +253,7 @@ def load_failure(path: Path, symbols: Tuple[str, ...] = ()) -> Optional[str]:
     """
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", _LOAD, str(path), *symbols], capture_output=True,
-                              text=True, timeout=_CHECK_TIMEOUT, check=False)
+                              text=True, timeout=timeout(), check=False)
     except (OSError, subprocess.SubprocessError) as err:
         return f"no child process could load it ({err})"
     if done.returncode == 0:
@@ -240,13 +278,6 @@ def _temporary(target: Path) -> Tuple[int, str]:
             continue
 
 
-def _remove(path) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
 @functools.lru_cache(maxsize=None)
 def _own_directory() -> Path:
     """A directory of this process's own for kernels the cache cannot take, removed at exit (a loaded library stays
@@ -257,39 +288,81 @@ def _own_directory() -> Path:
 
 
 def _compile(name: str, compiler_path: str, source: str, output: str) -> None:
+    seconds = timeout()
     try:
-        done = subprocess.run([compiler_path, *FLAGS, "-x", "c++", "-o", output, "-"], input=source,
-                              capture_output=True, text=True, check=False)
+        # A session of its own, so that a compiler that hangs ends with the programs it started (cc1plus, as).
+        with subprocess.Popen([compiler_path, *FLAGS, "-x", "c++", "-o", output, "-"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as run:
+            try:
+                errors = run.communicate(source, timeout=seconds)[1]
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+                raise KernelBuildError("building ms_accum's {name} kernel failed: {compiler} did not end within "
+                                       "{seconds:g} s (set {variable} to wait longer).", name=name,
+                                       compiler=compiler_path, seconds=seconds, variable=TIMEOUT_ENV) from None
     except OSError as err:
-        raise KernelBuildError(f"building ms_accum's {name} kernel failed: {compiler_path} does not run ({err}).") \
-            from err
-    if done.returncode != 0:
-        raise KernelBuildError(f"building ms_accum's {name} kernel failed: {done.stderr.strip()[-500:]}")
+        raise KernelBuildError("building ms_accum's {name} kernel failed: {compiler} does not run ({err}).", name=name,
+                               compiler=compiler_path, err=err) from err
+    if run.returncode != 0:
+        raise KernelBuildError("building ms_accum's {name} kernel failed: {errors}", name=name,
+                               errors=errors.strip()[-500:])
 
 
-def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tuple[str, ...]) -> Tuple[str, int]:
-    """Compiles into a temporary name beside `target`, loads it in a child, and renames it to `target`; returns its
-    SHA-256 and size.
+@contextlib.contextmanager
+def _lock(target: Path, name: str) -> Iterator[None]:
+    """
+    Holds the lock of `target`'s build (`LOCK_SUFFIX` beside it, `fcntl.flock`), waiting for another process that
+    holds it. The system releases it when the process ends, killed or not, so no lock outlives its builder; the empty
+    file stays (a process that removed it could lock a file a waiting process no longer sees). On a file system
+    without locks (some network disks) it holds none: each process then builds, and still reads whole files.
+
+    Raises:
+        KernelBuildError: If another process holds it for more than `timeout` seconds.
+        OSError: If the lock file cannot be created (the cache cannot be written).
+    """
+    fd = os.open(target.with_name(target.name + LOCK_SUFFIX), os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        seconds = timeout()
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise KernelBuildError("another process has been building ms_accum's {name} kernel into {cache} "
+                                           "for more than {seconds:g} s (set {variable} to wait longer).", name=name,
+                                           cache=target.parent, seconds=seconds, variable=TIMEOUT_ENV) from None
+                time.sleep(0.1)
+            except OSError:  # no locks here
+                break
+        yield
+    finally:
+        os.close(fd)  # which releases the lock
+
+
+def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tuple[str, ...]) -> None:
+    """Compiles into a temporary name beside `target`, loads it in a child, and renames it to `target`.
 
     Raises:
         KernelBuildError: If the compiler fails or what it built does not load.
         OSError: If `target`'s directory cannot be written.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = _temporary(target)
     os.close(fd)
     try:
         _compile(name, compiler_path, source, temporary)
         failure = load_failure(Path(temporary), symbols)
         if failure is not None:
-            raise KernelBuildError(f"ms_accum's {name} kernel, built just now by {compiler_path}, does not load: "
-                                   f"{failure}.")
-        contents = _contents(Path(temporary))
+            raise KernelBuildError("ms_accum's {name} kernel, built just now by {compiler}, does not load: {failure}.",
+                                   name=name, compiler=compiler_path, failure=failure)
         os.replace(temporary, target)
     except BaseException:
-        _remove(temporary)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
         raise
-    return contents
 
 
 @functools.lru_cache(maxsize=None)
@@ -310,17 +383,18 @@ def library(name: str, appended: str = "", symbols: Tuple[str, ...] = ()) -> str
         str, the library's path; loading it cannot crash the process, short of another program writing it meanwhile.
 
     Raises:
-        KernelBuildError: If no C++ compiler is found (`CXX`, else ``g++``), it fails, what it builds does not load,
-            or neither the cache nor a temporary directory can be written.
+        KernelBuildError: If no C++ compiler is found (`CXX`, else ``g++``), it fails or hangs, what it builds does
+            not load, or neither the cache nor a temporary directory can be written.
     """
     source, compiler_path, parts, target = _keyed(name, appended)
-    # A record proves the bytes are those a child loaded once; loading them again in a child costs one interpreter
-    # start and also covers what the key cannot see (a record copied in beside another library, a C++ runtime gone).
-    if recorded(target, parts) and load_failure(target, symbols) is None:
+    if _serves(target, parts, symbols):
         return str(target)
     try:
-        contents = _build(name, source, compiler_path, target, symbols)
-        record(target, parts, contents)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _lock(target, name):
+            if not _serves(target, parts, symbols):  # else another process built it while this one waited
+                _build(name, source, compiler_path, target, symbols)
+                record(target, parts)
         return str(target)
     except OSError as err:
         unwritable = err
@@ -328,8 +402,9 @@ def library(name: str, appended: str = "", symbols: Tuple[str, ...] = ()) -> str
         own = _own_directory() / target.name
         _build(name, source, compiler_path, own, symbols)
     except OSError as err:
-        raise KernelBuildError(f"ms_accum cannot write its kernel cache {target.parent} ({unwritable}) nor a temporary "
-                               f"directory ({err}) to build its {name} kernel in.") from err
+        raise KernelBuildError("ms_accum cannot write its kernel cache {cache} ({unwritable}) nor a temporary "
+                               "directory ({err}) to build its {name} kernel in.", cache=target.parent,
+                               unwritable=unwritable, err=err, name=name) from err
     warnings.warn(f"ms_accum cannot write its kernel cache {target.parent} ({unwritable}): its {name} kernel was "
                   f"built for this process alone, and each process builds it again (set {CACHE_ENV} to a writable "
                   f"directory).", UserWarning, stacklevel=2)
@@ -347,4 +422,4 @@ def load(path: str) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(path)
     except OSError as err:
-        raise KernelBuildError(f"ms_accum's kernel library {path} does not load: {err}.") from err
+        raise KernelBuildError("ms_accum's kernel library {path} does not load: {err}.", path=path, err=err) from err
