@@ -118,6 +118,8 @@ TABLE: Dict[str, Deprecation] = {
     # --- K's one spelling outside the seeds' doors is accumulate_step: the flag follows in 1.0.0. ---
     **{f"ms-accum {command} --accumulate-steps": Deprecation("use --accumulate-step", "1.0.0", "2.0.0")
        for command in ("train", "verify")},
+    # --- A K policy looks ahead with peek and decides with open_window; calling one meant either. ---
+    "ms_accum.AccumulationSchedule.__call__": Deprecation("use peek(samples)", "1.3.0", "2.0.0"),
 }
 
 

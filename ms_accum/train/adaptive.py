@@ -183,10 +183,6 @@ class Controller(KPolicy):
         decided last; None from the next decision point on. Changes nothing."""
         return self.k if samples < self.next_decision else None
 
-    def __call__(self, samples: int) -> int:
-        """`open_window`: calling a controller decides, unlike calling a schedule (look ahead with `peek`)."""
-        return self.open_window(samples)
-
     def open_window(self, samples: int) -> int:
         """K for the window that opens now, after `samples` global samples consumed: decided anew when a decision is
         due."""
