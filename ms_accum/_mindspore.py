@@ -414,36 +414,6 @@ def world_group() -> str:
     return group
 
 
-def msrun_launcher():
-    """
-    msrun's entry point (`main`) and the module of its launcher whose `_is_local_ip` decides whether this node starts
-    the cluster's scheduler.
-
-    Raises:
-        MindSporeChangedError: If this release's msrun has neither.
-    """
-    # `mindspore.parallel.cluster.process_entity._api._is_local_ip`, private: on one machine msrun always takes the
-    # master's address as its own, and a second scheduler fails to bind the port; since 2.8 (known to hold 2.8–2.10).
-    then = "run the nodes on two machines."
-    try:
-        from mindspore.parallel.cluster.process_entity import _api  # pylint: disable=import-outside-toplevel
-        from mindspore.parallel.cluster.run import main  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        raise _changed("two-node test", "msrun's launcher in mindspore.parallel.cluster", then) from None
-    if not callable(getattr(_api, "_is_local_ip", None)):
-        raise _changed("two-node test", "msrun's mindspore.parallel.cluster.process_entity._api._is_local_ip", then)
-    return _api, main
-
-
-def msrun_as_remote_node() -> int:
-    """Runs msrun with the command line of `sys.argv` as on a node that is not the master's, though the master's
-    address is this machine's: two nodes on one machine, for tests (tests/test_distributed.py)."""
-    api, main = msrun_launcher()
-    api._is_local_ip = lambda ip: False  # pylint: disable=protected-access
-    sys.argv[0] = "msrun"
-    return main()
-
-
 # --- Logging ----------------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)

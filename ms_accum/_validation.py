@@ -13,15 +13,6 @@ import string
 from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 
-# `AdaptiveK`'s settings after its two bounds, in its signature's order.
-ADAPTIVE_OPTIONS = ("fraction", "lr_rule", "min_samples", "every", "threshold", "max_change", "beta")
-
-
-def adaptive_call(settings: dict) -> str:
-    """The call that builds an `AdaptiveK` of `settings` (its arguments by name): its repr, and how messages say it."""
-    given = ", ".join(f"{name}={settings[name]!r}" for name in ADAPTIVE_OPTIONS)
-    return f"AdaptiveK({settings['k_min']}, {settings['k_max']}, {given})"
-
 
 class Words:
     """How a message names arguments: the library says ``'name'`` and ``name=value``; the command line subclasses it
@@ -51,13 +42,9 @@ class Words:
         """A remark for library users only (the command line leaves it out)."""
         return text
 
-    def layout(self, k: int, batch: int, ranks: int) -> str:
-        """A training state's window: K micro-batches of `batch` samples on each of `ranks` ranks."""
-        return f"accumulate_step={k} x batch_size={batch} x {ranks} rank(s)"
-
-    def adaptive(self, settings: dict) -> str:
-        """An `AdaptiveK`'s settings over global micro-batches of ``settings["global_micro_batch"]`` samples."""
-        return f"{adaptive_call(settings)} over global micro-batches of {settings['global_micro_batch']} samples"
+    def term(self, value: "Term") -> str:
+        """An upper layer's object inside a message: its `str`, the library's words for it."""
+        return str(value)
 
 
 LIBRARY = Words()
@@ -72,7 +59,7 @@ class Message:
       ``{@name:plain}``: unquoted, as prose names a flag); it takes no value;
     - ``{name=}``: the argument `name` set to the value ``values[name]``;
     - ``{key}``, ``{key!r}``, ``{key:spec}``: the value ``values[key]``, formatted; a value with a ``render(words)``
-      method (another message, a `Layout`) is rendered in the same words, an `Argument` (an argument named only at run
+      method (another message, a `Term`) is rendered in the same words, an `Argument` (an argument named only at run
       time) as an argument field with the same spec;
     - ``{_none}``, ``{_false}``: what a setting must be to be left out ("be None", "be False"; the command line
       says "not be given"); they take no value.
@@ -209,24 +196,12 @@ class Aside:
         return words.aside(self.text)
 
 
-class Layout:
-    """A training state's window (K x micro-batch x ranks) inside a message: each reader says it in its terms."""
-
-    def __init__(self, k: int, batch: int, ranks: int) -> None:
-        self.k, self.batch, self.ranks = k, batch, ranks
+class Term:
+    """An upper layer's object inside a message (a training state's window): the library says its `str`, and a reader
+    may say it in its own terms (`Words.term`); this layer knows none of them."""
 
     def render(self, words: Words) -> str:
-        return words.layout(self.k, self.batch, self.ranks)
-
-
-class Adaptive:
-    """An `AdaptiveK`'s settings, as a training state records them (`AdaptiveK.settings`), inside a message."""
-
-    def __init__(self, settings: dict) -> None:
-        self.settings = settings
-
-    def render(self, words: Words) -> str:
-        return words.adaptive(self.settings)
+        return words.term(self)
 
 
 class MessageError(Message, Exception):

@@ -9,8 +9,9 @@ Removal needs a major version (semantic versioning): what is deprecated in 1.x i
 version has come stay in the table as the record of what went and what replaces it, and what went fails with the
 table's line (`tests/test_deprecation.py` walks every such entry), as the error Python would raise:
 
-- a name of a package or module: `AttributeError`, from its PEP 562 ``__getattr__`` (`no_attribute`;
-  `module_getattr` for a module that has no other); a name of a removed module is said with the module's line;
+- a name of a package or module: `ImportError`, from its PEP 562 ``__getattr__`` (`no_attribute`; `module_getattr`
+  for a module that has no other), alike for ``module.name`` and ``from module import name``; a name of a removed
+  module is said with the module's line;
 - a keyword of a callable: Python's `TypeError` for an unexpected keyword, the table's line after it; an attribute of
   a class's instances: Python's `AttributeError`, the line after it (both by the decorator `removed_from`);
 - a command-line flag: argparse's error for that argument, with the line (`ms_accum.cli.arguments.add_removed_flags`).
@@ -24,15 +25,11 @@ package's ``__getattr__`` and a keyword by its callable.
 The keys: ``ms_accum.x.Name`` for a module, a name or an attribute; ``Callable(keyword=...)`` for a keyword of that
 callable (``ms_accum.x.Callable(keyword=...)``); ``ms-accum <command> --flag`` for a command-line flag.
 """
-import dis
 import functools
-import sys
 import warnings
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from . import __version__
-
-_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
 
 
 class Deprecation(NamedTuple):
@@ -121,6 +118,8 @@ TABLE: Dict[str, Deprecation] = {
     # --- K's one spelling outside the seeds' doors is accumulate_step: the flag follows in 1.0.0. ---
     **{f"ms-accum {command} --accumulate-steps": Deprecation("use --accumulate-step", "1.0.0", "2.0.0")
        for command in ("train", "verify")},
+    # --- A K policy looks ahead with peek and decides with open_window; calling one meant either. ---
+    "ms_accum.AccumulationSchedule.__call__": Deprecation("use peek(samples)", "1.3.0", "2.0.0"),
 }
 
 
@@ -163,25 +162,22 @@ def removal(key: str) -> str:
     return f"removed in ms_accum {TABLE[key].removed_in}; {TABLE[key].use}."
 
 
-def no_attribute(module: str, name: str) -> AttributeError:
-    """For a package's ``__getattr__``: the error for ``module.name``, naming its replacement when the table has it,
-    and, for a removed module, where each name the table lists under it went (``ms_accum.executor.windows_per_epoch``
-    is reached through ``ms_accum.executor``, which fails first)."""
+def no_attribute(module: str, name: str) -> Exception:
+    """For a package's ``__getattr__``: the error for ``module.name``. A name the table has is an `ImportError` with
+    the table's line and, for a removed module, where each name the table lists under it went
+    (``ms_accum.executor.windows_per_epoch`` is reached through ``ms_accum.executor``, which fails first); any other
+    name is Python's own `AttributeError`.
+
+    An ImportError, not an AttributeError, as ``from module import name`` asks the module's ``__getattr__`` and replaces
+    any AttributeError with its own "cannot import name", dropping the line (every release; no class can be both since
+    Python 3.10): a removed name is an import that fails, however it is asked for.
+    """
     key = f"{module}.{name}"
     if key not in TABLE:
         return AttributeError(f"module '{module}' has no attribute '{name}'")
     inner = [message(inner) for inner in TABLE
              if inner.startswith(f"{key}.") and inner[len(key) + 1:].isidentifier() and removed(inner)]
-    text = " ".join([message(key), *inner])
-    try:
-        importer = sys._getframe(2)  # this, the module's __getattr__, the code that asked for the name
-    except ValueError:
-        importer = None
-    if importer is not None and importer.f_lasti >= 0 and importer.f_code.co_code[importer.f_lasti] == _IMPORT_FROM:
-        # ``from module import name``: Python would raise ImportError, and it replaces an AttributeError's text with
-        # its own "cannot import name"; an ImportError raised here is kept.
-        return ImportError(text, name=module)
-    return AttributeError(text)
+    return ImportError(" ".join([message(key), *inner]), name=module)
 
 
 def module_getattr(module: str) -> Callable[[str], None]:

@@ -44,49 +44,49 @@ def controller(value, k_min=2, k_max=32, per_batch=16, **settings) -> Controller
 
 def test_k_starts_at_k_min_and_no_decision_comes_before_min_samples():
     k = controller(320.0, min_samples=1000, every=100)  # target: 320 / 16 = 20 micro-batches
-    assert [k(s) for s in (0, 500, 999)] == [2, 2, 2] and k.decisions == 0
-    assert k(1000) == 20 and k.decisions == 1
+    assert [k.open_window(s) for s in (0, 500, 999)] == [2, 2, 2] and k.decisions == 0
+    assert k.open_window(1000) == 20 and k.decisions == 1
 
 
 def test_decisions_come_at_a_fixed_cadence_in_samples():
     k = controller(320.0, min_samples=0, every=100)
-    assert k(0) == 20 and k.next_decision == 100
+    assert k.open_window(0) == 20 and k.next_decision == 100
     k.noise = estimate(640.0)  # the target is 40 now, above k_max
-    assert k(99) == 20  # not due yet
-    assert k(250) == 32 and k.next_decision == 300  # due at 100; the next point stays on the grid
+    assert k.open_window(99) == 20  # not due yet
+    assert k.open_window(250) == 32 and k.next_decision == 300  # due at 100; the next point stays on the grid
     assert k.decisions == 2
 
 
 def test_the_threshold_keeps_k_from_oscillating():
     k = controller(16 * 10.0, k_min=1, min_samples=0, every=1, threshold=0.2)
-    assert k(0) == 10
+    assert k.open_window(0) == 10
     for aim, expected in ((11.9, 10), (8.4, 10), (12.0, 12), (10.5, 12), (9.99, 10), (1.0, 1)):
         k.noise = estimate(16 * aim)
-        assert k(k.next_decision) == expected, aim
+        assert k.open_window(k.next_decision) == expected, aim
 
 
 def test_k_stays_within_its_bounds_and_without_an_estimate():
-    assert controller(16 * 1000.0, min_samples=0)(0) == 32
-    assert controller(16 * 0.1, k_min=4, min_samples=0)(0) == 4
-    assert controller(None, min_samples=0)(0) == 2  # no estimate (|G|² not positive yet): K stays
+    assert controller(16 * 1000.0, min_samples=0).open_window(0) == 32
+    assert controller(16 * 0.1, k_min=4, min_samples=0).open_window(0) == 4
+    assert controller(None, min_samples=0).open_window(0) == 2  # no estimate (|G|² not positive yet): K stays
 
 
 def test_one_decision_moves_k_by_at_most_max_change():
     k = controller(16 * 100.0, min_samples=0, every=1, max_change=2.0)
-    assert [k(s) for s in range(5)] == [4, 8, 16, 32, 32]
+    assert [k.open_window(s) for s in range(5)] == [4, 8, 16, 32, 32]
     k.noise = estimate(16 * 3.0)
-    assert [k(s) for s in range(5, 10)] == [16, 8, 4, 3, 3]
-    assert controller(16 * 100.0, min_samples=0, max_change=1.5)(0) == 3  # floor(2 x 1.5)
+    assert [k.open_window(s) for s in range(5, 10)] == [16, 8, 4, 3, 3]
+    assert controller(16 * 100.0, min_samples=0, max_change=1.5).open_window(0) == 3  # floor(2 x 1.5)
 
 
 def test_fraction_scales_the_target():
-    assert controller(16 * 20.0, min_samples=0, fraction=0.25)(0) == 5
+    assert controller(16 * 20.0, min_samples=0, fraction=0.25).open_window(0) == 5
 
 
 def test_a_token_weighted_estimate_is_converted_by_the_micro_batch_weight():
     made = Controller(AdaptiveK(2, 64, min_samples=0), 4, estimate(8000.0))
     made.observe(2 * 4 * 100.0, 2)  # micro-batches of 4 sequences, 400 tokens: B_simple 8000 tokens is 20 of them
-    assert made(0) == 20
+    assert made.open_window(0) == 20
 
 
 @pytest.mark.parametrize("rule, k, expected", [("none", 8, 1.0), ("linear", 8, 4.0), ("sqrt", 8, 2.0),
@@ -105,13 +105,13 @@ def test_adascale_gain_lies_between_one_and_the_scale():
 
 def test_state_round_trip_continues_the_same_decisions():
     first = controller(320.0, min_samples=64, every=48)
-    [first(s) for s in range(0, 400, 32)]
+    [first.open_window(s) for s in range(0, 400, 32)]
     second = controller(999.0, min_samples=64, every=48)
     second.noise = first.noise
     second.load(first.state())
     assert second.state() == first.state()
     first.noise, second.noise = estimate(800.0), estimate(800.0)
-    assert [first(s) for s in range(400, 800, 32)] == [second(s) for s in range(400, 800, 32)]
+    assert [first.open_window(s) for s in range(400, 800, 32)] == [second.open_window(s) for s in range(400, 800, 32)]
 
 
 # Bad inputs, refused before anything is built, naming the argument.

@@ -49,8 +49,8 @@ def free_port() -> int:
 # msrun starts the cluster's scheduler when --master_addr is an address of this machine. On a real second node it
 # is not; on this machine it is for both launches, and the second scheduler fails to bind the port (msrun then exits
 # 1 though training completes). So a node other than 0 runs msrun with the master address taken as remote, as it
-# is on a real node.
-REMOTE_MASTER = "import sys; from ms_accum._mindspore import msrun_as_remote_node; sys.exit(msrun_as_remote_node())"
+# is on a real node (dist_scripts/remote_node.py).
+REMOTE_NODE = os.path.join(SCRIPTS, "remote_node.py")
 
 
 def start_msrun(log_dir, command, env=None, workers=WORKERS, local_workers=WORKERS, node=None, port=None):
@@ -59,7 +59,7 @@ def start_msrun(log_dir, command, env=None, workers=WORKERS, local_workers=WORKE
     bin_dir = os.path.dirname(sys.executable)
     # msrun starts `python` from PATH: the venv's must come first.
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "GLOG_v": "3", **(env or {})}
-    launcher = [os.path.join(bin_dir, "msrun")] if not node else [sys.executable, "-c", REMOTE_MASTER]
+    launcher = [os.path.join(bin_dir, "msrun")] if not node else [sys.executable, REMOTE_NODE]
     nodes = [] if node is None else [f"--node_rank={node}", "--master_addr=127.0.0.1"]
     args = [*launcher, f"--worker_num={workers}", f"--local_worker_num={local_workers}",
             *nodes, f"--master_port={port or free_port()}", "--join=True", f"--log_dir={log_dir}", *command]

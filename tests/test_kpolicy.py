@@ -30,13 +30,25 @@ def controller(value: float, **settings) -> Controller:
 
 # On the host: no graph runs.
 
-@pytest.mark.parametrize("given", [4, {0: 2, 64: 4, 160: 8}, lambda s: 1 + s // 100])
-def test_a_schedules_peek_is_its_decision_whenever_asked(given):
+POINTS = [0, 63, 64, 100, 159, 160, 10 ** 6, 5, 0]  # in any order, again and again
+
+
+@pytest.mark.parametrize("given, expected", [
+    (4, [4] * len(POINTS)),
+    ({0: 2, 64: 4, 160: 8}, [2, 2, 4, 4, 4, 8, 8, 2, 2]),
+    (lambda s: 1 + s // 100, [1, 1, 1, 2, 2, 2, 10001, 1, 1]),
+], ids=["int", "dict", "callable"])
+def test_a_schedules_peek_is_its_decision_whenever_asked(given, expected):
     schedule = AccumulationSchedule(given)
-    points = [0, 63, 64, 100, 159, 160, 10 ** 6, 5, 0]  # in any order, again and again
     assert schedule.for_run(16) is schedule  # it keeps no state: it is its own run's policy
-    assert [schedule.peek(s) for s in points] == [schedule.open_window(s) for s in points] == \
-           [schedule(s) for s in points]
+    assert [schedule.peek(s) for s in POINTS] == expected
+    assert [schedule.open_window(s) for s in POINTS] == expected
+
+
+def test_no_k_policy_is_called():
+    """Looking ahead and deciding have a name each: calling a controller (which would decide) is a TypeError."""
+    with pytest.raises(TypeError, match="'Controller' object is not callable"):
+        AdaptiveK(2, 8).for_run(16)(0)  # pylint: disable=not-callable
 
 
 def test_a_controllers_peek_knows_k_up_to_the_next_decision_and_changes_nothing():
@@ -105,23 +117,20 @@ ADAPTIVE = {"min_samples": 32, "every": 16, "threshold": 0.1}
 @pytest.mark.parametrize("mini_steps", [3, {0: 2, 128: 4}, AdaptiveK(2, 8, **ADAPTIVE)], ids=["int", "dict", "adaptive"])
 def test_every_kind_runs_through_one_contract(mini_steps, monkeypatch):
     calls = []
-    for kind in (AccumulationSchedule, Controller):
-        for method in ("peek", "open_window"):
-            original = getattr(kind, method)
+    for kind, method in ((AccumulationSchedule, "peek"), (AccumulationSchedule, "open_window"),
+                         (AccumulationSchedule, "__call__"), (Controller, "peek"), (Controller, "open_window")):
+        original = getattr(kind, method)
 
-            def spy(self, samples, original=original, method=method):
-                calls.append((method, samples))
-                return original(self, samples)
+        def spy(self, samples, original=original, method=method):
+            calls.append((method, samples))
+            return original(self, samples)
 
-            monkeypatch.setattr(kind, method, spy)
+        monkeypatch.setattr(kind, method, spy)
 
-    def called(self, samples):
-        raise AssertionError(f"a controller was called at {samples}: look ahead with peek, decide with open_window")
-
-    monkeypatch.setattr(Controller, "__call__", called)
     result, _ = train(mini_steps)
     opened = [0] + [record.samples_consumed for record in result.steps[:-1]]
-    # Decided once per window, when it opened, in order; everything else only looked.
+    # Decided once per window, when it opened, in order; everything else only looked (and nothing called the
+    # schedule's deprecated __call__).
     assert [samples for method, samples in calls if method == "open_window"] == opened
     assert {method for method, _ in calls} == {"peek", "open_window"}
 

@@ -3,6 +3,7 @@ choice is written once; the public names load from the top and from each layer's
 import ast
 import importlib
 import pathlib
+import re
 import sys
 
 import pytest
@@ -57,6 +58,25 @@ def test_imports_run_downwards(module):
         if target == "ms_accum":  # the package itself: its __init__ imports only the base
             continue
         assert LAYERS.index(_layer(target)) <= own, f"{module} ({_layer(module)}) imports {target} ({_layer(target)})"
+
+
+@pytest.mark.parametrize("module", ["_choices", "_exports", "_validation", "runtime"])
+def test_the_base_names_no_upper_layers_public_name(module):
+    """The base's code (its docstrings aside) names nothing an upper layer exports: an upper layer's wording lives
+    there (the messages' `Term`s), not here. `deprecation` and `__init__` name them by design; `_mindspore`'s
+    fallbacks name the feature that falls back."""
+    upper = set().union(*(importlib.import_module(f"ms_accum.{layer}").__all__ for layer in LAYERS[1:]))
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node)}
+    said = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            said += [(word, node.lineno) for word in re.findall(r"\w+", node.value) if word in upper]
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.ClassDef, ast.FunctionDef)):
+            word = getattr(node, "id", None) or getattr(node, "attr", None) or node.name
+            said += [(word, node.lineno)] * (word in upper)
+    assert not said, said
 
 
 def test_no_import_circle():

@@ -184,8 +184,6 @@ def check_learning_rate_schedule():
 def check_communication():
     assert door.communication_initialized() is False  # no init() in a test process
     assert isinstance(door.world_group(), str)
-    api, main = door.msrun_launcher()
-    assert callable(api._is_local_ip) and callable(main)  # pylint: disable=protected-access
 
 
 def check_logger():
@@ -218,8 +216,7 @@ ENTRIES = {
     "random_functions": check_random_functions, "AOT": check_aot, "aot_primitive": check_aot,
     "OPTIMIZER_ATTRIBUTES": check_optimizer, "optimizer_attribute": check_optimizer,
     "learning_rate_schedule": check_learning_rate_schedule, "communication_initialized": check_communication,
-    "world_group": check_communication, "msrun_launcher": check_communication,
-    "msrun_as_remote_node": check_communication, "mindspore_logger": check_logger,
+    "world_group": check_communication, "mindspore_logger": check_logger,
 }
 # The version gate and the door's own machinery, checked above or by the entries' fallbacks below.
 GATE = {"SUPPORTED", "SUPPORTED_RANGE", "UNSUPPORTED_VARIABLE", "installed_version", "release", "supported",
@@ -348,15 +345,6 @@ def test_no_communication_record(monkeypatch):
         door.world_group()
     monkeypatch.setattr(mindspore.communication, "get_group_size", lambda: 2)
     assert door.communication_initialized() is True  # msrun's ranks
-
-
-def test_no_msrun_launcher_switch(monkeypatch):
-    from mindspore.parallel.cluster.process_entity import _api
-    monkeypatch.delattr(_api, "_is_local_ip")
-    with raises_exactly(MindSporeChangedError, missing(
-            "msrun's mindspore.parallel.cluster.process_entity._api._is_local_ip", "run the nodes on two machines.",
-            "two-node test")):
-        door.msrun_as_remote_node()
 
 
 def test_importing_the_door_loads_no_mindspore():

@@ -41,10 +41,14 @@ def params(net):
 
 def test_schedule_tables_parsing_and_rampup():
     k = AccumulationSchedule({0: 2, 4096: 4, 16384: 8})
-    assert [k(s) for s in (0, 4095, 4096, 16383, 16384, 10 ** 9)] == [2, 2, 4, 4, 8, 8]
+    assert [k.peek(s) for s in (0, 4095, 4096, 16383, 16384, 10 ** 9)] == [2, 2, 4, 4, 8, 8]
     assert k.global_batches(32) == "0:64,4096:128,16384:256" and k.fixed is None
-    assert AccumulationSchedule(4).fixed == 4 and AccumulationSchedule(4)(123) == 4
-    assert AccumulationSchedule(lambda s: 1 + s // 100)(250) == 3
+    assert AccumulationSchedule(4).fixed == 4 and AccumulationSchedule(4).peek(123) == 4
+    assert AccumulationSchedule(lambda s: 1 + s // 100).peek(250) == 3
+    with pytest.warns(DeprecationWarning) as caught:
+        assert k(4096) == 4
+    assert str(caught[0].message) == ("'ms_accum.AccumulationSchedule.__call__' is deprecated since ms_accum 1.3.0 and "
+                                      "will be removed in 2.0.0; use peek(samples).") and caught[0].filename == __file__
     assert parse_schedule("0:2,4096:4, 16384:8") == {0: 2, 4096: 4, 16384: 8}
     # Megatron's --rampup-batch-size 32 32 1000 to 96 with a global micro-batch of 16.
     assert rampup(32, 32, 1000, 96, 16) == {0: 2, 1000: 4, 2000: 6}

@@ -12,7 +12,8 @@ import contextlib
 import sys
 from typing import Any, Optional
 
-from .._validation import Argument, CallError, Message, MessageError, Words, describe_exception, first_paragraph
+from .._validation import (Argument, CallError, Message, MessageError, Term, Words, describe_exception,
+                           first_paragraph)
 
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}
@@ -53,12 +54,18 @@ class CliWords(Words):
     def aside(self, text: str) -> str:
         return ""
 
-    def layout(self, k: int, batch: int, ranks: int) -> str:  # --batch-size is the global micro-batch
-        return f"--accumulate-step {k} x --batch-size {batch * ranks}" + (f" over {ranks} workers" if ranks > 1 else "")
-
-    def adaptive(self, settings: dict) -> str:  # the settings the command line cannot give are its defaults
-        return (f"--adaptive-k {settings['k_min']}:{settings['k_max']} --adaptive-fraction {settings['fraction']} "
-                f"--lr-rule {settings['lr_rule']} --batch-size {settings['global_micro_batch']}")
+    def term(self, value: Term) -> str:
+        # Imported when said: the training layer loads MindSpore, which the command line loads after capping oneDNN.
+        from ..train.adaptive import AdaptiveSettings
+        from ..train.resume import Layout
+        if isinstance(value, Layout):  # --batch-size is the global micro-batch
+            k, batch, ranks = value.k, value.batch * value.ranks, value.ranks
+            return f"--accumulate-step {k} x --batch-size {batch}" + (f" over {ranks} workers" if ranks > 1 else "")
+        if isinstance(value, AdaptiveSettings):  # the settings the command line cannot give are its defaults
+            settings = value.settings
+            return (f"--adaptive-k {settings['k_min']}:{settings['k_max']} --adaptive-fraction {settings['fraction']} "
+                    f"--lr-rule {settings['lr_rule']} --batch-size {settings['global_micro_batch']}")
+        return super().term(value)
 
 
 class CliError(MessageError):

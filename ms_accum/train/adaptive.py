@@ -14,14 +14,16 @@ import math
 from typing import Dict, Optional, Sequence, Tuple
 
 from .._choices import LR_RULES
-from .._validation import (ADAPTIVE_OPTIONS, ArgumentTypeError, ArgumentValueError, adaptive_call,
-                           check_positive_float, check_positive_int, check_value_in, door)
+from .._validation import (ArgumentTypeError, ArgumentValueError, Term, check_positive_float, check_positive_int,
+                           check_value_in, door)
 from ..core.statistics import NoiseScale
 from .kpolicy import Described, KPolicy
 from .schedule import pairs_text
 
 MIN_WINDOWS = 32  # default `min_samples`: this many windows of k_min, to average before the first decision
 EVERY_WINDOWS = 8  # default `every`: this many windows of k_min between decisions
+# `AdaptiveK`'s settings after its two bounds, in its signature's order.
+OPTIONS = ("fraction", "lr_rule", "min_samples", "every", "threshold", "max_change", "beta")
 
 
 class AdaptiveK:
@@ -117,10 +119,26 @@ beta=0.99)
         return json.dumps({**self._arguments(), "global_micro_batch": per_batch})
 
     def _arguments(self) -> dict:
-        return {"k_min": self.k_min, "k_max": self.k_max, **{name: getattr(self, name) for name in ADAPTIVE_OPTIONS}}
+        return {"k_min": self.k_min, "k_max": self.k_max, **{name: getattr(self, name) for name in OPTIONS}}
 
     def __repr__(self) -> str:
-        return adaptive_call(self._arguments())
+        return _call(self._arguments())
+
+
+def _call(settings: dict) -> str:
+    """The call that builds an `AdaptiveK` of `settings` (its arguments by name): its repr, and how messages say it."""
+    given = ", ".join(f"{name}={settings[name]!r}" for name in OPTIONS)
+    return f"AdaptiveK({settings['k_min']}, {settings['k_max']}, {given})"
+
+
+class AdaptiveSettings(Term):
+    """An `AdaptiveK`'s settings as a training state records them (`AdaptiveK.settings`), inside a message."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = settings
+
+    def __str__(self) -> str:
+        return f"{_call(self.settings)} over global micro-batches of {self.settings['global_micro_batch']} samples"
 
 
 class Controller(KPolicy):
@@ -164,10 +182,6 @@ class Controller(KPolicy):
         """K of the window that opens after `samples` global samples consumed, if no decision is due before: the K
         decided last; None from the next decision point on. Changes nothing."""
         return self.k if samples < self.next_decision else None
-
-    def __call__(self, samples: int) -> int:
-        """`open_window`: calling a controller decides, unlike calling a schedule (look ahead with `peek`)."""
-        return self.open_window(samples)
 
     def open_window(self, samples: int) -> int:
         """K for the window that opens now, after `samples` global samples consumed: decided anew when a decision is

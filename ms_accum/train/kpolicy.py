@@ -5,7 +5,8 @@ functions of the step: the run plans its windows with it before anything trains 
 resume compares schedules with it, `count_windows` counts with it, and none of that can move a decision. Deciding
 (`KPolicy.open_window`) is called once per window, when it opens, in order. A schedule decides what it peeks; an
 `AdaptiveK` run's `Controller` decides from what the run measured, so its peek answers only as far as no decision
-lies between (None beyond: its windows are then counted only as they open).
+lies between (None beyond: its windows are then counted only as they open). No policy is called: the two have a name
+each.
 
 `train_process` takes `mini_steps` as an int, a dict or a callable (an `AccumulationSchedule`, its own policy) or an
 `AdaptiveK` (settings: `AdaptiveK.for_run` makes a run's policy); the run holds one `KPolicy` and never asks which.

@@ -10,9 +10,10 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
-from .._validation import Adaptive, Layout, Message, Setting
+from .._validation import Message, Setting, Term
 from ..core.dropout import is_random_state
 
+from .adaptive import AdaptiveSettings
 from .kpolicy import KPolicy
 from .schedule import pairs_text
 from .windows import Position, _planned_windows
@@ -242,6 +243,16 @@ def _per_batch(run: Dict[str, MetaValue]) -> int:
     return int(run.get("global_micro_batch") or int(run["rank_batch_size"]) * int(run["world_size"]))
 
 
+class Layout(Term):
+    """A training state's window inside a message: K micro-batches of `batch` samples on each of `ranks` ranks."""
+
+    def __init__(self, k: int, batch: int, ranks: int) -> None:
+        self.k, self.batch, self.ranks = k, batch, ranks
+
+    def __str__(self) -> str:
+        return f"accumulate_step={self.k} x batch_size={self.batch} x {self.ranks} rank(s)"
+
+
 def _check_global_batch(path: str, saved: Dict[str, MetaValue], run: Dict[str, MetaValue]) -> None:
     """Refuses a resume whose fixed global batch per update differs from the saved run's."""
     def layout(run):
@@ -268,9 +279,9 @@ def _check_adaptive(path: str, saved: str, saved_batches: str, this: str) -> Non
     schedule would not continue them."""
     saved_settings, settings = (json.loads(text) if text else None for text in (saved, this))
     if saved_settings != settings:
-        theirs = Adaptive(saved_settings) if saved else Message(
+        theirs = AdaptiveSettings(saved_settings) if saved else Message(
             "the global batch schedule (samples consumed: global batch) {batches}", batches=saved_batches)
-        mine = Adaptive(settings) if this else "a fixed K or schedule"
+        mine = AdaptiveSettings(settings) if this else "a fixed K or schedule"
         raise CheckpointError("Checkpoint '{path}' was saved by a run whose K came from {theirs}, but this run's comes "
                               "from {mine}: resuming would not continue the same training.", path=path,
                               theirs=theirs, mine=mine)

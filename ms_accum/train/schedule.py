@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_positive_int, door
+from ..deprecation import deprecated
 from .kpolicy import Described, KPolicy
 
 ScheduleLike = Union[int, Dict[int, int], Callable[[int], int]]
@@ -41,7 +42,7 @@ class AccumulationSchedule(KPolicy):
     Examples:
         >>> from ms_accum import AccumulationSchedule
         >>> k = AccumulationSchedule({0: 2, 4096: 4, 16384: 8})
-        >>> k(0), k(4095), k(4096)
+        >>> k.peek(0), k.peek(4095), k.peek(4096)
         (2, 2, 4)
     """
 
@@ -64,7 +65,7 @@ class AccumulationSchedule(KPolicy):
         return self.table[0][1] if self.table is not None and len(self.table) == 1 else None
 
     @door("AccumulationSchedule")
-    def __call__(self, samples: int) -> int:
+    def peek(self, samples: int) -> int:
         """K for the window that opens after `samples` samples consumed.
 
         Raises:
@@ -75,13 +76,14 @@ class AccumulationSchedule(KPolicy):
             return check_positive_int(value, f"{self.arg_name}({samples})")
         return next(k for start, k in reversed(self.table) if samples >= start)
 
-    def peek(self, samples: int) -> int:
-        """K for the window that opens after `samples` samples consumed (`__call__`)."""
-        return self(samples)
-
     def open_window(self, samples: int) -> int:
         """K for the window that opens now, after `samples` samples consumed: what `peek` says."""
-        return self(samples)
+        return self.peek(samples)
+
+    def __call__(self, samples: int) -> int:
+        """`peek`, deprecated: no K policy is called, as calling a controller would decide."""
+        deprecated("ms_accum.AccumulationSchedule.__call__")
+        return self.peek(samples)
 
     def describe(self, per_batch: int, opened: Optional[Sequence[Tuple[int, int]]] = None) -> Described:
         """What a checkpoint records of it (`KPolicy.describe`): its fixed K or 0, its `global_batches`, known ahead
