@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -401,6 +402,31 @@ def test_a_refused_checkpoint_directory_ends_every_rank_each_saying_why(tmp_path
         last = log_lines(str(tmp_path / "logs"), rank)[-1]
         refused = f"must be a writable directory, but '{tmp_path / 'a_file' / 'ckpt'}' cannot be created: Not a directory."
         assert last.startswith("ms-accum train: error: ") and "--ckpt-dir" in last and last.endswith(refused), rank
+
+
+@pytest.mark.slow  # make test-all
+@pytest.mark.distributed
+def test_any_error_on_one_rank_before_the_shared_verdict_ends_every_rank_in_seconds(tmp_path):
+    # Rank 1's check raises a KeyError, no refusal of ms_accum's: it must still take part in the verdicts' all-reduce,
+    # or rank 0 waits in it for good. Both end within a minute of the start (init takes 5-12 s a worker), each log
+    # ending with why; msrun's scheduler then waits out its heartbeats (30 s more), so it is not waited for.
+    logs = str(tmp_path / "logs")
+    proc = start_msrun(logs, [os.path.join(SCRIPTS, "refuse_worker.py")])
+    expected = ["ms_accum._validation.ArgumentValueError: the training state to resume from was refused on rank(s) "
+                "[1], whose log says why: no rank starts.", "KeyError: \"'step' missing from the file read on rank 1\""]
+    deadline, last = time.monotonic() + 60, None
+    try:
+        while time.monotonic() < deadline:
+            last = [(log_lines(logs, rank) or [""])[-1] if os.path.exists(os.path.join(logs, f"worker_{rank}.log"))
+                    else "" for rank in range(WORKERS)]
+            if all(line.endswith(("Error", "rank 1\"", "starts.")) for line in last):
+                break
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert last == expected, worker_logs(logs)
+    assert all("started" not in log_lines(logs, rank) for rank in range(WORKERS))
 
 
 # --- Error paths, in this process (no launcher) ---
