@@ -612,7 +612,7 @@ def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
     # --batch-size is the global micro-batch: 16 on each of 2 workers, then 32 in one process, the same 32 samples.
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
     train = ["train", "--model", "lenet5", "--accumulate-step", "2", "--batch-size", "32", "--data", data,
-             "--no-eval", "--json", "--quiet", "--save-every", "2"]
+             "--no-eval", "--json", "--quiet", "--save-every", "2", "--keep-last", "4"]  # step 2's state kept
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"))
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
