@@ -341,6 +341,24 @@ def optimizer_attribute(optimizer, name: str, default=_REQUIRED):
     return value
 
 
+def listed_rates(optimizer) -> Optional[int]:
+    """
+    How many rates a learning rate given as a list holds (the fewest of any group's), one per optimizer step; None when
+    none is a list. MindSpore keeps a list in an undocumented schedule, `_IteratorLearningRate`, under its own name
+    `learning_rate` (since 2.8, known to hold 2.8–2.10), and gathers the step's rate from it in the graph; a schedule
+    in another place reads as no list.
+    """
+    from mindspore import nn
+    try:
+        from mindspore.nn.optim.optimizer import _IteratorLearningRate
+    except ImportError:
+        return None
+    rates = optimizer.learning_rate
+    rates = rates if isinstance(rates, (tuple, list, nn.CellList)) else [rates]  # one per group, or one for all
+    held = [rate.learning_rate.shape[0] for rate in rates if isinstance(rate, _IteratorLearningRate)]
+    return min(held) if held else None
+
+
 # --- Learning-rate schedules ------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -10,10 +11,13 @@ import numpy as np
 import pytest
 import mindspore as ms
 
+import ms_accum.train.distributed
+import ms_accum.train.run
 from ms_accum import cli
 from ms_accum.train.checkpoint import load_checkpoint, save_checkpoint
 from ms_accum.demo.data import make_synthetic_mnist
 from ms_accum.demo.models import LeNet5, MLP
+from ms_accum.train.distributed import decided_together
 from conftest import FACTORY, cli_error, mnist_dir, requires_mnist
 
 # 128 optimizer steps of 2 x 32 images: enough for LeNet5 to pass 90% on the real test set (measured 92.6%).
@@ -60,7 +64,7 @@ def test_train_then_eval_on_real_mnist(tmp_path):
     assert evaluated["loss"] == pytest.approx(trained["loss"], rel=1e-6)
 
     out = run_cli("eval", "--ckpt", str(ckpt), "--model", "lenet5", "--data", mnist_dir(), "--quiet")
-    assert out.returncode == 0 and f"Accuracy: {100 * trained['accuracy']:.2f}%" in out.stdout
+    assert out.returncode == 0 and f"held-out accuracy: {100 * trained['accuracy']:.2f}%" in out.stdout
 
 
 def test_train_mlp_on_generated_idx_files_is_labelled_synthetic(tmp_path, synthetic, capsys):
@@ -69,8 +73,9 @@ def test_train_mlp_on_generated_idx_files_is_labelled_synthetic(tmp_path, synthe
                      "--ckpt-dir", str(tmp_path), "--quiet"])
     out = capsys.readouterr().out
     assert code == 0
-    accuracy_line = [line for line in out.splitlines() if line.startswith("Accuracy:")][0]
-    assert "SYNTHETIC" in accuracy_line and float(accuracy_line.split()[1].rstrip("%,")) >= 80.0
+    accuracy_line = [line for line in out.splitlines() if line.startswith("held-out accuracy: ")][0]
+    assert "SYNTHETIC" in accuracy_line and float(accuracy_line.split()[2].rstrip("%,")) >= 80.0
+    assert re.search(r"%, held-out loss: [0-9]+\.[0-9]{6} ", accuracy_line)  # the figure named as what it is
     assert cli.main(["eval", "--ckpt", str(tmp_path / "mlp.ckpt"), "--quiet"]) == 0
     assert "SYNTHETIC" in capsys.readouterr().out
 
@@ -247,7 +252,7 @@ def test_make_run_falls_back_to_synthetic_data_when_mnist_is_nowhere(tmp_path):
     out = run_cli("eval", "--ckpt", os.path.join(str(tmp_path), "ck", "lenet5.ckpt"), "--quiet",
                   cwd=str(tmp_path / "ck"), env={"MS_ACCUM_MNIST": None})  # found through the recorded path
     assert out.returncode == 0 and "SYNTHETIC" in out.stdout
-    assert f"Accuracy: {100 * trained['accuracy']:.2f}%" in out.stdout
+    assert f"held-out accuracy: {100 * trained['accuracy']:.2f}%" in out.stdout
 
 
 def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
@@ -372,13 +377,27 @@ def test_console_script_is_installed():
 def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, capsys, monkeypatch):
     argv = ["train", "--model", "mlp", "--accumulate-step", "3", "--batch-size", "16", "--epochs", "2",
             "--num-samples", "320", "--data", synthetic, "--ckpt-dir", str(tmp_path), "--quiet", "--no-eval",
-            "--json", "--save-every", "4", "--keep-last", "2"]
+            "--json", "--save-every", "4"]
+    checked = []  # what the ranks decide together: under msrun each is one all-reduce
+
+    def deciding(check, parallel, what):
+        checked.append(what)
+        return decided_together(check, parallel, what)
+    for module in (ms_accum.train.distributed, ms_accum.train.run):
+        monkeypatch.setattr(module, "decided_together", deciding)
     assert cli.main(argv) == 0
+    assert checked.count("the checkpoint directory") == 1  # checked once, by train_process
+    monkeypatch.undo()
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["resumed_from"] is None and first["optimizer_steps"] == 14  # 20 batches: 7 windows an epoch
     expected, _ = load_checkpoint(str(tmp_path / "mlp.ckpt"))
     states = sorted(p.name for p in tmp_path.glob("mlp-*.ckpt"))
-    assert states == ["mlp-000000008.ckpt", "mlp-000000012.ckpt"]  # keep-last 2
+    assert states == ["mlp-000000008.ckpt", "mlp-000000012.ckpt"]  # 2 kept by default, as the docs say
+    assert cli.main(argv) == 1  # a fresh run into them: refused, naming the ways on
+    assert capsys.readouterr().err == (
+        f"ms-accum train: error: For 'ms-accum train', the argument '--ckpt-dir' must not hold another run's training "
+        f"states, but '{tmp_path}' holds 'mlp-000000008.ckpt', 'mlp-000000012.ckpt': a fresh run would save its own "
+        f"beside them. Continue that run with --resume, or give another '--ckpt-dir' or remove them.\n")
     os.remove(tmp_path / states[-1])  # as if the run had died before step 12 was saved
     os.remove(tmp_path / "mlp.ckpt")
 
@@ -396,6 +415,13 @@ def test_resume_continues_a_run_to_the_same_parameters(tmp_path, synthetic, caps
     got, _ = load_checkpoint(str(tmp_path / "mlp.ckpt"))
     for name, value in expected.items():
         assert np.array_equal(got[name].asnumpy(), value.asnumpy()), name
+
+
+def test_train_help_names_the_two_states_kept_by_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--keep-last N keep only the newest N training states (default 2)" in shown
 
 
 def test_loss_scale_policy_and_recompute_flags(tmp_path, synthetic, capsys):

@@ -123,9 +123,8 @@ GONE = 'raise OSError("the disk went away")'
 @pytest.mark.parametrize("command", ["train", "eval", "verify", "plan"])
 def test_each_command_ends_in_one_line_when_its_data_fails_where_it_is_read(command, tmp_path):
     """The factory's data raises where the command reads it: in the training pipeline, in the evaluation pipeline, in
-    `sample` (verify reads K*B samples; the planner's trial reads its windows in a fresh process). The user's frames
-    come first, those MindSpore quotes of the pipeline's map function too; the planner's trial reports only its
-    error's line."""
+    `sample` (verify reads K*B samples; the planner's trial reads its windows in a fresh process, whose frames it
+    carries back). The user's frames come first, those MindSpore quotes of the pipeline's map function too."""
     ckpt = str(tmp_path / "tokens_failing_eval.ckpt")
     header = "Traceback (most recent call last, your code's frames):"
     pipeline = [header, *frame(TOKENS, "read", GONE), DISK]
@@ -140,7 +139,8 @@ def test_each_command_ends_in_one_line_when_its_data_fails_where_it_is_read(comm
                    [header, *frame(TOKENS, "failing", GONE), "OSError: the disk went away"],
                    "ms-accum verify: error: For 'ms-accum verify', sample(16) of the factory 'tokens:failing_sample' "
                    "failed: OSError: the disk went away."),
-        "plan": (["plan", "--model", "tokens:failing_sample", "--global-batch", "16", "--memory", "1GiB"], [],
+        "plan": (["plan", "--model", "tokens:failing_sample", "--global-batch", "16", "--memory", "1GiB"],
+                 [header, *frame(TOKENS, "failing", GONE), "OSError: the disk went away"],
                  "ms-accum plan: error: For 'ms-accum plan', a micro-batch of 1 sample(s) could not be trained: "
                  "sample(65) of the factory 'tokens:failing_sample' failed: OSError: the disk went away."),
     }

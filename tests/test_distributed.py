@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -403,6 +404,31 @@ def test_a_refused_checkpoint_directory_ends_every_rank_each_saying_why(tmp_path
         assert last.startswith("ms-accum train: error: ") and "--ckpt-dir" in last and last.endswith(refused), rank
 
 
+@pytest.mark.slow  # make test-all
+@pytest.mark.distributed
+def test_any_error_on_one_rank_before_the_shared_verdict_ends_every_rank_in_seconds(tmp_path):
+    # Rank 1's check raises a KeyError, no refusal of ms_accum's: it must still take part in the verdicts' all-reduce,
+    # or rank 0 waits in it for good. Both end within a minute of the start (init takes 5-12 s a worker), each log
+    # ending with why; msrun's scheduler then waits out its heartbeats (30 s more), so it is not waited for.
+    logs = str(tmp_path / "logs")
+    proc = start_msrun(logs, [os.path.join(SCRIPTS, "refuse_worker.py")])
+    expected = ["ms_accum._validation.ArgumentValueError: the training state to resume from was refused on rank(s) "
+                "[1], whose log says why: no rank starts.", "KeyError: \"'step' missing from the file read on rank 1\""]
+    deadline, last = time.monotonic() + 60, None
+    try:
+        while time.monotonic() < deadline:
+            last = [(log_lines(logs, rank) or [""])[-1] if os.path.exists(os.path.join(logs, f"worker_{rank}.log"))
+                    else "" for rank in range(WORKERS)]
+            if all(line.endswith(("Error", "rank 1\"", "starts.")) for line in last):
+                break
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert last == expected, worker_logs(logs)
+    assert all("started" not in log_lines(logs, rank) for rank in range(WORKERS))
+
+
 # --- Error paths, in this process (no launcher) ---
 
 @pytest.fixture
@@ -586,7 +612,7 @@ def test_cli_run_on_two_workers_resumes_on_one_process(tmp_path):
     # --batch-size is the global micro-batch: 16 on each of 2 workers, then 32 in one process, the same 32 samples.
     data = make_synthetic_mnist(str(tmp_path / "data"), num_train=512, num_test=64)
     train = ["train", "--model", "lenet5", "--accumulate-step", "2", "--batch-size", "32", "--data", data,
-             "--no-eval", "--json", "--quiet", "--save-every", "2"]
+             "--no-eval", "--json", "--quiet", "--save-every", "2", "--keep-last", "4"]  # step 2's state kept
     ms_accum = os.path.join(os.path.dirname(sys.executable), "ms-accum")
     code, output = msrun(str(tmp_path / "logs"), ms_accum, *train, "--ckpt-dir", str(tmp_path / "two"))
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"

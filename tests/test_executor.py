@@ -368,3 +368,58 @@ def test_clipping_applies_the_window_clipped_to_its_norm(structure, scaled):
                          ).train_process(1, dataset(x, y, 4), 4, ckpt_dir=None, verbose=False)
     for a, s, g in zip(params_of(net), start, grads):
         np.testing.assert_allclose(a, s - 0.1 * g.asnumpy() / 2, rtol=1e-5, atol=1e-6)
+
+
+class Linear(nn.Cell):
+    """A network of these two tests' own: 3 features to 2 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(3, 2)
+
+    def construct(self, x):
+        return self.dense(x)
+
+
+def linear_data(samples=16):
+    rng = np.random.RandomState(0)
+    return {"x": rng.rand(samples, 3).astype(np.float32), "y": rng.randint(0, 2, samples).astype(np.int32)}
+
+
+def test_an_unbatched_dataset_is_refused_before_compiling(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a compile error would leave rank_0/om/analyze_fail.ir here
+    net = Linear()
+    ex = GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params(), 0.1))
+    before = params_of(net)
+    samples = ds.NumpySlicesDataset(linear_data(), shuffle=False)
+    for unbatched in (samples, samples.map(lambda x: x, input_columns="x")):
+        with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'train_dataset' must "
+                                        "yield micro-batches, but it yields single samples: batch it with "
+                                        "train_dataset.batch(B), B the micro-batch size."):
+            ex.train_process(1, unbatched, mini_steps=2, checkpoints=None)
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
+    assert not os.path.exists(tmp_path / "rank_0")
+
+    def whole_batches():  # a generator of the user's may yield batches itself: it is not refused
+        data = linear_data()
+        for i in range(0, 16, 4):
+            yield data["x"][i:i + 4], data["y"][i:i + 4]
+    result = ex.train_process(1, ds.GeneratorDataset(whole_batches, ["x", "y"], shuffle=False), 2, checkpoints=None)
+    assert [record.samples for record in result.steps] == [8, 8]
+
+
+def test_a_learning_rate_list_shorter_than_the_run_is_refused_with_both_numbers():
+    net = Linear()
+    ex = GradientAccumulation(net, loss_fn(), nn.SGD(net.trainable_params(), [0.1, 0.1, 0.05, 0.05, 0.02]))
+    before = params_of(net)
+    batches = ds.NumpySlicesDataset(linear_data(), shuffle=False).batch(2)  # 8 batches: 4 windows of K=2 an epoch
+    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'optimizer' has a list of "
+                                    "5 learning rates, one per optimizer step, but this run takes 8 optimizer steps: "
+                                    "give at least 8 rates, or fewer 'epoch'."):
+        ex.train_process(2, batches, 2, checkpoints=None)
+    assert all(np.array_equal(a, b) for a, b in zip(params_of(net), before))
+    assert len(ex.train_process(1, batches, 2, checkpoints=None).steps) == 4  # 4 of its 5 rates
+    with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'optimizer' has a list of "
+                                    "5 learning rates, one per optimizer step, but this run takes 4 optimizer steps "
+                                    "after the 4 it has taken: give at least 8 rates, or fewer 'epoch'."):
+        ex.train_process(1, batches, 2, checkpoints=None)

@@ -23,6 +23,8 @@ from mindspore import nn
 from ms_accum import GradientAccumulation
 from ms_accum.demo.models import MLP
 from ms_accum.train.checkpoint import CheckpointError, find_latest, list_checkpoints, load_checkpoint
+from ms_accum.train.options import QUIET, Checkpoints
+from ms_accum.train.plan import network_fingerprint
 from conftest import raises_exactly
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_scripts", "resume_worker.py")
@@ -229,3 +231,64 @@ def test_a_failed_first_save_says_there_is_no_state_yet(tmp_path):
                                              f"changed. '{tmp_path}' holds no complete training state of 'run' yet."):
             _train(tmp_path, save_every=1)
     assert os.listdir(tmp_path) == []
+
+
+class TwoLayers(nn.Cell):
+    """A network of this file's own, 4 features to 3 classes; `hidden` and `prefix` change its parameters."""
+
+    def __init__(self, hidden=5, prefix="body"):
+        super().__init__()
+        setattr(self, prefix, nn.SequentialCell(nn.Dense(4, hidden), nn.ReLU(), nn.Dense(hidden, 3)))
+        self.prefix = prefix
+
+    def construct(self, x):
+        return getattr(self, self.prefix)(x)
+
+
+def _train_own(tmp_path, network=None, lr=0.1, momentum=0.9, **checkpoints):
+    """One epoch of 6 batches of 4 through `TwoLayers`, K=2, the training state saved every step."""
+    ds.config.set_seed(3)
+    rng = np.random.RandomState(0)
+    data = {"x": rng.rand(24, 4).astype(np.float32), "y": rng.randint(0, 3, 24).astype(np.int32)}
+    net = network or TwoLayers()
+    executor = GradientAccumulation(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                                    nn.Momentum(net.trainable_params(), lr, momentum))
+    return executor.train_process(1, ds.NumpySlicesDataset(data, shuffle=True).batch(4), 2, log=QUIET,
+                                  checkpoints=Checkpoints(directory=str(tmp_path), name="own", save_every=1,
+                                                          **checkpoints))
+
+
+def test_a_fresh_run_into_another_runs_states_is_refused_before_any_work(tmp_path):
+    _train_own(tmp_path)  # states of steps 2 and 3 kept (keep_last=2)
+    saved = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    network = TwoLayers()
+    before = [p.asnumpy() for p in network.trainable_params()]
+    with raises_exactly(ValueError, f"For 'GradientAccumulation.train_process', the argument 'directory' must not "
+                                    f"hold another run's training states, but '{tmp_path}' holds 'own-000000002.ckpt', "
+                                    f"'own-000000003.ckpt': a fresh run would save its own beside them. Continue that "
+                                    f"run with resume=True, or give another 'directory' or remove them."):
+        _train_own(tmp_path, network, lr=0.2)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == saved
+    assert all(np.array_equal(p.asnumpy(), q) for p, q in zip(network.trainable_params(), before))  # nothing trained
+    assert _train_own(tmp_path / "elsewhere").resumed_from is None  # another directory is a fresh start
+
+
+def test_resume_refuses_a_state_of_a_run_built_otherwise(tmp_path):
+    _train_own(tmp_path)
+    latest = find_latest(str(tmp_path), "own")
+    built = "Momentum(learning_rate={}, weight_decay=0, momentum={}, use_nesterov=False, loss_scale=1.0)"
+    with raises_exactly(CheckpointError, f"Checkpoint '{latest}' was saved by a run whose optimizer was "
+                                         f"{built.format(0.1, 0.9)}, but this run's is {built.format(0.2, 0.9)}: "
+                                         f"resuming would not continue the same training."):
+        _train_own(tmp_path, lr=0.2, resume=True)
+    with raises_exactly(CheckpointError, f"Checkpoint '{latest}' was saved by a run whose optimizer was "
+                                         f"{built.format(0.1, 0.9)}, but this run's is {built.format(0.1, 0.5)}: "
+                                         f"resuming would not continue the same training."):
+        _train_own(tmp_path, momentum=0.5, resume=True)
+    saved, renamed = (network_fingerprint(net)["hash"] for net in (TwoLayers(), TwoLayers(prefix="head")))
+    with raises_exactly(CheckpointError, f"Checkpoint '{latest}' was saved by a run whose network (its parameters' "
+                                         f"names, shapes and dtypes) was 4 parameters of 43 values (hash {saved}), but "
+                                         f"this run's is 4 parameters of 43 values (hash {renamed}): resuming would "
+                                         f"not continue the same training."):
+        _train_own(tmp_path, TwoLayers(prefix="head"), resume=True)
+    assert _train_own(tmp_path, resume=True).resumed_from == latest  # built alike: it continues

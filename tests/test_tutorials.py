@@ -25,7 +25,7 @@ def run_tutorial(name, *args, cwd):
 
 
 def accuracies(stdout):
-    return [float(value) / 100 for value in re.findall(r"Accuracy: ([0-9.]+)%", stdout)]
+    return [float(value) / 100 for value in re.findall(r"accuracy: ([0-9.]+)%", stdout)]
 
 
 @requires_mnist

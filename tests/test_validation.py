@@ -97,3 +97,37 @@ def test_validation_arguments_are_checked_before_training():
     with raises_exactly(ValueError, "For 'GradientAccumulation.train_process', the argument 'eval_every' must be a "
                                     "positive int, but got 0."):
         model.train_process(1, train_set(), K, checkpoints=None, log=QUIET, eval_dataset=held_out(), eval_every=0)
+
+
+class OneLogit(nn.Cell):
+    """A binary classifier of this test's own: one logit a sample, as (B, 1) or, `squeezed`, (B,)."""
+
+    def __init__(self, squeezed):
+        super().__init__()
+        self.dense, self.squeezed = nn.Dense(6, 1), squeezed
+
+    def construct(self, x):
+        out = self.dense(x)
+        return out.squeeze(-1) if self.squeezed else out
+
+
+@pytest.mark.parametrize("squeezed", [False, True])
+def test_a_one_logit_binary_classifier_gets_its_accuracy(squeezed):
+    ms.set_seed(0)
+    net, loss = OneLogit(squeezed), nn.BCEWithLogitsLoss()
+    model = GradientAccumulation(net, loss, nn.SGD(net.trainable_params(), 0.1))
+
+    def binary(n, seed):
+        columns = data(n, seed)
+        y = columns["y"].astype(np.float32)
+        return {"x": columns["x"], "y": y if squeezed else y[:, None]}
+    result = model.train_process(1, ds.NumpySlicesDataset(binary(32, 0), shuffle=False).batch(B), K,
+                                 checkpoints=None, log=QUIET,
+                                 eval_dataset=ds.NumpySlicesDataset(binary(40, 1), shuffle=False).batch(B))
+    scores = result.steps[-1].validation
+    net.set_train(False)
+    x, y = binary(40, 1)["x"], binary(40, 1)["y"]
+    logits = net(ms.Tensor(x)).asnumpy()
+    assert set(scores) == {"loss", "accuracy"}
+    assert scores["accuracy"] == float(((logits > 0) == (y == 1)).mean())  # a logit above 0 says 1
+    assert abs(scores["loss"] - float(loss(ms.Tensor(logits), ms.Tensor(y)).asnumpy())) < 1e-5

@@ -71,7 +71,7 @@ def users_traceback(err: BaseException, own: Tuple[str, ...] = ()) -> str:
         frames = [frame for frame in _frames(cause) if is_users(frame.filename, own)]
         if frames:
             listed = "".join(traceback.StackSummary.from_list(frames).format()).rstrip("\n")
-            return f"{HEADER}\n{listed}\n{describe_exception(cause)}"
+            return f"{HEADER}\n{listed}\n{_line(cause)}"
     return ""
 
 
@@ -112,10 +112,23 @@ def is_users(filename: str, own: Tuple[str, ...] = ()) -> bool:
     return _under(filename, own) or not _under(filename, (PACKAGE, mindspore, *_stdlib(), *_site()))
 
 
+def _in_trial(err: BaseException) -> bool:
+    """Whether `err` is a `TrialError`, raised in a planner's trial (none exists before the planner is imported: it is
+    not imported here, which would import MindSpore)."""
+    planner = sys.modules.get("ms_accum.tools.planner")
+    return planner is not None and isinstance(err, planner.TrialError)
+
+
+def _line(err: BaseException) -> str:
+    """The line that says what `err` is: its type and message, as the trial's process said it for a `TrialError`."""
+    return str(err) if _in_trial(err) else describe_exception(err)
+
+
 def _frames(err: BaseException) -> List[traceback.FrameSummary]:
-    """Every frame of `err`: those of its traceback, the file and line of a SyntaxError, then the frames MindSpore
-    quotes in its message (a construct it compiled, a dataset's Python function), innermost last."""
-    frames = list(traceback.extract_tb(err.__traceback__))
+    """Every frame of `err`: those of its traceback (a planner's trial's, in its process), the file and line of a
+    SyntaxError, then the frames MindSpore quotes in its message (a construct it compiled, a dataset's Python
+    function), innermost last."""
+    frames = list(traceback.extract_tb(err.__traceback__)) + (err.frames if _in_trial(err) else [])
     if isinstance(err, SyntaxError) and err.filename and err.lineno:
         frames.append(traceback.FrameSummary(err.filename, err.lineno, "<module>"))
     return frames + quoted_frames(str(err))

@@ -136,19 +136,13 @@ def _executor(args: argparse.Namespace, job: Job, planned, world: int):
 
 
 def _checkpoints(args: argparse.Namespace, job: Job, parallel):
-    """Where and how often `train` saves, what it resumes from, and the settings its checkpoints record."""
-    from .._validation import check_writable_dir
-    from ..train.distributed import decided_together
+    """Where and how often `train` saves, what it resumes from, and the settings its checkpoints record (the directory
+    is checked, and made, by `train_process`, every rank deciding together)."""
     from ..train.options import Checkpoints
-    # Created only now, once every argument was accepted: a refused run leaves no directory behind. Every rank
-    # decides, so none waits in a collective for a rank 0 that refused (rank 0 alone saves).
-    with door("ms-accum train"):
-        ckpt_dir = decided_together(lambda: check_writable_dir(args.ckpt_dir, "directory"), parallel,
-                                    "the checkpoint directory")
     metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
                 "seed": args.seed, "world_size": 1 if parallel is None else parallel.group_size, **job.settings}
-    return Checkpoints(directory=ckpt_dir, name=job.ckpt_name, save_every=args.save_every, keep_last=args.keep_last,
-                       metadata=metadata, resume=args.resume, format=args.ckpt_format)
+    return Checkpoints(directory=args.ckpt_dir, name=job.ckpt_name, save_every=args.save_every,
+                       keep_last=args.keep_last, metadata=metadata, resume=args.resume, format=args.ckpt_format)
 
 
 def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation: dict, board, label: str,

@@ -92,7 +92,8 @@ def _add_checkpoint_arguments(train: argparse.ArgumentParser) -> None:
                        help="where the checkpoint goes (default ckpt)")
     train.add_argument("--save-every", type=positive_int, metavar="N",
                        help="save the whole training state every N optimizer steps, to resume from")
-    train.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N training states")
+    train.add_argument("--keep-last", type=positive_int, default=2, metavar="N",
+                       help="keep only the newest N training states (default 2)")
     train.add_argument("--ckpt-format", choices=CHECKPOINT_FORMATS, default="ckpt", sets=("format",),
                        help="the checkpoints' format: MindSpore's ckpt (default) or safetensors (MindFormers 2, "
                             "Hugging Face tools); --resume and eval read either")

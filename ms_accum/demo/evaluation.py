@@ -37,8 +37,8 @@ class EvalResult:
         return asdict(self)
 
     def __str__(self) -> str:
-        accuracy = "" if self.accuracy is None else f"Accuracy: {100 * self.accuracy:.2f}%, "
-        return f"{accuracy}Avg loss: {self.loss:.6f}"
+        accuracy = "" if self.accuracy is None else f"held-out accuracy: {100 * self.accuracy:.2f}%, "
+        return f"{accuracy}held-out loss: {self.loss:.6f}"
 
 
 @door("evaluate")

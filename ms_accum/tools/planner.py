@@ -26,12 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError,
-                           check_isinstance, check_positive_int, check_value_in, door)
+                           check_isinstance, check_positive_int, check_value_in, describe_exception, door)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -166,8 +167,12 @@ def _largest_batch(runner: "_Trials", per_rank: int, limit: float, structures: S
     through its peaks; `given`: whether `limit` is the user's budget or the device's free memory."""
     memory_first = AUTO_STRUCTURE if AUTO_STRUCTURE in structures else structures[0]
     sizes = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
-    batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first), given=given,
-                               headroom=HEADROOM)
+    try:
+        batch_size, line = _search(sizes, limit, lambda b: runner.run(b, per_rank // b, memory_first), given=given,
+                                   headroom=HEADROOM)
+    except ArgumentValueError as err:  # the first trial failed: raised from what its process raised, if anything
+        err.__cause__ = err.__cause__ or runner.raised
+        raise
     return runner.find(batch_size, memory_first), line
 
 
@@ -345,6 +350,7 @@ class _Trials:
         self.spec, self.device, self.timeout, self.log = spec, device, timeout, log
         self.trials: List[Trial] = []
         self.reduction: Optional[str] = None  # the loss's, found by `check`
+        self.raised: Optional[TrialError] = None  # what the last trial that failed raised in its process, if it did
         # The fresh process finds the factory's module where this process would: the current directory and sys.path.
         paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
@@ -353,11 +359,11 @@ class _Trials:
         """Imports the factory and runs its network and loss on two samples, in a fresh process; returns the
         reduction its loss needs (kept for `run`), the device's free memory and the network's fingerprint."""
         out = self._child(["check", self.spec, self.device])
-        if "raised" in out:  # the check's own error, whole: a command line says it in its flags
-            raise pickle.loads(base64.b64decode(out["raised"]))
+        if "message" in out:  # the check's own error, whole: a command line says it in its flags
+            raise pickle.loads(base64.b64decode(out["message"])) from self.raised
         if "error" in out:
             raise ArgumentValueError("{@model:subject} could not be checked in a fresh process: {error}.",
-                                     error=out["error"].rstrip("."))
+                                     error=out["error"].rstrip(".")) from self.raised
         self.reduction = out["reduction"]
         return out
 
@@ -391,7 +397,9 @@ class _Trials:
                 _kill_trial(process)
         for line in reversed(stdout.splitlines()):
             if line.startswith("{"):
-                return json.loads(line)
+                out = json.loads(line)
+                self.raised = _trial_error(out.get("raised", ())) or self.raised
+                return out
         # Killed (the kernel's out-of-memory killer sends SIGKILL) or crashed before it could answer.
         tail = stderr.strip().splitlines()[-1:] or [""]
         reason = (f"killed by signal {-process.returncode}" if process.returncode < 0
@@ -400,6 +408,41 @@ class _Trials:
 
 
 _PARENT = "MS_ACCUM_PLANNER_PID"  # the planner's pid, in a trial's environment
+
+
+class TrialError(Exception):
+    """
+    An exception a trial's process raised, as it crosses back: its line there (`describe_exception`'s) and its
+    traceback's frames, which the command line shows as it shows any error's (`ms_accum.cli.failure`).
+
+    Args:
+        line (str): The exception's type and message.
+        frames (list[traceback.FrameSummary]): Its traceback's frames, innermost last.
+    """
+
+    def __init__(self, line: str, frames: List[traceback.FrameSummary]) -> None:
+        super().__init__(line)
+        self.frames = frames
+
+
+def _trial_error(raised: Sequence) -> Optional[TrialError]:
+    """The chain of `TrialError`s a trial reported (`_raised`: outermost first), each raised from the next."""
+    cause = None
+    for line, frames in reversed(raised):
+        error = TrialError(line, [traceback.FrameSummary(path, lineno, name) for path, lineno, name in frames])
+        error.__cause__, cause = cause, error
+    return cause
+
+
+def _raised(err: BaseException) -> List[list]:
+    """`err` and the exceptions it was raised from or while handling, outermost first, as JSON: each its line and its
+    traceback's frames (file, line, function)."""
+    chain: List[list] = []
+    while err is not None and len(chain) < 16:
+        frames = [[frame.filename, frame.lineno, frame.name] for frame in traceback.extract_tb(err.__traceback__)]
+        chain.append([describe_exception(err), frames])
+        err = err.__cause__ if err.__cause__ is not None or err.__suppress_context__ else err.__context__
+    return chain
 
 
 def _die_with_parent() -> None:
@@ -517,10 +560,10 @@ def main(argv: Optional[List[str]] = None) -> None:
                 out = _child_trial(args.spec, int(batch_size), int(accumulate_step), structure, reduction)
     except (ValueError, TypeError, RuntimeError, MemoryError) as err:
         text = (err.render() if isinstance(err, Message) else str(err)).strip()  # unnamed: `plan` names it
-        out = {"error": text.splitlines()[0] if text else type(err).__name__}
+        out = {"error": text.splitlines()[0] if text else type(err).__name__, "raised": _raised(err)}
         if isinstance(err, MessageError):  # as data too (`_Trials.check` raises it), if its values pickle
             with contextlib.suppress(Exception):
-                out["raised"] = base64.b64encode(pickle.dumps(err)).decode()
+                out["message"] = base64.b64encode(pickle.dumps(err)).decode()
     print(json.dumps(out), flush=True)
 
 

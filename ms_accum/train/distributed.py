@@ -16,7 +16,7 @@ from mindspore import nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 
 from .._mindspore import world_group
-from .._validation import ArgumentValueError, MessageError, StateError, check_isinstance, door
+from .._validation import ArgumentValueError, StateError, check_isinstance, door
 from ..core.parallel import DataParallelInfo
 
 # What msrun exports (measured with MindSpore 2.10 on CPU): to each worker MS_ROLE=MS_WORKER, MS_WORKER_NUM,
@@ -123,12 +123,13 @@ T = TypeVar("T")
 def decided_together(check: Callable[[], T], parallel: Optional[DataParallelInfo], what: str) -> T:
     """
     Runs `check`, which decides whether the run may start, on every rank, and lets the ranks share their verdicts
-    (one small all-reduce) before any of them waits in a collective: all raise, or none does. A rank that refused
-    raises its own error, so every worker's log says why; one whose check passed while another's refused (a path
-    that differs between nodes) raises an error naming the ranks that refused. Stand-alone, `check` alone runs.
+    (one small all-reduce) before any of them waits in a collective: all raise, or none does. A rank whose check
+    raised anything (a refusal, or an error no one foresaw: a file that cannot be read) raises its own error, so every
+    worker's log says why; one whose check passed while another's raised (a path that differs between nodes) raises
+    an error naming the ranks that refused. Stand-alone, `check` alone runs.
 
     Args:
-        check (Callable[[], T]): Raises a `MessageError` (an argument, a checkpoint) to refuse the run.
+        check (Callable[[], T]): Raises to refuse the run (a `MessageError` for an argument or a checkpoint).
         parallel (DataParallelInfo, optional): This rank and the group's size; None stand-alone.
         what (str): What `check` checks, for the message of the ranks that did not refuse.
 
@@ -136,13 +137,13 @@ def decided_together(check: Callable[[], T], parallel: Optional[DataParallelInfo
         T, what `check` returned.
 
     Raises:
-        MessageError: This rank's refusal, or a ValueError naming the ranks that refused.
+        Exception: This rank's own, or a ValueError naming the ranks that refused.
     """
     if parallel is None:
         return check()
     try:
         result, refused = check(), None
-    except MessageError as err:
+    except Exception as err:  # noqa: BLE001  (whatever it is, the other ranks must hear of it before it is raised)
         result, refused = None, err
     verdicts = gather_ints(int(refused is not None))
     if refused is not None:

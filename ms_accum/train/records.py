@@ -29,8 +29,8 @@ class StepRecord:
     loss_scale: float = 1.0
     accumulate_step: int = 0  # the window's K (its schedule's; a partial window holds fewer micro-batches)
     samples_consumed: int = 0  # global samples read when the window closed (`ms_accum.train.schedule`)
-    # With statistics measured (`GradientAccumulation(statistics=True)`), else nan and empty:
-    grad_norm: float = float("nan")  # the window's mean gradient's norm (all ranks), unscaled, before clipping
+    # With statistics measured (`StatisticsOptions`), else None and empty, as any figure not measured:
+    grad_norm: Optional[float] = None  # the window's mean gradient's norm (all ranks), unscaled, before clipping
     micro_batch_grad_norms: List[float] = field(default_factory=list)  # this rank's micro-batches' own mean gradients
     noise_scale: Optional[float] = None  # with noise_scale=True: the estimate after this window (`NoiseScale`)
     lr_scale: float = 1.0  # the factor on the learning rate for this window (`AdaptiveK`'s lr_rule)

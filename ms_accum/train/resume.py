@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from mindspore import nn
 
-from .._validation import Message, Setting, Term
+from .._validation import ArgumentValueError, Message, Setting, Term
 from ..core.dropout import is_random_state
 
 from .adaptive import AdaptiveSettings
@@ -18,7 +18,7 @@ from .kpolicy import KPolicy
 from .schedule import pairs_text
 from .windows import Position, _planned_windows
 from .checkpoint import CheckpointError, CheckpointWriteError, MetaValue, checkpoint_path, find_latest, \
-    load_checkpoint, load_into, prune, save_checkpoint
+    _names, list_checkpoints, load_checkpoint, load_into, prune, save_checkpoint
 
 STATE_KIND = "training_state"  # metadata "kind" of the files `resume` accepts
 # Before ms_accum 0.2 the executor's buffer was named "grad_sum" (the Accumulator's "accumulate"): such files load
@@ -27,6 +27,9 @@ _OLD_BUFFER_PREFIX, _BUFFER_PREFIX = "grad_sum.", "accumulate."
 # Settings a resumed run must share exactly. The layout (accumulate_step, rank_batch_size, world_size, num_batches) may
 # change as long as the global batch per update and the samples per epoch stay.
 _SAME = ("partial_window", "data_seed")
+# What the run was built with (`ms_accum.train.fingerprint`), recorded since 1.3 and compared when the file has it.
+_BUILT = {"optimizer": "optimizer", "network": "network (its parameters' names, shapes and dtypes)",
+          "data": "data"}
 
 
 class StateCheckpoints:
@@ -81,6 +84,7 @@ class StateCheckpoints:
         ``num_shards=1``): rank r of n reads samples r, r + n, ... of one shuffled order.
         """
         if resume in (None, False):
+            self._check_fresh()
             return Position(), None
         path = find_latest(self.ckpt_dir, self.ckpt_name) if resume is True else os.fspath(resume)
         if path is None:
@@ -96,6 +100,11 @@ class StateCheckpoints:
                                       "would not continue the same training.", path=path,
                                       saved=Setting(key, meta.get(key)),
                                       this=Setting(key, self.run[key]))
+        for key, what in _BUILT.items():
+            if key in meta and meta[key] != self.run[key]:
+                raise CheckpointError("Checkpoint '{path}' was saved by a run whose {what} was {saved}, but this "
+                                      "run's is {this}: resuming would not continue the same training.", path=path,
+                                      what=what, saved=meta[key], this=self.run[key])
         # Files of format 1 lack the per-rank batch size and world size: theirs were this run's, or it is refused.
         saved = {**self.run, **{key: meta[key] for key in ("accumulate_step", "num_batches", "rank_batch_size",
                                                            "world_size", "global_micro_batch") if key in meta}}
@@ -130,6 +139,17 @@ class StateCheckpoints:
                           UserWarning, stacklevel=2)
         self.resumed = meta
         return position, path
+
+    def _check_fresh(self) -> None:
+        """Refuses a fresh run that would save its states beside another run's: a later resume would continue whichever
+        state is newest."""
+        found = list_checkpoints(self.ckpt_dir, self.ckpt_name) if self.save_every is not None else []
+        if found:
+            raise ArgumentValueError("{@directory:subject} must not hold another run's training states, but '{path}' "
+                                     "holds {files}: a fresh run would save its own beside them. Continue that run "
+                                     "with {resume=}, or give another {@directory} or remove them.",
+                                     path=self.ckpt_dir, files=_names(os.path.basename(path) for _, path in found),
+                                     resume=True)
 
     def window_opened(self, samples: int, k: int) -> None:
         """Notes the window that opens after `samples` samples consumed with `k` micro-batches (where K changes)."""

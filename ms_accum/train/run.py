@@ -9,15 +9,18 @@ from typing import Iterator, Optional, Tuple, Union
 
 import numpy as np
 from mindspore import nn
-from mindspore.dataset import Dataset, config as ds_config
+from mindspore.dataset import (BatchDataset, BucketBatchByLengthDataset, Dataset, GeneratorDataset, PaddedBatchDataset,
+                               config as ds_config)
 
 from .._choices import PARTIAL_WINDOWS
-from .._validation import (ArgumentValueError, ArgumentWarning, check_isinstance, check_positive_int, check_value_in,
-                           check_writable_dir)
+from .._mindspore import listed_rates
+from .._validation import (ArgumentValueError, ArgumentWarning, Message, check_isinstance, check_positive_int,
+                           check_value_in, check_writable_dir)
 from ..core.columns import check_columns
 from ..core.parallel import DataParallelInfo
 from ..core.statistics import NoiseScale
 from .distributed import check_same_on_all_ranks, decided_together, gather_ints
+from .fingerprint import built_with
 from .adaptive import AdaptiveK
 from .kpolicy import KPolicy
 from .lr import RunRate
@@ -74,7 +77,8 @@ class Run:
         settings = {**self.k.describe(self.per_batch), "partial_window": partial_window,
                     "num_batches": self.num_batches,
                     "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
-                    "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch}
+                    "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch,
+                    **built_with(parts.optimizer, parts.network, dataset)}
         self.settings = settings
         self._warn_long_k()
         given = checkpoints or Checkpoints()
@@ -93,9 +97,7 @@ class Run:
         check_positive_int(self.epoch, "epoch")
         check_isinstance(self.dataset, "train_dataset", Dataset)
         check_value_in(self.partial_window, "partial_window", PARTIAL_WINDOWS)
-        if checkpoints is not None:  # rank 0 writes, yet every rank decides alike before any waits for it
-            decided_together(lambda: check_writable_dir(checkpoints.directory, "directory"), self.parallel,
-                             "the checkpoint directory")
+        _check_batched(self.dataset)
         check_columns(self.state.network, self.dataset.get_col_names())
         num_batches = self.dataset.get_dataset_size()
         if self.parallel is not None:
@@ -103,6 +105,9 @@ class Run:
             check_same_on_all_ranks(num_batches, "the number of batches of 'train_dataset'")
         if num_batches <= 0:
             raise ArgumentValueError("{@train_dataset:subject} must not be empty, but it has no batches.")
+        if checkpoints is not None:  # rank 0 writes, yet every rank decides alike before any waits for it
+            decided_together(lambda: check_writable_dir(checkpoints.directory, "directory"), self.parallel,
+                             "the checkpoint directory")
         return num_batches
 
     def _warn_long_k(self) -> None:
@@ -139,6 +144,7 @@ class Run:
             # The run's last step, scored before `on_step` sees it: every window from here on but the dropped ones.
             self.last_step = self.position.step + sum(size == k or self.partial_window == "apply"
                                                       for k, size, _ in planned)
+            self._check_rates(self.last_step - self.position.step)
         if self.noise_scale is not None and self.parallel is None and self.largest == 1:
             given = self.settings["accumulate_step"] or "a schedule that is 1 in every window of this run"
             raise ArgumentValueError("{@mini_steps:subject} must be at least 2 in some window with {noise_scale=} on "
@@ -150,6 +156,18 @@ class Run:
                                   skipped_windows=int(guard.skipped_windows.asnumpy()),
                                   skipped_micro_batches=int(guard.skipped_micro_batches.asnumpy()))
         return _windows(self.dataset, self.epoch, self.num_batches, self.k, self.per_batch, self.position)
+
+    def _check_rates(self, steps: int) -> None:
+        """Refuses a list of learning rates, one per optimizer step, shorter than the steps this run will take
+        (MindSpore would fail inside its graph when the list runs out, after training began)."""
+        rates = listed_rates(self.parts.optimizer)
+        taken = int(self.parts.optimizer.global_step.asnumpy().item())  # by an earlier run, or the state resumed
+        if rates is not None and rates < taken + steps:
+            already = Message(" after the {taken} it has taken", taken=taken) if taken else ""
+            raise ArgumentValueError("{@optimizer:subject} has a list of {rates} learning rates, one per optimizer "
+                                     "step, but this run takes {steps} optimizer steps{already}: give at least "
+                                     "{needed} rates, or fewer {@epoch}.", rates=rates, steps=steps, already=already,
+                                     needed=taken + steps)
 
     def drop(self, window: Iterator) -> None:
         """A partial window dropped: read, not trained, so the data order stays the same."""
@@ -242,7 +260,7 @@ class Run:
             samples=window.samples, skipped=not applied, loss_scale=self._loss_scale(),
             accumulate_step=k,
             samples_consumed=_samples_read(position.epoch, position.batch, self.num_batches, self.per_batch),
-            grad_norm=float(np.sqrt(window_sq_norm)),
+            grad_norm=float(np.sqrt(window_sq_norm)) if self.measured else None,
             micro_batch_grad_norms=window.micro_batch_norms() if self.measured else [], noise_scale=noise,
             outliers=outliers, lr_scale=self.lr_scale)
         result.steps.append(record)
@@ -253,3 +271,21 @@ class Run:
         """The loss scale after the window: 1 without a scaler, and then never read back."""
         scaler = self.guard.loss_scaler
         return 1.0 if scaler is None else float(self.buffer.guard.loss_scale.asnumpy())
+
+
+# MindSpore's batching operations: a pipeline without one yields single samples, which no network takes as a batch.
+_BATCHING = (BatchDataset, PaddedBatchDataset, BucketBatchByLengthDataset)
+
+
+def _check_batched(dataset: Dataset) -> None:
+    """Refuses, where the run first looks at it, a dataset of single samples: no batching operation in its pipeline,
+    read from a source that slices samples (a `GeneratorDataset` of the user's may yield whole batches itself)."""
+    nodes, batched, sliced = [dataset], False, False
+    while nodes:
+        node = nodes.pop()
+        batched = batched or isinstance(node, _BATCHING)
+        sliced = sliced or (not node.children and type(node) is not GeneratorDataset)
+        nodes.extend(node.children)
+    if sliced and not batched:
+        raise ArgumentValueError("{@train_dataset:subject} must yield micro-batches, but it yields single samples: "
+                                 "batch it with {batch}, B the micro-batch size.", batch="train_dataset.batch(B)")

@@ -2,7 +2,8 @@
 
 `train_process(..., eval_dataset=..., eval_every=N)` scores the network every N optimizer steps (counted as
 `StepRecord.step` counts them, so a resumed run scores at the same steps) and at the end: the loss, the accuracy when
-the labels are one column of integer classes, and any MindSpore `Metric` passed. The network runs in inference mode
+the labels are one column of integer classes or a binary classifier's (`nn.BCEWithLogitsLoss` over one logit a
+sample), and any MindSpore `Metric` passed. The network runs in inference mode
 (dropout off) through one graph of its own, built once.
 """
 from __future__ import annotations
@@ -88,7 +89,7 @@ class Evaluator:
             metric.clear()
         self.network.set_train(False)
         loss_sum = weight_sum = correct = samples = 0.0
-        classes = self.loss_fn is not None
+        classes, binary = self.loss_fn is not None, isinstance(self.loss_fn, nn.BCEWithLogitsLoss)
         try:
             for columns in dataset.create_tuple_iterator(num_epochs=1):
                 out, loss = (None, self.cell(*columns)) if self.loss_fn is None else self.cell(*columns)
@@ -97,9 +98,9 @@ class Evaluator:
                 weight_sum += float(np.asarray(weight))
                 label = columns[-1]
                 samples += columns[0].shape[0]
-                classes = classes and _are_classes(out, label)
-                if classes:
-                    correct += float((out.asnumpy().argmax(-1) == label.asnumpy()).sum())
+                hits = _hits(out, label, binary) if classes else None
+                classes = hits is not None
+                correct += hits or 0
                 for metric in metrics.values():
                     metric.update(out, label)
         finally:
@@ -130,7 +131,14 @@ class Evaluator:
         return better
 
 
-def _are_classes(out, label) -> bool:
-    """Whether `label` holds one integer class per sample and `out` one score per class."""
-    return (isinstance(out, Tensor) and isinstance(label, Tensor) and label.ndim == 1 and out.ndim == 2
-            and out.shape[0] == label.shape[0] and np.issubdtype(label.asnumpy().dtype, np.integer))
+def _hits(out, label, binary: bool) -> Optional[int]:
+    """How many samples `out` classifies right, or None when it is no classifier's: one score per class against one
+    integer class per sample (the argmax), or a binary classifier's one logit per sample (`binary`: its loss is
+    `nn.BCEWithLogitsLoss`) against labels 0 and 1 (a logit above 0 says 1)."""
+    if not (isinstance(out, Tensor) and isinstance(label, Tensor)) or out.shape[:1] != label.shape[:1]:
+        return None
+    if binary and out.shape == label.shape and out.shape[1:] in ((), (1,)):
+        return int(((out.asnumpy() > 0) == (label.asnumpy() > 0.5)).sum())
+    if label.ndim == 1 and out.ndim == 2 and np.issubdtype(label.asnumpy().dtype, np.integer):
+        return int((out.asnumpy().argmax(-1) == label.asnumpy()).sum())
+    return None
