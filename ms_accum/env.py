@@ -29,6 +29,9 @@ MSRUN_VARIABLES = ("MS_ROLE", "MS_WORKER_NUM", "MS_NODE_ID", "RANK_ID", "RANK_SI
                    "MS_SCHED_PORT")
 
 
+__all__ = ["facts", "main"]
+
+
 def facts() -> Dict[str, Any]:
     """
     What this machine and process are, for a problem report.

@@ -173,6 +173,16 @@ def check_optimizer():
     assert read(nn.SGD(params), "use_lazy", False) is False  # not an Adam: the default
 
 
+def check_listed_rates():
+    params = nn.Dense(3, 2).trainable_params()
+    assert door.listed_rates(nn.SGD(params, [0.1, 0.05, 0.02])) == 3
+    assert door.listed_rates(nn.SGD(params, 0.1)) is None
+    assert door.listed_rates(nn.SGD(params, nn.CosineDecayLR(0.0, 0.1, 4))) is None  # a schedule: no list
+    grouped = nn.Momentum([{"params": params[:1], "lr": [0.2, 0.1, 0.05]}, {"params": params[1:]}],
+                          [0.1, 0.05, 0.02], 0.9)
+    assert door.listed_rates(grouped) == 3  # a list per group
+
+
 def check_learning_rate_schedule():
     base = no_warning(door.learning_rate_schedule)
     assert issubclass(nn.CosineDecayLR, base) and issubclass(base, nn.Cell) and base is not nn.Cell
@@ -215,7 +225,8 @@ ENTRIES = {
     "dropout_op": check_dropout, "dropout_settings": check_dropout, "mark_random": check_aot,
     "random_functions": check_random_functions, "AOT": check_aot, "aot_primitive": check_aot,
     "OPTIMIZER_ATTRIBUTES": check_optimizer, "optimizer_attribute": check_optimizer,
-    "learning_rate_schedule": check_learning_rate_schedule, "communication_initialized": check_communication,
+    "learning_rate_schedule": check_learning_rate_schedule, "listed_rates": check_listed_rates,
+    "communication_initialized": check_communication,
     "world_group": check_communication, "mindspore_logger": check_logger,
 }
 # The version gate and the door's own machinery, checked above or by the entries' fallbacks below.

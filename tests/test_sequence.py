@@ -310,7 +310,8 @@ def test_verify_equivalence_refuses_a_loss_that_does_not_fit_the_reduction():
     with raises_exactly(ValueError, PAIR_NEEDS_WEIGHTED.format("verify_equivalence", "loss_fn", "mean")):
         verify_equivalence(network, TokenCrossEntropy(PAD), nn.SGD(network.trainable_params()), (x, y), K)
     with raises_exactly(ValueError, WEIGHTED_NEEDS_PAIR.format("verify_equivalence", "loss_fn")):
-        verify_equivalence(nn.Dense(F, V), nn.MSELoss(), nn.SGD(network.trainable_params()),
+        dense = nn.Dense(F, V)
+        verify_equivalence(dense, nn.MSELoss(), nn.SGD(dense.trainable_params()),
                            (np.ones((8, F), np.float32), np.ones((8, V), np.float32)), K, reduction="weighted_mean")
 
 

@@ -7,11 +7,11 @@ import os
 from dataclasses import asdict
 
 from .. import runtime
-from .._choices import STRUCTURES
+from .._choices import PARTIAL_WINDOWS, STRUCTURES
 from .._validation import ArgumentValueError, NoBatchError, door
 from .arguments import add_data_arguments, add_fallback_arguments, add_training_arguments, positive_float, \
     positive_int, refuse_with_factory
-from .errors import during
+from .errors import CliWords, during
 from .mnist import SYNTHETIC_NOTE, find_data, optimizer_settings
 from .train_arguments import add_update_arguments, loss_scaler
 
@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                         help="the executor's structure to verify, as 'train --structure' takes it (default auto: the "
                              "one train runs), or all: each structure, one verdict each")
     add_update_arguments(verify)
-    verify.add_argument("--partial-window", choices=("apply", "drop"), default="apply",
+    verify.add_argument("--partial-window", choices=PARTIAL_WINDOWS, default="apply",
                         help="also compare an epoch's last, partial window of K-1 micro-batches, as train applies it "
                              "(default apply)")
     add_data_arguments(verify)
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
         ranks = "" if parallel is None else f", each rank its share of every micro-batch"
         _print(report, f"{args.model}, {optimizer_name}, {args.windows} window{plural} of K={args.accumulate_step} x "
                        f"B={args.batch_size} against {args.windows} step{plural} on one batch of {large} "
-                       f"({rates_said}), {source}{ranks}")
+                       f"({rates_said}), {source}{ranks}", CliWords(args))
     return {"model": args.model, "accumulate_step": args.accumulate_step, "batch_size": args.batch_size,
             "optimizer": optimizer_name, "learning_rates": rates, "synthetic": synthetic,
             "clip_norm": args.clip_norm, "loss_scale": args.loss_scale,
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
             "shard_optimizer": args.shard_optimizer, **_verdict(report),
             "verdicts": {name: _verdict(each) for name, each in (report.by_structure or
                                                                   {report.structure: report}).items()},
-            "refused": report.refused}
+            "refused": {name: refusal.render(CliWords(args)) for name, refusal in report.refused.items()}}
 
 
 def _verdict(report) -> dict:
@@ -105,7 +105,7 @@ def _join(args: argparse.Namespace):
     return None if distributed_launch() is None else init_data_parallel()
 
 
-def _print(report, header: str) -> None:
+def _print(report, header: str, words) -> None:
     """The header, each parameter's largest differences over the windows (over the structures), and the report."""
     print(header)
     reports = list(report.by_structure.values()) or [report]
@@ -115,7 +115,7 @@ def _print(report, header: str) -> None:
     print(f"  {'parameter':<{width}}  {'max abs diff':>12}  {'max rel diff':>12}")
     for name, (abs_diff, rel_diff) in per_parameter.items():
         print(f"  {name:<{width}}  {abs_diff:>12.3e}  {rel_diff:>12.3e}")
-    print(report)
+    print(report.text(words))  # a structure's refusal in the command's flags
 
 
 def _verify_on_mnist(args: argparse.Namespace, large: int) -> tuple:

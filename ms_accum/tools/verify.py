@@ -9,7 +9,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 
 from .._choices import AUTO_STRUCTURE, PARTIAL_WINDOWS, REDUCTIONS, STRUCTURES, TIMED_STRUCTURES
-from .._validation import (ArgumentError, ArgumentValueError, check_isinstance, check_positive_float,
+from .._validation import (LIBRARY, ArgumentError, ArgumentValueError, Words, check_isinstance, check_positive_float,
                            check_positive_int, check_value_in, door)
 from ..core.columns import check_columns
 from ..core.losses import check_loss_output, window_reduction
@@ -62,7 +62,8 @@ class EquivalenceReport:
             ``partial_window="apply"``, with more than one window); None when none was.
         skipped (list): Windows (1-based) that the executor skipped as not finite.
         by_structure (dict): With ``structure="all"``, each verified structure's report.
-        refused (dict): With ``structure="all"``, each structure that refuses these options, with its reason.
+        refused (dict): With ``structure="all"``, each structure that refuses these options, with its refusal (the
+            error `GradientAccumulation` raises: ``str`` says it).
     """
 
     accumulate_step: int
@@ -85,7 +86,7 @@ class EquivalenceReport:
     partial_window: Optional[int] = None
     skipped: list = field(default_factory=list)
     by_structure: Dict[str, "EquivalenceReport"] = field(default_factory=dict)
-    refused: Dict[str, str] = field(default_factory=dict)
+    refused: Dict[str, ArgumentError] = field(default_factory=dict)
 
     def verdict(self) -> str:
         """The one-line verdict: the structure, the ranks, what was compared, and which tolerance decided."""
@@ -111,10 +112,14 @@ class EquivalenceReport:
         return f"(beyond {rtol} x |reference| + {atol})"
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, words: Words = LIBRARY) -> str:
+        """The report as `print` shows it, a refusal said in `words` (a command line's flags)."""
         if self.structure == ALL:
             lines = [f"{'PASSED' if self.passed else 'FAILED'}: {len(self.by_structure)} structure(s) verified"]
             lines += [str(report) for report in self.by_structure.values()]
-            lines += [f"not verified ({name}): {reason}" for name, reason in self.refused.items()]
+            lines += [f"not verified ({name}): {refusal.render(words)}" for name, refusal in self.refused.items()]
             return "\n".join(lines)
         lines = [self.verdict()]
         if not self.passed and len(self.per_window) > 1:
@@ -240,7 +245,7 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
             except ArgumentError as err:
                 if structure != ALL:
                     raise
-                refused[name] = err.render()  # this structure cannot train these options: said, not verified
+                refused[name] = err  # this structure cannot train these options: said, not verified
                 continue
             comparison = _Comparison(executor, batch, parallel, options[0].reduction)
             reports[executor.structure] = comparison.report(windows, rtol, atol)
@@ -625,7 +630,7 @@ def _carried(expected: _Run, actual: _Run, first: int) -> List[Cause]:
     return causes
 
 
-def _all(reports: Dict[str, EquivalenceReport], refused: Dict[str, str], rtol: float,
+def _all(reports: Dict[str, EquivalenceReport], refused: Dict[str, ArgumentError], rtol: float,
          atol: float) -> EquivalenceReport:
     """One report of every structure's: passed when each verified one passed."""
     first = next(iter(reports.values()))
