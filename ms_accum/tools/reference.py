@@ -102,12 +102,12 @@ class Reference:
         sum_divisor (float): What a ``"sum"`` window is divided by (1, or the ranks).
         same_masks (bool): Build the gradient from the micro-batches, with the masks they drew (`SAME_MASKS`),
             instead of one large batch (`BIG_BATCH`).
-        all_reduce (Callable, optional): Sums a float32 Tensor over the ranks, in data parallel; None stand-alone.
+        sum_over_ranks (Callable, optional): Sums a list of arrays over the ranks, in data parallel; None stand-alone.
     """
 
     def __init__(self, net_with_loss: nn.Cell, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer,
                  reduction: str, clip_norm: Optional[float], sum_divisor: float, same_masks: bool,
-                 all_reduce=None) -> None:
+                 sum_over_ranks=None) -> None:
         self.rule = RULES[reduction]()
         self.weighted = reduction == "weighted_mean"
         self.gradient = _Gradient(net_with_loss, optimizer.parameters, self.weighted)
@@ -116,7 +116,7 @@ class Reference:
         self.network, self.loss_fn = network, loss_fn
         self.window_losses: Dict[int, _Gradient] = {}  # micro-batches -> the gradient of their `_WindowLoss`
         self.clip_norm, self.sum_divisor, self.same_masks = clip_norm, sum_divisor, same_masks
-        self.all_reduce = all_reduce
+        self.sum_over_ranks = sum_over_ranks
         self.kind = BIG_BATCH if not same_masks else SAME_MASKS if loss_fn is not None else SAME_MASKS_PER_MICRO_BATCH
 
     def prepare(self, counts) -> None:
@@ -167,12 +167,7 @@ class Reference:
         return [(out, grads, sum(share[0].shape[0] for share in shares))]
 
     def _summed_over_ranks(self, total: List[np.ndarray], weights: float) -> Tuple[List[np.ndarray], float]:
-        if self.all_reduce is None:
+        if self.sum_over_ranks is None:
             return total, weights
-        flat = np.concatenate([t.ravel() for t in total] + [np.array([weights])]).astype(np.float32)
-        summed = self.all_reduce(Tensor(flat)).asnumpy().astype(np.float64)
-        out, at = [], 0
-        for t in total:
-            out.append(summed[at:at + t.size].reshape(t.shape))
-            at += t.size
-        return out, float(summed[-1])
+        *total, weights = self.sum_over_ranks([*total, np.array([weights])])
+        return total, float(weights[0])

@@ -16,6 +16,7 @@ from ..core.losses import check_loss_output, window_reduction
 from ..core.dropout import uncovered_cells
 from ..core.inference import in_inference
 from ..core.parallel import data_parallel_info
+from ..train.distributed import all_reduce_sum
 from ..train.executor import GradientAccumulation
 from ..train.options import GuardOptions, StatisticsOptions, WindowOptions
 from .causes import (Cause, batchnorm_cells, explain, miscounted_steps, skipped_window, stochastic_cells,
@@ -160,8 +161,9 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
     The reference is built apart from the window's machinery, with the same meaning: the large batch's gradient,
     divided as the reduction says, clipped by its global norm when `window` clips, unscaled (a loss scale does not
     change an update), stepped by `optimizer`. Where ms_accum draws the dropout masks (its seeded dropout on CPU), the
-    comparison runs in training mode: the reference takes the micro-batches' gradients with the masks the window drew
-    (`EquivalenceReport.reference` says so). Random ops ms_accum does not draw run as in inference for both, named in
+    comparison runs in training mode: the reference runs the large batch through the network one micro-batch after
+    another, each drawing the masks the window drew, and takes one loss of their outputs (`EquivalenceReport.reference`
+    says so). Random ops ms_accum does not draw run as in inference for both, named in
     `inference_mode`. Under msrun (`ms_accum.init_data_parallel` first), each rank trains its share of every
     micro-batch (the global batch is `inputs`, the same on every rank), the window is all-reduced as in training, and
     every rank reports the same verdict over all ranks. The network, the optimizer and the loss scaler are left
@@ -249,6 +251,8 @@ def verify_equivalence(network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: 
                 continue
             comparison = _Comparison(executor, batch, parallel, options[0].reduction)
             reports[executor.structure] = comparison.report(windows, rtol, atol)
+    if not reports:  # every structure refuses these options: the first refusal says why
+        raise next(iter(refused.values()))
     return _all(reports, refused, rtol, atol) if structure == ALL else reports[executor.structure]
 
 
@@ -387,39 +391,32 @@ class _Differences:
 
 
 class _Ranks:
-    """What every rank holds the same: the largest of each value over the ranks (one small all-reduce per call in
-    data parallel; stand-alone, the values as they are)."""
+    """What every rank holds the same, through small all-reduces in data parallel (stand-alone, the values as they
+    are): sums, the largest of each value over the ranks, rank 0's values."""
 
     def __init__(self, parallel) -> None:
         self.parallel = parallel
         self.count = 1 if parallel is None else parallel.group_size
 
+    def sum(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
+        """Each of `arrays` summed over the ranks, float64 (one float32 all-reduce of them all)."""
+        if self.parallel is None:
+            return arrays
+        summed = all_reduce_sum(Tensor(np.concatenate([a.ravel() for a in arrays]).astype(np.float32))).asnumpy()
+        bounds = np.cumsum([0] + [a.size for a in arrays])
+        return [summed[lo:hi].reshape(a.shape).astype(np.float64) for a, lo, hi in zip(arrays, bounds, bounds[1:])]
+
     def maxima(self, row: np.ndarray) -> np.ndarray:
         if self.parallel is None:
             return row
-        from ..train.distributed import all_reduce_sum
-        slots = np.zeros((self.count, row.size), np.float32)
-        slots[self.parallel.rank] = row
-        return all_reduce_sum(Tensor(slots.ravel())).asnumpy().reshape(self.count, row.size).max(axis=0)
+        slots = np.zeros((self.count, row.size))
+        slots[self.parallel.rank] = row  # each rank's row in its own slot: the sum holds them all
+        return self.sum([slots])[0].max(axis=0)
 
     def from_rank_0(self, arrays: List[np.ndarray]) -> List[np.ndarray]:
-        """Rank 0's `arrays` on every rank (each rank's own stand-alone)."""
-        if self.parallel is None:
-            return arrays
-        from ..train.distributed import all_reduce_sum
-        flat = np.concatenate([a.ravel() for a in arrays]).astype(np.float32)
-        summed = all_reduce_sum(Tensor(flat if self.parallel.is_main else np.zeros_like(flat))).asnumpy()
-        out, at = [], 0
-        for a in arrays:
-            out.append(summed[at:at + a.size].reshape(a.shape).astype(np.float64))
-            at += a.size
-        return out
-
-    def sum_cell(self) -> Optional[Callable]:
-        if self.parallel is None:
-            return None
-        from ..train.distributed import all_reduce_sum
-        return all_reduce_sum
+        if self.parallel is None or self.parallel.is_main:
+            return self.sum(arrays)
+        return self.sum([np.zeros_like(a) for a in arrays])
 
 
 @dataclass
@@ -479,7 +476,7 @@ class _Comparison:
         self.reference = Reference(self.parts.net_with_loss, self.parts.network, self.parts.loss_fn,
                                    self.parts.optimizer, reduction,
                                    self.parts.clip_norm, executor.buffer.reducer.sum_divisor, same_masks,
-                                   self.ranks.sum_cell())
+                                   None if parallel is None else self.ranks.sum)
         self.reference.prepare({len(window.shares) for window in batch.windows})
         self.start = _Start(executor, self.parts.optimizer)
         self.hold = None  # `in_inference`'s, while `report` runs: called after every `set_train`
