@@ -422,7 +422,7 @@ def test_causes_come_from_the_structures_own_gradient_in_every_structure():
 @pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_under_msrun_verify_compares_the_data_parallel_window_on_every_rank(tmp_path):
-    from test_distributed import SCRIPTS, WORKERS, msrun, worker_logs
+    from test_distributed import SCRIPTS, WORKERS, log_lines, msrun, worker_logs
     code, output = msrun(str(tmp_path / "logs"), os.path.join(SCRIPTS, "verify_worker.py"), str(tmp_path))
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
     ranks = []
@@ -441,3 +441,16 @@ def test_under_msrun_verify_compares_the_data_parallel_window_on_every_rank(tmp_
     assert not results["unreduced"]["passed"] and results["unreduced"]["first_failed_window"] == 1
     assert results["unreduced"]["text"].startswith("FAILED (three_graphs, 2 ranks): ")
     assert "cause: ranks whose windows were not combined: after window 1's all-reduce" in results["unreduced"]["text"]
+    # ms-accum verify under msrun: the data-parallel window of every structure, sharded, the same verdict on each rank.
+    from ms_accum.demo.data import make_synthetic_mnist
+    data = make_synthetic_mnist(str(tmp_path / "data"), num_train=64, num_test=16)
+    command = [os.path.join(os.path.dirname(sys.executable), "ms-accum"), "verify", "--model", "mlp",
+               "--accumulate-step", "2", "--batch-size", "8", "--data", data, "--structure", "all",
+               "--shard-optimizer", "--json"]
+    code, output = msrun(str(tmp_path / "cli_logs"), *command)
+    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'cli_logs'))}"
+    reports = [json.loads([line for line in log_lines(str(tmp_path / "cli_logs"), rank) if line.startswith("{")][-1])
+               for rank in range(WORKERS)]
+    assert reports[0] == reports[1] and reports[0]["passed"] and reports[0]["shard_optimizer"]
+    assert {name: (v["ranks"], v["passed"]) for name, v in reports[0]["verdicts"].items()} == {
+        name: (2, True) for name in ("three_graphs", "fused", "window", "cached")}
