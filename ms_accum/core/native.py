@@ -212,17 +212,8 @@ def record(library_path: Path, parts: Dict[str, str]) -> None:
         OSError: If it cannot be written.
     """
     sha256, size = _contents(library_path)
-    text = json.dumps({"key": parts, "sha256": sha256, "size": size}, indent=1, sort_keys=True)
-    target = record_path(library_path)
-    fd, temporary = _temporary(target)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
+    with _replacing(record_path(library_path)) as (fd, _), os.fdopen(fd, "w") as file:
+        json.dump({"key": parts, "sha256": sha256, "size": size}, file, indent=1, sort_keys=True)
 
 
 def recorded(library_path: Path, parts: Dict[str, str]) -> bool:
@@ -276,6 +267,20 @@ def _temporary(target: Path) -> Tuple[int, str]:
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
         except FileExistsError:
             continue
+
+
+@contextlib.contextmanager
+def _replacing(target: Path) -> Iterator[Tuple[int, str]]:
+    """A new file beside `target` (`_temporary`: its descriptor and path) renamed to `target` once the block ends;
+    removed if the block raises."""
+    fd, temporary = _temporary(target)
+    try:
+        yield fd, temporary
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 @functools.lru_cache(maxsize=None)
@@ -350,19 +355,13 @@ def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tu
         KernelBuildError: If the compiler fails or what it built does not load.
         OSError: If `target`'s directory cannot be written.
     """
-    fd, temporary = _temporary(target)
-    os.close(fd)
-    try:
+    with _replacing(target) as (fd, temporary):
+        os.close(fd)
         _compile(name, compiler_path, source, temporary)
         failure = load_failure(Path(temporary), symbols)
         if failure is not None:
             raise KernelBuildError("ms_accum's {name} kernel, built just now by {compiler}, does not load: {failure}.",
                                    name=name, compiler=compiler_path, failure=failure)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
 
 
 @functools.lru_cache(maxsize=None)
