@@ -13,7 +13,6 @@ import string
 from typing import Any, Iterable, Optional, Tuple, Type, Union
 
 
-
 class Words:
     """How a message names arguments: the library says ``'name'`` and ``name=value``; the command line subclasses it
     to say its flags (`ms_accum.cli.errors`). The one place either wording is written."""
@@ -88,6 +87,9 @@ class Message:
         """The message in `words` (the library's by default)."""
         return "".join(literal + ("" if field is None else self._field(field, spec, conversion, words))
                        for literal, field, spec, conversion in _parts(self.template))
+
+    def __str__(self) -> str:
+        return self.render()
 
     def _named(self, field: str) -> Optional[str]:
         """The argument `field` names, if it names one."""
@@ -211,9 +213,6 @@ class MessageError(Message, Exception):
         Message.__init__(self, template, **values)
         Exception.__init__(self, template)
 
-    def __str__(self) -> str:
-        return self.render()
-
 
 class CallError(MessageError):
     """
@@ -256,9 +255,6 @@ class ArgumentWarning(Message, UserWarning):
     def __init__(self, template: str, **values: Any) -> None:
         Message.__init__(self, template, **values)
         UserWarning.__init__(self, template)
-
-    def __str__(self) -> str:
-        return self.render()
 
 
 class ArgumentTypeError(ArgumentError, TypeError):
