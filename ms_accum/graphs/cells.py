@@ -427,7 +427,21 @@ class TrainAccumulationCell(_MicroBatchCell):
         return self.buffer.statistics.output(out, stats)
 
 
-class HostSteppedAccumulationCell(TrainAccumulationCell):
+class _HostChecked:
+    """What a host-stepped Cell adds to its structure's (`HostSteppedAccumulationCell`, `HostSteppedWindowCell`):
+    `checks`, whether its graph checks the window, and the verdict False of a call that does not."""
+
+    loss_arg = "loss_fn"  # the executor's: it was given the loss
+
+    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
+        with door(type(self).__name__):
+            check_isinstance(checks, "checks", bool)
+        super().__init__(*args, **kwargs)
+        self.checks = checks  # a graph constant: the graph holds the check, or not
+        self.unchecked = Tensor(False)  # the verdict of a call that does not check the window
+
+
+class HostSteppedAccumulationCell(_HostChecked, TrainAccumulationCell):
     r"""
     `TrainAccumulationCell` without the optimizer: every K-th call ends with the buffer's `check` instead of its
     `close`, and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
@@ -451,15 +465,6 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
         be applied (exactly one of the buffer's `step`, if True, or `TrainClear` must follow before the next call);
         before it, or with ``checks=False``, False.
     """
-
-    loss_arg = "loss_fn"  # the executor's: it was given the loss
-
-    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
-        with door(type(self).__name__):
-            check_isinstance(checks, "checks", bool)
-        super().__init__(*args, **kwargs)
-        self.checks = checks  # a graph constant: the graph holds the check, or not
-        self.unchecked = Tensor(False)  # the verdict of a call that does not close the window
 
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)
