@@ -302,8 +302,7 @@ class AccumulationBuffer:
     def add(self, loss, grads, weight):
         """Adds one micro-batch whose `grads` already carry its `weight`; returns the micro-batches in the window.
 
-        The guard's policy decides first: a non-finite micro-batch is counted, and left out under
-        ``"skip_microbatch"``.
+        The guard's policy decides first: a non-finite micro-batch is counted, and left out under ``"skip_microbatch"``.
         """
         grads, weight = self.guard.micro_batch(loss, grads, self.in_place.weight(weight))
         return self.adds(self.grad_sum, self.micro_batch_count, self.num_samples, grads, weight)

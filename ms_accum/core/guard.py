@@ -149,8 +149,7 @@ class _Scaled:
         return divisor * self.loss_scale
 
     def adjust(self, apply, bad):
-        """Lets a dynamic scaler grow after a clean window (applied, no bad micro-batch) or shrink after an
-        overflow."""
+        """Lets a dynamic scaler grow after a clean window (applied, no bad micro-batch) or shrink after an overflow."""
         return self.scaler.adjust(ops.logical_and(apply, bad <= 0.0))
 
 

@@ -367,10 +367,9 @@ def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tu
 @functools.lru_cache(maxsize=None)
 def library(name: str, appended: str = "", symbols: Tuple[str, ...] = ()) -> str:
     """
-    The path of a checked shared library built from ``kernels/{name}.cc`` followed by the source `appended`
-    (generated code): the cache's build for this machine when its record matches it and a child process loads it,
-    else built now (and recorded). Where the cache cannot be written, the build is this process's own, and a warning
-    says so once.
+    The path of a checked shared library built from ``kernels/{name}.cc`` followed by the source `appended` (generated
+    code): the cache's build for this machine when its record matches it and a child process loads it, else built now
+    (and recorded). Where the cache cannot be written, the build is this process's own, and a warning says so once.
 
     Args:
         name (str): The kernel, ``kernels/{name}.cc``.

@@ -136,9 +136,8 @@ def check_mnist_dir(path: PathLike) -> str:
     """
     Check that `path` holds the four MNIST idx files with sound headers, cheaply (headers and sizes only).
 
-    For each file: it exists, its magic number is 2051 (images) or 2049 (labels), its size equals what the
-    header implies, images are 28x28, and each split has as many labels as images. Pixel and label values are
-    not read.
+    For each file: it exists, its magic number is 2051 (images) or 2049 (labels), its size equals what the header
+    implies, images are 28x28, and each split has as many labels as images. Pixel and label values are not read.
 
     Args:
         path (Union[str, os.PathLike]): The MNIST_Data directory, holding ``train/`` and ``test/``.
@@ -189,8 +188,7 @@ def read_idx(path: PathLike) -> np.ndarray:
         numpy.ndarray, with the header's shape and dtype (uint8 for MNIST), in native byte order.
 
     Raises:
-        DataError: If the file is missing, its magic number is not an idx one, or its size does not match
-            its header.
+        DataError: If the file is missing, its magic number is not an idx one, or its size does not match its header.
     """
     path = os.fspath(path)
     dtype, dims = _idx_header(path)
@@ -252,11 +250,10 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
     """
     Download MNIST as MindSpore's documentation does, verified, into ``root/MNIST_Data``.
 
-    Nothing is downloaded when ``root/MNIST_Data`` already passes :func:`check_mnist_dir`. Otherwise the zip
-    is fetched with the `download` package and unpacked into a temporary directory inside `root`; the MD5 of
-    each of the four files is checked against `MNIST_FILES`, and only when all match are they moved into
-    ``root/MNIST_Data/{train,test}``. On any failure the temporary directory is removed, so no partial file
-    is left.
+    Nothing is downloaded when ``root/MNIST_Data`` already passes :func:`check_mnist_dir`. Otherwise the zip is fetched
+    with the `download` package and unpacked into a temporary directory inside `root`; the MD5 of each of the four files
+    is checked against `MNIST_FILES`, and only when all match are they moved into ``root/MNIST_Data/{train,test}``. On
+    any failure the temporary directory is removed, so no partial file is left.
 
     Args:
         root (Union[str, os.PathLike]): The directory to hold ``MNIST_Data``. Default: ``"./datasets"``.
@@ -461,14 +458,12 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``True``.
 
     Returns:
-        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32
-        :math:`(N,)`.
+        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32 :math:`(N,)`.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `batch_size`, `num_parallel_workers` or `num_samples` is not positive, `usage` is
-            unknown, only one of `num_shards` and `shard_id` is given, `shard_id` is out of range, or no batch
-            would be produced.
+        ValueError: If `batch_size`, `num_parallel_workers` or `num_samples` is not positive, `usage` is unknown, only
+            one of `num_shards` and `shard_id` is given, `shard_id` is out of range, or no batch would be produced.
         DataError: If the MNIST files are missing or damaged.
     """
     return _build_pipeline(data_path, 32, _Reading(
@@ -495,8 +490,7 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
             takes them.
 
     Returns:
-        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 28, 28)` and ``label`` int32
-        :math:`(N,)`.
+        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 28, 28)` and ``label`` int32 :math:`(N,)`.
 
     Raises:
         TypeError: If an argument has the wrong type, or an unknown keyword is given.

@@ -115,9 +115,8 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
             recorded in the checkpoint. If both are known they must agree.
         data (str, optional): MNIST directory of a built-in model; default: the one the checkpoint was trained on,
             else `resolve_data_dir`.
-        batch_size (int, optional): Evaluation batch size. Default: ``None``, the micro-batch the checkpoint was
-            trained with (its ``batch_size`` over its ``world_size``, as ``ms-accum train`` records them), else
-            ``256``.
+        batch_size (int, optional): Evaluation batch size. Default: ``None``, the micro-batch the checkpoint was trained
+            with (its ``batch_size`` over its ``world_size``, as ``ms-accum train`` records them), else ``256``.
         num_samples (int, optional): Evaluate on the first `num_samples` test images only (built-in models).
         callbacks (list[Callback], optional): Passed to `Model.eval` (built-in models).
         arg_name (str): How messages name the argument `model` (``"--model"`` on the command line). Default:

@@ -139,9 +139,8 @@ class _MicroBatchCell(_BufferCell):
 
 class TrainingState(_BufferCell):
     r"""
-    Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state
-    (moments, step, learning rate), the accumulation buffer with its counters and the dropout streams' seeds and
-    offsets.
+    Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state (moments, step,
+    learning rate), the accumulation buffer with its counters and the dropout streams' seeds and offsets.
 
     It computes nothing. `GradientAccumulation` saves it as its resumable checkpoint, so the file is the same
     whichever graph structure trains.
@@ -204,8 +203,7 @@ class TrainForwardBackward(_MicroBatchCell):
             only to state that. Default: ``None``.
 
     Inputs:
-        - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the
-          batch.
+        - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the batch.
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a

@@ -10,8 +10,7 @@ from .cells import _HostChecked, TrainAccumulationCell
 
 class TrainWindowCell(TrainAccumulationCell):
     r"""
-    One accumulation window in one graph: K forward and backward passes, then the optimizer step on the
-    window's mean.
+    One accumulation window in one graph: K forward and backward passes, then the optimizer step on the window's mean.
 
     A call equals `accumulate_step` calls of `TrainAccumulationCell` on the same micro-batches, bit for bit: the
     same micro-batch step runs in a graph-mode loop, then the buffer's `close`. One micro-batch's activations are

@@ -38,8 +38,7 @@ class EquivalenceReport:
         rtol (float): The relative tolerance compared with.
         atol (float): The absolute tolerance compared with.
         per_parameter (dict): name -> (max abs diff, max rel diff), each the largest over all windows.
-        moved_between_updates (list): Parameters that changed before a window was full, in any window (must be
-            empty).
+        moved_between_updates (list): Parameters that changed before a window was full, in any window (must be empty).
         passed (bool): After every window every parameter is allclose(rtol, atol) to the reference's, none moved
             between updates and no window was skipped.
         causes (list[Cause]): When it failed, why, each with its evidence and fix (`ms_accum.tools.causes`), found at

@@ -313,8 +313,7 @@ def _names(names: Iterable[str], limit: int = 5) -> str:
 
 
 def checkpoint_path(directory: str, prefix: str, step: int, file_format: str = "ckpt") -> str:
-    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.{file_format}`` (sorts by name and
-    step)."""
+    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.{file_format}`` (sorts by name and step)."""
     return os.path.join(directory, f"{prefix}-{step:09d}.{file_format}")
 
 
