@@ -70,9 +70,7 @@ class StateCheckpoints:
         self.resumed: Dict[str, MetaValue] = {}  # the metadata of the file resumed from
         # The run's settings win over the caller's metadata: resuming checks them.
         self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
-        self.save_every = save_every
-        self.writes = writes
-        self.keep_last = keep_last
+        self.save_every, self.writes, self.keep_last = save_every, writes, keep_last
 
     def resume(self, resume: Union[bool, str, os.PathLike, None], epochs: int) -> Tuple[Position, Optional[str]]:
         """Loads the file `resume` names (``True``: the newest readable one, if any); returns where it left off.
@@ -211,7 +209,6 @@ class StateCheckpoints:
                    **self.extra()})
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
-
 
     def save(self, save_obj: nn.Cell, path: str, metadata: Dict[str, MetaValue]) -> str:
         """`save_checkpoint` into the run's directory; a failed save also names the newest complete training state,
