@@ -109,8 +109,7 @@ def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
         raise smaller_batch(err, args, "batch_size", world) from err
     return Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
                 ckpt_name="".join(c if c.isalnum() else "_" for c in args.model), source=f"the data of {args.model}",
-                synthetic=False,
-                settings={"optimizer": type(user.optimizer).__name__},
+                synthetic=False, settings={"optimizer": type(user.optimizer).__name__},
                 reads=f"dataset{call} of the factory '{args.model}'",
                 held_out=lambda size: user.data(size, "eval", call[2], world))
 

@@ -221,8 +221,7 @@ def recorded(library_path: Path, parts: Dict[str, str]) -> bool:
     short, another file renamed in, another machine's) is not."""
     try:
         entry = json.loads(record_path(library_path).read_text())
-        if not isinstance(entry, dict) or entry.get("key") != parts or \
-                entry.get("size") != library_path.stat().st_size:
+        if not isinstance(entry, dict) or entry.get("key") != parts or entry.get("size") != library_path.stat().st_size:
             return False
         return entry.get("sha256") == _contents(library_path)[0]
     except (OSError, ValueError):

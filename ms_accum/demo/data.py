@@ -373,8 +373,7 @@ class _Reading:
         if self.seed is not None:
             check_positive_int(self.seed, "seed", minimum=0)
             if self.seed > 0xFFFFFFFF:
-                raise ArgumentValueError("{@seed:subject} must be in [0, 4294967295], but got {seed}.",
-                                         seed=self.seed)
+                raise ArgumentValueError("{@seed:subject} must be in [0, 4294967295], but got {seed}.", seed=self.seed)
         check_isinstance(self.drop_remainder, "drop_remainder", bool)
 
 

@@ -375,8 +375,7 @@ class Encoder(nn.Cell):
     def __init__(self, vocab: int = 30522, width: int = 768, heads: int = 12, layers: int = 12, max_len: int = 512,
                  num_class: int = 2, dropout: float = 0.1) -> None:
         super().__init__()
-        for arg_name, value in (("vocab", vocab), ("layers", layers), ("max_len", max_len),
-                                ("num_class", num_class)):
+        for arg_name, value in (("vocab", vocab), ("layers", layers), ("max_len", max_len), ("num_class", num_class)):
             check_positive_int(value, arg_name)
         self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(max_len, width)

@@ -235,8 +235,7 @@ class TrainForwardBackward(_MicroBatchCell):
             super().__init__(network, optimizer, buffer)
             if weight_by_samples is not None:
                 check_isinstance(weight_by_samples, "weight_by_samples", bool)
-                _check_reduction(buffer, "mean" if weight_by_samples else "sum", "weight_by_samples",
-                                 weight_by_samples)
+                _check_reduction(buffer, "mean" if weight_by_samples else "sum", "weight_by_samples", weight_by_samples)
 
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)
@@ -413,8 +412,7 @@ class TrainAccumulationCell(_MicroBatchCell):
         with door(type(self).__name__):
             self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
             clip_norm = check_positive_float(clip_norm, "clip_norm", allow_none=True)
-            super().__init__(network, optimizer, own_buffer(network, optimizer, buffer, policy, loss_scaler,
-                                                            reduction))
+            super().__init__(network, optimizer, own_buffer(network, optimizer, buffer, policy, loss_scaler, reduction))
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):

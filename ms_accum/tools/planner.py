@@ -313,8 +313,7 @@ def _fit(peaks: Dict[int, float]) -> Callable[[float], float]:
     if len(xs) < 2:
         return lambda b: ys[0]
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) /
-             sum((x - mean_x) ** 2 for x in xs))
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs))
     return lambda b: mean_y + slope * (b - mean_x)
 
 

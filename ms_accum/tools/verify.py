@@ -476,9 +476,8 @@ class _Comparison:
             [path for path in uncovered if path not in stochastic]
         same_masks = bool(drawn)
         self.reference = Reference(self.parts.net_with_loss, self.parts.network, self.parts.loss_fn,
-                                   self.parts.optimizer, reduction,
-                                   self.parts.clip_norm, executor.buffer.reducer.sum_divisor, same_masks,
-                                   self.ranks.sum_cell())
+                                   self.parts.optimizer, reduction, self.parts.clip_norm,
+                                   executor.buffer.reducer.sum_divisor, same_masks, self.ranks.sum_cell())
         self.reference.prepare({len(window.shares) for window in batch.windows})
         self.start = _Start(executor, self.parts.optimizer)
         self.hold = None  # `in_inference`'s, while `report` runs: called after every `set_train`

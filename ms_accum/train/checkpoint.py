@@ -49,8 +49,7 @@ CHECKPOINT_MODE = 0o640  # the files' permissions: read and write for the owner,
 
 
 @door("save_checkpoint")
-def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
-                    metadata: Optional[Dict[str, MetaValue]] = None) -> str:
+def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optional[Dict[str, MetaValue]] = None) -> str:
     """
     Saves `save_obj` to `path` atomically, with `metadata` and a CRC.
 

@@ -17,8 +17,7 @@ from ..core.losses import window_reduction
 from ..core.parallel import DataParallelInfo, data_parallel_info
 from ..deprecation import deprecated as warn_deprecated
 from ..runtime import check_cpu_kernels
-from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions,
-                      with_deprecated)
+from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions, with_deprecated)
 from .adaptive import AdaptiveK, check_adaptive
 from .plan import Plan
 from .recompute import recompute_cells
@@ -104,8 +103,7 @@ class GradientAccumulation:
     def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, *,
                  structure: str = "auto", window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
                  statistics: Optional[StatisticsOptions] = None,
-                 shard_optimizer: Union[bool, Callable[[List[Parameter]], nn.Optimizer]] = False,
-                 **deprecated) -> None:
+                 shard_optimizer: Union[bool, Callable[[List[Parameter]], nn.Optimizer]] = False, **deprecated) -> None:
         check_cpu_kernels()
         recompute = deprecated.pop("recompute", None)
         if statistics is not None and not isinstance(statistics, StatisticsOptions):  # 0.3's statistics=True

@@ -251,8 +251,7 @@ class Run:
         window_sq_norm = float(buffer.statistics.window_sq_norm.asnumpy()) if self.measured else np.nan
         noise = None
         if self.noise_scale is not None and applied and window.has_two_batch_sizes():
-            noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
-                                            window.weight)
+            noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm, window.weight)
             self.k.observe(window.weight, len(trained.outputs))
         outliers = [position.batch - len(trained.outputs) + int(i) for i in window.left_out_indices]
         record = StepRecord(
