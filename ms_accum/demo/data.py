@@ -535,8 +535,7 @@ def _render_digits(labels: np.ndarray, rng: np.random.Generator, chunk: int = 40
         # shift of the center; sampled through its inverse. Sizes keep every digit inside the 28x28 frame.
         angle = rng.uniform(-0.2, 0.2, n)
         shear = rng.uniform(-0.25, 0.25, n)
-        sx = rng.uniform(2.3, 3.0, n)
-        sy = rng.uniform(2.4, 3.1, n)
+        sx, sy = rng.uniform(2.3, 3.0, n), rng.uniform(2.4, 3.1, n)
         cos, sin = np.cos(angle), np.sin(angle)
         a = np.stack([np.stack([cos * sx, (cos * shear - sin) * sy], -1),
                       np.stack([sin * sx, (sin * shear + cos) * sy], -1)], -2)  # (n, 2, 2)
@@ -547,10 +546,8 @@ def _render_digits(labels: np.ndarray, rng: np.random.Generator, chunk: int = 40
         # Glyph coordinates relative to the bordered bank's center (3.0, 4.0).
         u = inv[:, 0, 0, None, None] * dx + inv[:, 0, 1, None, None] * dy + 3.0
         v = inv[:, 1, 0, None, None] * dx + inv[:, 1, 1, None, None] * dy + 4.0
-        u = np.clip(u, 0.0, 6.0)
-        v = np.clip(v, 0.0, 8.0)
-        u0 = np.minimum(np.floor(u).astype(np.int64), 5)
-        v0 = np.minimum(np.floor(v).astype(np.int64), 7)
+        u, v = np.clip(u, 0.0, 6.0), np.clip(v, 0.0, 8.0)
+        u0, v0 = np.minimum(np.floor(u).astype(np.int64), 5), np.minimum(np.floor(v).astype(np.int64), 7)
         fu, fv = u - u0, v - v0
         # Bilinear sampling as four gathers from each sample's glyph.
         idx = np.arange(n)[:, None, None]
