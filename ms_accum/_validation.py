@@ -10,7 +10,7 @@ import contextlib
 import math
 import os
 import string
-from typing import Any, Iterable, Optional, Tuple, Type, Union
+from typing import Any, Iterable, List, Optional, Tuple, Type, Union
 
 
 class Words:
@@ -300,6 +300,15 @@ def describe_exception(err: BaseException) -> str:
     causes = [line.strip() for line in text.splitlines() if _is_exception_line(line.strip())]
     cause = f" {causes[-1]}" if causes and causes[-1] not in head else ""
     return f"{type(err).__name__}: {head or '(no message)'}{cause}"
+
+
+def causes(err: BaseException) -> List[BaseException]:
+    """`err` and the exceptions it was raised from or while handling, as Python prints them: outermost first."""
+    chain: List[BaseException] = []
+    while err is not None and all(err is not seen for seen in chain):
+        chain.append(err)
+        err = err.__cause__ if err.__cause__ is not None or err.__suppress_context__ else err.__context__
+    return chain
 
 
 def first_paragraph(text: str) -> str:

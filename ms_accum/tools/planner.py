@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError,
-                           check_isinstance, check_positive_int, check_value_in, describe_exception, door)
+                           causes, check_isinstance, check_positive_int, check_value_in, describe_exception, door)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -436,12 +436,9 @@ def _trial_error(raised: Sequence) -> Optional[TrialError]:
 def _raised(err: BaseException) -> List[list]:
     """`err` and the exceptions it was raised from or while handling, outermost first, as JSON: each its line and its
     traceback's frames (file, line, function)."""
-    chain: List[list] = []
-    while err is not None and len(chain) < 16:
-        frames = [[frame.filename, frame.lineno, frame.name] for frame in traceback.extract_tb(err.__traceback__)]
-        chain.append([describe_exception(err), frames])
-        err = err.__cause__ if err.__cause__ is not None or err.__suppress_context__ else err.__context__
-    return chain
+    return [[describe_exception(cause), [[frame.filename, frame.lineno, frame.name]
+                                         for frame in traceback.extract_tb(cause.__traceback__)]]
+            for cause in causes(err)[:16]]
 
 
 def _die_with_parent() -> None:
