@@ -181,9 +181,7 @@ def _trained_micro_batch(metadata: Dict[str, MetaValue]) -> Optional[int]:
     """The micro-batch of one device that a checkpoint's run trained with (``batch_size`` over ``world_size``, as
     ``ms-accum train`` records them), or None if it does not say."""
     batch, world = metadata.get("batch_size"), metadata.get("world_size", 1)
-    if isinstance(batch, int) and isinstance(world, int) and world > 0 and batch >= world:
-        return batch // world
-    return None
+    return batch // world if isinstance(batch, int) and isinstance(world, int) and 0 < world <= batch else None
 
 
 def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> None:
@@ -193,9 +191,8 @@ def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> N
         load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents,
                   network_name=f"the network of the model '{model}' ({arg_name})")
     except CheckpointError as err:
-        if "model" in contents[1]:
-            raise
-        fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
+        fits = [] if "model" in contents[1] else [other for other in sorted(MODELS)
+                                                 if other != model and _holds(contents[0], other)]
         if not fits:
             raise
         raise CheckpointError("{err} Its parameters are those of the model '{model}' (the file does not record its "
