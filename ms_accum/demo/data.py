@@ -359,9 +359,8 @@ class _Reading:
             check_isinstance(self.shuffle, "shuffle", bool)
         check_positive_int(self.num_parallel_workers, "num_parallel_workers")
         if (self.num_shards is None) != (self.shard_id is None):
-            raise ArgumentValueError("the arguments {@num_shards} and {@shard_id} must be given together, but "
-                                     "got {num_shards=}, {shard_id=}.", num_shards=self.num_shards,
-                                     shard_id=self.shard_id)
+            raise ArgumentValueError("the arguments {@num_shards} and {@shard_id} must be given together, but got "
+                                     "{num_shards=}, {shard_id=}.", num_shards=self.num_shards, shard_id=self.shard_id)
         if self.num_shards is not None:
             check_positive_int(self.num_shards, "num_shards")
             check_positive_int(self.shard_id, "shard_id", minimum=0)

@@ -57,11 +57,10 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
                                  "so the update would equal no large-batch step.", skip_outliers=skip_outliers,
                                  structure='cached')
     if statistics or noise_scale:
-        raise ArgumentValueError("the arguments {@statistics} and {@noise_scale} must {_false} with "
-                                 "{structure=}, but got {statistics=}, {noise_scale=}: a micro-batch's gradient here "
-                                 "is its share of "
-                                 "one window loss, not a gradient of a loss of its own, and its norm says nothing "
-                                 "about the gradient noise.", statistics=statistics, noise_scale=noise_scale,
+        raise ArgumentValueError("the arguments {@statistics} and {@noise_scale} must {_false} with {structure=}, but "
+                                 "got {statistics=}, {noise_scale=}: a micro-batch's gradient here is its share of one "
+                                 "window loss, not a gradient of a loss of its own, and its norm says nothing about "
+                                 "the gradient noise.", statistics=statistics, noise_scale=noise_scale,
                                  structure='cached')
     return CACHED_REDUCTION
 
@@ -112,9 +111,8 @@ def check_same_masks(network: nn.Cell) -> None:
     unseeded = [(name, kind) for name, kind, seeds in random_ops if not any(seeds)]
     if unseeded:
         raise ArgumentValueError("{@network:subject} must have seeded random ops with {structure=}, but its cell "
-                                 "'{cell}' has an unseeded {op}: pass 2 would draw other values than pass 1. "
-                                 "Give the op its seeds.", cell=unseeded[0][0], op=unseeded[0][1],
-                                 structure='cached')
+                                 "'{cell}' has an unseeded {op}: pass 2 would draw other values than pass 1. Give the "
+                                 "op its seeds.", cell=unseeded[0][0], op=unseeded[0][1], structure='cached')
 
 
 class _CachedLossGrad(nn.Cell):

@@ -28,9 +28,8 @@ def _check_buffer(buffer, optimizer: nn.Optimizer) -> AccumulationBuffer:
     check_isinstance(optimizer, "optimizer", nn.Optimizer)
     check_isinstance(buffer, "buffer", AccumulationBuffer)
     if len(buffer) != len(optimizer.parameters):
-        raise ArgumentValueError("{@buffer:subject} must hold one gradient per optimizer parameter ({parameters}), "
-                                 "but holds {gradients}.", parameters=len(optimizer.parameters),
-                                 gradients=len(buffer))
+        raise ArgumentValueError("{@buffer:subject} must hold one gradient per optimizer parameter ({parameters}), but "
+                                 "holds {gradients}.", parameters=len(optimizer.parameters), gradients=len(buffer))
     return buffer
 
 

@@ -216,9 +216,8 @@ def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output")
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as err:
-        raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got "
-                                 "'{path}': {strerror}.", arg_name=Argument(arg_name), path=path,
-                                 strerror=err.strerror) from None
+        raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got '{path}': "
+                                 "{strerror}.", arg_name=Argument(arg_name), path=path, strerror=err.strerror) from None
     if not existed:
         os.remove(path)
     return path

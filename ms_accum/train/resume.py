@@ -96,8 +96,7 @@ class StateCheckpoints:
             if meta.get(key) != self.run[key]:
                 raise CheckpointError("Checkpoint '{path}' was saved with {saved}, but this run has {this}: resuming "
                                       "would not continue the same training.", path=path,
-                                      saved=Setting(key, meta.get(key)),
-                                      this=Setting(key, self.run[key]))
+                                      saved=Setting(key, meta.get(key)), this=Setting(key, self.run[key]))
         for key, what in _BUILT.items():
             if key in meta and meta[key] != self.run[key]:
                 raise CheckpointError("Checkpoint '{path}' was saved by a run whose {what} was {saved}, but this "
@@ -145,9 +144,8 @@ class StateCheckpoints:
         if found:
             raise ArgumentValueError("{@directory:subject} must not hold another run's training states, but '{path}' "
                                      "holds {files}: a fresh run would save its own beside them. Continue that run "
-                                     "with {resume=}, or give another {@directory} or remove them.",
-                                     path=self.ckpt_dir, files=_names(os.path.basename(path) for _, path in found),
-                                     resume=True)
+                                     "with {resume=}, or give another {@directory} or remove them.", path=self.ckpt_dir,
+                                     files=_names(os.path.basename(path) for _, path in found), resume=True)
 
     def window_opened(self, samples: int, k: int) -> None:
         """Notes the window that opens after `samples` samples consumed with `k` micro-batches (where K changes)."""
