@@ -262,10 +262,8 @@ def _temporary(target: Path) -> Tuple[int, str]:
     (the umask decides who may read it: a cache may be shared), not private as `tempfile.mkstemp` makes it."""
     while True:
         path = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        try:
+        with contextlib.suppress(FileExistsError):
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
-        except FileExistsError:
-            continue
 
 
 @contextlib.contextmanager

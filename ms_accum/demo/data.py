@@ -11,6 +11,7 @@ an iterator, or not at all (a wrong directory silently yields zero samples).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -279,10 +280,8 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
         raise DataError("'{target}' holds synthetic data (it has a {SYNTHETIC_MARKER} file); remove it or choose "
                         "another root to download the real MNIST.", target=target, SYNTHETIC_MARKER=SYNTHETIC_MARKER)
     if os.path.isdir(target):
-        try:
+        with contextlib.suppress(DataError):  # missing or damaged: download, then replace the four files
             return check_mnist_dir(target)
-        except DataError:
-            pass  # missing or damaged: download, then replace the four files
 
     os.makedirs(root, exist_ok=True)
     # Inside root, so the final moves are renames on one filesystem: no half-copied file can appear.

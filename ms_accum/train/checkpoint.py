@@ -320,11 +320,9 @@ def list_checkpoints(directory: str, prefix: str) -> List[Tuple[int, str]]:
 def find_latest(directory: str, prefix: str) -> Optional[str]:
     """The newest checkpoint of `prefix` in `directory` that reads back with a valid CRC, or None."""
     for _, path in reversed(list_checkpoints(directory, prefix)):
-        try:
+        with contextlib.suppress(CheckpointError):
             load_checkpoint(path)
-        except CheckpointError:
-            continue
-        return path
+            return path
     return None
 
 
