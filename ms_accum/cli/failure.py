@@ -67,7 +67,8 @@ def users_traceback(err: BaseException, own: Tuple[str, ...] = ()) -> str:
         frames = [frame for frame in _frames(cause) if is_users(frame.filename, own)]
         if frames:
             listed = "".join(traceback.StackSummary.from_list(frames).format()).rstrip("\n")
-            return f"{HEADER}\n{listed}\n{_line(cause)}"
+            line = str(cause) if _in_trial(cause) else describe_exception(cause)  # a trial's, as its process said it
+            return f"{HEADER}\n{listed}\n{line}"
     return ""
 
 
@@ -104,11 +105,6 @@ def _in_trial(err: BaseException) -> bool:
     not imported here, which would import MindSpore)."""
     planner = sys.modules.get("ms_accum.tools.planner")
     return planner is not None and isinstance(err, planner.TrialError)
-
-
-def _line(err: BaseException) -> str:
-    """The line that says what `err` is: its type and message, as the trial's process said it for a `TrialError`."""
-    return str(err) if _in_trial(err) else describe_exception(err)
 
 
 def _frames(err: BaseException) -> List[traceback.FrameSummary]:

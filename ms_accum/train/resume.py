@@ -111,7 +111,8 @@ class StateCheckpoints:
             saved.pop("global_micro_batch")
         saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['accumulate_step']) * _per_batch(saved)}")
         self.history = _pairs(meta.get("batch_history", ""))
-        self.windows = _runs(meta.get("batch_windows", ""))
+        runs = meta.get("batch_windows", "")  # "0:64:8,512:128:3", as `window_closed` writes `windows`
+        self.windows = [[int(v) for v in item.split(":")] for item in runs.split(",")] if runs else []
         position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
         position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
         # Which comparison applies follows what the two runs recorded (older files included): settings decided from
@@ -231,11 +232,6 @@ def _pairs(text: str) -> List[Tuple[int, int]]:
     if text in ("", "callable"):
         return []
     return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(","))]
-
-
-def _runs(text: str) -> List[List[int]]:
-    """``"0:64:8,512:128:3"`` (`StateCheckpoints.windows`) as [[0, 64, 8], [512, 128, 3]]."""
-    return [[int(v) for v in item.split(":")] for item in text.split(",")] if text else []
 
 
 def _changes(table: Dict[int, int]) -> List[Tuple[int, int]]:
