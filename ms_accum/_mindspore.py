@@ -343,12 +343,10 @@ def optimizer_attribute(optimizer, name: str, default=_REQUIRED):
 
 
 def listed_rates(optimizer) -> Optional[int]:
-    """
-    How many rates a learning rate given as a list holds (the fewest of any group's), one per optimizer step; None when
-    none is a list. MindSpore keeps a list in an undocumented schedule, `_IteratorLearningRate`, under its own name
-    `learning_rate` (since 2.8, known to hold 2.8–2.10), and gathers the step's rate from it in the graph; a schedule
-    in another place reads as no list.
-    """
+    """How many rates a learning rate given as a list holds (the fewest of any group's), one per optimizer step; None
+    when none is a list. MindSpore keeps a list in an undocumented schedule, `_IteratorLearningRate`, under its own name
+    `learning_rate` (since 2.8, known to hold 2.8–2.10), and gathers the step's rate from it in the graph; a schedule in
+    another place reads as no list."""
     from mindspore import nn
     try:
         from mindspore.nn.optim.optimizer import _IteratorLearningRate

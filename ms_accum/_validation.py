@@ -215,14 +215,12 @@ class MessageError(Message, Exception):
 
 
 class CallError(MessageError):
-    """
-    A call refused, as data: the `Message` says what was expected; the public function the user called (`door`) is
+    """A call refused, as data: the `Message` says what was expected; the public function the user called (`door`) is
     named in front, in MindSpore's wording: ``For 'Accumulator', the argument ...``.
 
-    Inner code raises it without knowing who called: the outermost `door` an error passes through names it, so a
-    class built by another (the executor's buffer) speaks in the name the user called. `named` fixes the name for
-    good, for an error about another door's arguments found later (a loss that does not fit, found when training).
-    """
+    Inner code raises it without knowing who called: the outermost `door` an error passes through names it, so a class
+    built by another (the executor's buffer) speaks in the name the user called. `named` fixes the name for good, for an
+    error about another door's arguments found later (a loss that does not fit, found when training)."""
 
     def __init__(self, template: str, **values: Any) -> None:
         super().__init__(template, **values)

@@ -236,11 +236,9 @@ def _serves(target: Path, parts: Dict[str, str], symbols: Tuple[str, ...]) -> bo
 
 
 def load_failure(path: Path, symbols: Tuple[str, ...] = ()) -> Optional[str]:
-    """
-    Why the library at `path` would not serve this process, found by loading it in a child process (one interpreter
+    """Why the library at `path` would not serve this process, found by loading it in a child process (one interpreter
     start without ``site``, no MindSpore): a file that kills the process that loads it kills the child. None when it
-    loads and exports `symbols`.
-    """
+    loads and exports `symbols`."""
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", _LOAD, str(path), *symbols], capture_output=True,
                               text=True, timeout=timeout(), check=False)

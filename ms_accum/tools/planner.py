@@ -258,16 +258,14 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, 
 
 def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], given: bool = True,
             headroom: float = 0.0):
-    """
-    The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
+    """The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
     (or predicted far) above it, and the line fitted through every measurement.
 
-    A line is fitted through the peaks: peak ≈ intercept + slope * B, the activations growing with B (a one-sample
-    step, often off the line, is left out once two larger sizes are measured). The smallest B is measured first, then
-    the middle one, then the fit's guess of the largest that fits; the search ends when the chosen B was measured
-    within the budget and the next larger size was measured above it (or is predicted above `CONFIRM_UP_TO` times
-    it). `given`: whether `budget` is the user's or the device's free memory, as the message says it.
-    """
+    A line is fitted through the peaks: peak ≈ intercept + slope * B, the activations growing with B (a one-sample step,
+    often off the line, is left out once two larger sizes are measured). The smallest B is measured first, then the
+    middle one, then the fit's guess of the largest that fits; the search ends when the chosen B was measured within the
+    budget and the next larger size was measured above it (or is predicted above `CONFIRM_UP_TO` times it). `given`:
+    whether `budget` is the user's or the device's free memory, as the message says it."""
     limit = budget * (1 - headroom)
     peaks: Dict[int, Optional[float]] = {}
 
@@ -474,12 +472,10 @@ def process_status(key: str) -> int:
 
 
 class PeakMemory:
-    """
-    The peak of everything a process holds from now on (docs/verify-and-plan.md#what-a-budget-counts), as a trial
+    """The peak of everything a process holds from now on (docs/verify-and-plan.md#what-a-budget-counts), as a trial
     counts it: on CPU the growth of the process's peak resident memory (VmHWM) over its resident memory now; on GPU and
     Ascend the device's peak allocation from now (`mindspore.runtime.max_memory_allocated`). Start it right after
-    MindSpore's import and before the network is built.
-    """
+    MindSpore's import and before the network is built."""
 
     def __init__(self) -> None:
         import mindspore as ms
