@@ -33,8 +33,7 @@ def launcher_world_size(args: argparse.Namespace) -> Optional[int]:
     """msrun's worker count, or None without a launcher; checked against the arguments before anything starts.
 
     Every check here gives the same answer in every process msrun started, the scheduler included, so a bad
-    command line stops them all (a scheduler that stops alone leaves the workers waiting for it).
-    """
+    command line stops them all (a scheduler that stops alone leaves the workers waiting for it)."""
     from ..train.distributed import distributed_launch
     world = distributed_launch()
     if world is None:

@@ -324,8 +324,7 @@ class AccumulationBuffer:
         In place: the buffer is reduced over the ranks, divided, unscaled and clipped, and the guard adjusts the loss
         scale and counts a skip. Then exactly one of `step` (if True) or `clear` must follow, before the next
         micro-batch: the executor's three graphs choose between them on the host, so no graph holds a tensor `if`
-        (docs/structures.md).
-        """
+        (docs/structures.md)."""
         grads, applied = self._window(clip_norm)
         # The verdict waits for the in-place writes: no output would need them otherwise (the guard judges the norm
         # clipping measured, not the buffer), and the graph would leave the clipping out.
@@ -361,8 +360,7 @@ class AccumulationBuffer:
     def apply(self, optimizer, clip_norm):
         """`check`, and `optimizer` on the window if it may be applied; the window stays open until `clear`.
 
-        Returns whether the optimizer ran.
-        """
+        Returns whether the optimizer ran."""
         grads, applied = self._window(clip_norm)
         if applied:
             optimizer(self.to_params(grads))
@@ -377,8 +375,7 @@ class AccumulationBuffer:
         """`check`, then `step` or `clear`, in one graph: returns whether the optimizer ran.
 
         The guard's verdict also says how to zero the buffer (an applied window is finite), so closing in a graph
-        needs one tensor `if`, not two.
-        """
+        needs one tensor `if`, not two."""
         grads, applied = self._window(clip_norm)
         if applied:
             self._step(optimizer, grads)

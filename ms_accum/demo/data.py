@@ -97,8 +97,7 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
     """(dtype, shape) of an idx file, from its header; checks the magic number (`expected`, if given) and the size.
 
     Raises DataError naming the file if it is missing, not an idx file (of the `expected` kind), or not as long as
-    its header says.
-    """
+    its header says."""
     if not os.path.exists(path):
         hint = " (found a .gz beside it: decompress it)" if os.path.exists(path + ".gz") else ""
         raise DataError("idx file '{path}' is missing{hint}.", path=path, hint=hint)

@@ -126,8 +126,7 @@ class _MicroBatchCell(_BufferCell):
         The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
         and the loss scale are the backward pass's sensitivity, so weighting costs nothing. The statistics are the
         buffer's (`ms_accum.core.statistics`: None when off). Callers use the results (docs/mindspore.md,
-        discarded results of functions with side effects).
-        """
+        discarded results of functions with side effects)."""
         out = self.network(*inputs)
         loss, weight = self.buffer.reduction.split(out, inputs[0])
         scale = self.buffer.guard.scaling.sens(weight)

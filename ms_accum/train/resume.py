@@ -79,8 +79,7 @@ class StateCheckpoints:
         if every update still sees the same global batch and an epoch the same samples: the position, kept in
         global samples, is then converted to this run's batches. The data order is the same when every rank reads
         its shard through MindSpore's `DistributedSampler` (`num_shards`, `shard_id`; a single process with
-        ``num_shards=1``): rank r of n reads samples r, r + n, ... of one shuffled order.
-        """
+        ``num_shards=1``): rank r of n reads samples r, r + n, ... of one shuffled order."""
         if resume in (None, False):
             self._check_fresh()
             return Position(), None
