@@ -11,6 +11,7 @@ MindSpore (`ms_accum.runtime` must cap oneDNN before MindSpore loads).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import os
@@ -342,12 +343,10 @@ def optimizer_attribute(optimizer, name: str, default=_REQUIRED):
 
 
 def listed_rates(optimizer) -> Optional[int]:
-    """
-    How many rates a learning rate given as a list holds (the fewest of any group's), one per optimizer step; None when
-    none is a list. MindSpore keeps a list in an undocumented schedule, `_IteratorLearningRate`, under its own name
-    `learning_rate` (since 2.8, known to hold 2.8–2.10), and gathers the step's rate from it in the graph; a schedule
-    in another place reads as no list.
-    """
+    """How many rates a learning rate given as a list holds (the fewest of any group's), one per optimizer step; None
+    when none is a list. MindSpore keeps a list in an undocumented schedule, `_IteratorLearningRate`, under its own name
+    `learning_rate` (since 2.8, known to hold 2.8–2.10), and gathers the step's rate from it in the graph; a schedule in
+    another place reads as no list."""
     from mindspore import nn
     try:
         from mindspore.nn.optim.optimizer import _IteratorLearningRate
@@ -471,18 +470,14 @@ def onednn() -> Optional["ctypes.CDLL"]:
     import ctypes
     import platform
     candidates = list(ONEDNN_LIBRARIES)
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:  # Linux: the file MindSpore loaded, whatever its name
-            candidates[:0] = sorted({line.split()[-1] for line in maps if "/libdnnl.so" in line})
-    except OSError:
-        pass
+    # Linux: the file MindSpore loaded, whatever its name.
+    with contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8") as maps:
+        candidates[:0] = sorted({line.split()[-1] for line in maps if "/libdnnl.so" in line})
     for candidate in candidates:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             library = ctypes.CDLL(candidate, mode=os.RTLD_NOLOAD)
             library.dnnl_get_effective_cpu_isa  # noqa: B018  (a library without it is not oneDNN)
-        except (OSError, AttributeError):
-            continue
-        return library
+            return library
     if platform.machine().lower() in ("x86_64", "amd64"):
         _fall_back("CPU kernel check", f"bundled oneDNN ({' or '.join(ONEDNN_LIBRARIES)})",
                    "which ISA its CPU kernels run is judged by the CPU's flags alone.")

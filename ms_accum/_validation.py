@@ -10,8 +10,7 @@ import contextlib
 import math
 import os
 import string
-from typing import Any, Iterable, Optional, Tuple, Type, Union
-
+from typing import Any, Iterable, List, Optional, Tuple, Type, Union
 
 
 class Words:
@@ -88,6 +87,9 @@ class Message:
         """The message in `words` (the library's by default)."""
         return "".join(literal + ("" if field is None else self._field(field, spec, conversion, words))
                        for literal, field, spec, conversion in _parts(self.template))
+
+    def __str__(self) -> str:
+        return self.render()
 
     def _named(self, field: str) -> Optional[str]:
         """The argument `field` names, if it names one."""
@@ -211,19 +213,14 @@ class MessageError(Message, Exception):
         Message.__init__(self, template, **values)
         Exception.__init__(self, template)
 
-    def __str__(self) -> str:
-        return self.render()
-
 
 class CallError(MessageError):
-    """
-    A call refused, as data: the `Message` says what was expected; the public function the user called (`door`) is
+    """A call refused, as data: the `Message` says what was expected; the public function the user called (`door`) is
     named in front, in MindSpore's wording: ``For 'Accumulator', the argument ...``.
 
-    Inner code raises it without knowing who called: the outermost `door` an error passes through names it, so a
-    class built by another (the executor's buffer) speaks in the name the user called. `named` fixes the name for
-    good, for an error about another door's arguments found later (a loss that does not fit, found when training).
-    """
+    Inner code raises it without knowing who called: the outermost `door` an error passes through names it, so a class
+    built by another (the executor's buffer) speaks in the name the user called. `named` fixes the name for good, for an
+    error about another door's arguments found later (a loss that does not fit, found when training)."""
 
     def __init__(self, template: str, **values: Any) -> None:
         super().__init__(template, **values)
@@ -256,9 +253,6 @@ class ArgumentWarning(Message, UserWarning):
     def __init__(self, template: str, **values: Any) -> None:
         Message.__init__(self, template, **values)
         UserWarning.__init__(self, template)
-
-    def __str__(self) -> str:
-        return self.render()
 
 
 class ArgumentTypeError(ArgumentError, TypeError):
@@ -304,6 +298,15 @@ def describe_exception(err: BaseException) -> str:
     causes = [line.strip() for line in text.splitlines() if _is_exception_line(line.strip())]
     cause = f" {causes[-1]}" if causes and causes[-1] not in head else ""
     return f"{type(err).__name__}: {head or '(no message)'}{cause}"
+
+
+def causes(err: BaseException) -> List[BaseException]:
+    """`err` and the exceptions it was raised from or while handling, as Python prints them: outermost first."""
+    chain: List[BaseException] = []
+    while err is not None and all(err is not seen for seen in chain):
+        chain.append(err)
+        err = err.__cause__ if err.__cause__ is not None or err.__suppress_context__ else err.__context__
+    return chain
 
 
 def first_paragraph(text: str) -> str:

@@ -170,8 +170,7 @@ def no_attribute(module: str, name: str) -> Exception:
 
     An ImportError, not an AttributeError, as ``from module import name`` asks the module's ``__getattr__`` and replaces
     any AttributeError with its own "cannot import name", dropping the line (every release; no class can be both since
-    Python 3.10): a removed name is an import that fails, however it is asked for.
-    """
+    Python 3.10): a removed name is an import that fails, however it is asked for."""
     key = f"{module}.{name}"
     if key not in TABLE:
         return AttributeError(f"module '{module}' has no attribute '{name}'")

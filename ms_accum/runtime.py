@@ -7,6 +7,7 @@ executor then warn once (`check_cpu_kernels`).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -34,13 +35,10 @@ _state = {"set_here": False, "capped_before_load": False, "warned": False}
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset:
     """The CPU's flags (``avx2``, ``avx512f``, ...) as /proc/cpuinfo lists them; empty where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
     return frozenset()
 
 

@@ -25,15 +25,13 @@ class FlagError(MessageError, argparse.ArgumentTypeError):
 
 
 class Parser(argparse.ArgumentParser):
-    """
-    An `argparse.ArgumentParser` that keeps, as each argument is added, the flag an error names it by (`flags`, read by
-    `errors.CliWords`), so a flag's name is written once, where it is added; and that says a flag's value refused (by
+    """An `argparse.ArgumentParser` that keeps, as each argument is added, the flag an error names it by (`flags`, read
+    by `errors.CliWords`), so a flag's name is written once, where it is added; and that says a flag's value refused (by
     its type or its choices) as the command says any refusal (`errors.error_line`), still argparse's usage error.
 
     `flags` maps each option's destination, and each name the library gives what the option sets (``sets``:
     ``add_argument("--epochs", ..., sets=("epoch",))``), to the option's first long flag. A command's parser is a
-    `Parser` too (`add_subparsers` makes its sub-parsers of the parser's class).
-    """
+    `Parser` too (`add_subparsers` makes its sub-parsers of the parser's class)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.flags: Dict[str, str] = {}

@@ -12,8 +12,7 @@ import contextlib
 import sys
 from typing import Any, Optional
 
-from .._validation import (Argument, CallError, Message, MessageError, Term, Words, describe_exception,
-                           first_paragraph)
+from .._validation import (Argument, CallError, Message, MessageError, Term, Words, describe_exception, first_paragraph)
 
 # What a factory returned, by the library's name for it: an error about it names the factory's part.
 FACTORY_PARTS = {"network": "network", "loss_fn": "loss_fn", "optimizer": "optimizer", "train_dataset": "'train' data"}

@@ -28,7 +28,7 @@ import traceback
 from typing import Iterable, List, Optional, Tuple
 
 from .. import __version__
-from .._validation import MessageError, describe_exception
+from .._validation import MessageError, causes, describe_exception
 from .errors import error_line
 
 VARIABLE = "MS_ACCUM_TRACEBACK"
@@ -47,14 +47,10 @@ def wants_traceback(args: argparse.Namespace) -> bool:
 def explain(err: BaseException, args: argparse.Namespace) -> str:
     """What the command prints on stderr for `err`, its last line the one `error_line`: the user's frames above it
     when their code raised, the whole stack when asked for, and the bug notice when ms_accum's own code raised."""
-    lines = []
     own = _factory_files(args)
-    if wants_traceback(args):
-        lines.append("".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip("\n"))
-    else:
-        users = users_traceback(err, own)
-        if users:
-            lines.append(users)
+    stack = ("".join(traceback.format_exception(type(err), err, err.__traceback__)).rstrip("\n")
+             if wants_traceback(args) else users_traceback(err, own))
+    lines = [stack] if stack else []
     lines.append(f"ms-accum {args.command}: error: {error_line(err, args)}")
     if is_bug(err, own):
         with_what = "this output" if wants_traceback(args) else "the output of the same command with --traceback"
@@ -71,7 +67,8 @@ def users_traceback(err: BaseException, own: Tuple[str, ...] = ()) -> str:
         frames = [frame for frame in _frames(cause) if is_users(frame.filename, own)]
         if frames:
             listed = "".join(traceback.StackSummary.from_list(frames).format()).rstrip("\n")
-            return f"{HEADER}\n{listed}\n{_line(cause)}"
+            line = str(cause) if _in_trial(cause) else describe_exception(cause)  # a trial's, as its process said it
+            return f"{HEADER}\n{listed}\n{line}"
     return ""
 
 
@@ -94,15 +91,6 @@ def expected(err: BaseException) -> bool:
     return isinstance(err, (MessageError, OSError, MemoryError))
 
 
-def causes(err: BaseException) -> List[BaseException]:
-    """`err` and the exceptions it was raised from or while handling, as Python prints them: outermost first."""
-    chain: List[BaseException] = []
-    while err is not None and all(err is not seen for seen in chain):
-        chain.append(err)
-        err = err.__cause__ if err.__cause__ is not None or err.__suppress_context__ else err.__context__
-    return chain
-
-
 def is_users(filename: str, own: Tuple[str, ...] = ()) -> bool:
     """Whether the file `filename` is the user's code: a real file outside ms_accum, the standard library,
     site-packages and MindSpore, or one of `own` (the factory's module, wherever it is installed)."""
@@ -117,11 +105,6 @@ def _in_trial(err: BaseException) -> bool:
     not imported here, which would import MindSpore)."""
     planner = sys.modules.get("ms_accum.tools.planner")
     return planner is not None and isinstance(err, planner.TrialError)
-
-
-def _line(err: BaseException) -> str:
-    """The line that says what `err` is: its type and message, as the trial's process said it for a `TrialError`."""
-    return str(err) if _in_trial(err) else describe_exception(err)
 
 
 def _frames(err: BaseException) -> List[traceback.FrameSummary]:
@@ -202,9 +185,5 @@ def _site() -> Tuple[str, ...]:
 
 def _under(filename: str, roots: Iterable[Optional[str]]) -> bool:
     path = os.path.realpath(filename)
-    for root in roots:
-        if root:
-            root = os.path.realpath(root)
-            if path == root or path.startswith(root.rstrip(os.sep) + os.sep):
-                return True
-    return False
+    return any(path == real or path.startswith(real.rstrip(os.sep) + os.sep)
+               for real in (os.path.realpath(root) for root in roots if root))

@@ -33,8 +33,7 @@ def launcher_world_size(args: argparse.Namespace) -> Optional[int]:
     """msrun's worker count, or None without a launcher; checked against the arguments before anything starts.
 
     Every check here gives the same answer in every process msrun started, the scheduler included, so a bad
-    command line stops them all (a scheduler that stops alone leaves the workers waiting for it).
-    """
+    command line stops them all (a scheduler that stops alone leaves the workers waiting for it)."""
     from ..train.distributed import distributed_launch
     world = distributed_launch()
     if world is None:
@@ -109,8 +108,7 @@ def factory_job(args: argparse.Namespace, parallel, world: int) -> Job:
         raise smaller_batch(err, args, "batch_size", world) from err
     return Job(network=user.network, loss_fn=user.loss_fn, optimizer=user.optimizer, dataset=dataset,
                 ckpt_name="".join(c if c.isalnum() else "_" for c in args.model), source=f"the data of {args.model}",
-                synthetic=False,
-                settings={"optimizer": type(user.optimizer).__name__},
+                synthetic=False, settings={"optimizer": type(user.optimizer).__name__},
                 reads=f"dataset{call} of the factory '{args.model}'",
                 held_out=lambda size: user.data(size, "eval", call[2], world))
 

@@ -18,8 +18,7 @@ def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
     """(directory, synthetic) following --data, $MS_ACCUM_MNIST, ./datasets/MNIST_Data, download, fallback.
 
     `rank` is the data-parallel rank, if any: each worker then generates a fallback set of its own (the same
-    files), because one worker replacing a shared directory would pull it from under another one reading it.
-    """
+    files), because one worker replacing a shared directory would pull it from under another one reading it."""
     from ..demo.data import DataError, check_mnist_dir, download_mnist, is_synthetic, make_synthetic_mnist, \
         resolve_data_dir
     if args.data is not None:  # asked for explicitly: no fallback, the user must hear what is wrong

@@ -145,8 +145,7 @@ def _checkpoints(args: argparse.Namespace, job: Job, parallel):
                        keep_last=args.keep_last, metadata=metadata, resume=args.resume, format=args.ckpt_format)
 
 
-def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation: dict, board, label: str,
-           quiet: bool):
+def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation: dict, board, label: str, quiet: bool):
     """`train_process` over the command line's epochs and K (and `validation`, `_validation`'s), behind a progress
     bar unless `quiet`, each step written for TensorBoard by `board` (`_tensorboard`'s); its result."""
     from ..train.options import LogOptions

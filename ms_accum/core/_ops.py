@@ -144,8 +144,7 @@ def accumulate_unless_left_out(grad_sum, micro_batch_count, num_samples, grads, 
     not be finite, are added only if it weighs something (one that weighs nothing adds nothing anyway).
 
     A tensor `if`, not a `select` of each gradient against zeros, which held copies of the gradients
-    (docs/mindspore.md, masking a gradient).
-    """
+    (docs/mindspore.md, masking a gradient)."""
     if weight > 0:
         _reverse_map(_accumulate_op, grad_sum, grads)
     return _counted(micro_batch_count, num_samples, ops.cast(weight, ms.float32))
@@ -258,8 +257,7 @@ def grads_squared_norm(grads):
     tensors. LeNet5's 8 gradients take 5 kernels, 11 as `half_squared_norm` sums them (MindSpore's profiler, counting a
     micro-batch's kernels; docs/mindspore.md, every launch counts). For intermediate tensors only: flattening a
     Parameter (a buffer's tensor) is a copy kernel in MindSpore 2.10's graphs, so a buffer is summed by
-    `half_squared_norm`, which flattens only its large tensors.
-    """
+    `half_squared_norm`, which flattens only its large tensors."""
     return _terms_norm(grads, _reverse_map(_norm_terms_op, grads))
 
 
@@ -318,8 +316,7 @@ def clip_measured(grads, clip_norm: float, sq_norm=None):
 
     The global norm is summed without a temporary (`squared_norm`): `clip_by_global_norm` squares each tensor into a
     copy first (docs/mindspore.md, small reductions). Its sums differ from ours by float32 rounding only. `sq_norm`,
-    the squared global norm already measured (by statistics), is not summed again.
-    """
+    the squared global norm already measured (by statistics), is not summed again."""
     if sq_norm is None:
         sq_norm = squared_norm(grads)
     clip = ops.scalar_to_tensor(clip_norm, ms.float32)
@@ -335,8 +332,7 @@ def window_grads(grad_sum, divisor, clip_norm, statistics):
 
     Clipping measures the window's norm anyway, between the division and its own writes: the guard then tests that
     norm for finiteness rather than reading the clipped buffer again, which made MindSpore copy the buffer's large
-    tensors (docs/mindspore.md, in-place operations). With statistics on, clipping reuses their norm.
-    """
+    tensors (docs/mindspore.md, in-place operations). With statistics on, clipping reuses their norm."""
     grads, sq_norm = statistics.window(_hyper_map(ops.partial(_scale_in_place_op, 1.0 / divisor), grad_sum))
     if clip_norm is not None:
         grads, sq_norm = clip_measured(grads, clip_norm, sq_norm)
@@ -413,8 +409,7 @@ def clear_window(grad_sum, micro_batch_count, counters):
     Subtracting the buffer from itself zeroes every finite value; a buffer that held inf or nan then sums to nan
     and is overwritten with zeros. The test is a tensor `if` (docs/structures.md: a graph with control flow costs
     more per call), so a window closed by the optimizer step, which knows whether it was finite, avoids it. The test
-    reads the buffer's Parameters after the subtraction, which auto-monad orders after it; no copy is made.
-    """
+    reads the buffer's Parameters after the subtraction, which auto-monad orders after it; no copy is made."""
     zero_finite(grad_sum)
     if not sums_finite(grad_sum):
         zero_any(grad_sum)

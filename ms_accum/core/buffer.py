@@ -302,8 +302,7 @@ class AccumulationBuffer:
     def add(self, loss, grads, weight):
         """Adds one micro-batch whose `grads` already carry its `weight`; returns the micro-batches in the window.
 
-        The guard's policy decides first: a non-finite micro-batch is counted, and left out under
-        ``"skip_microbatch"``.
+        The guard's policy decides first: a non-finite micro-batch is counted, and left out under ``"skip_microbatch"``.
         """
         grads, weight = self.guard.micro_batch(loss, grads, self.in_place.weight(weight))
         return self.adds(self.grad_sum, self.micro_batch_count, self.num_samples, grads, weight)
@@ -325,8 +324,7 @@ class AccumulationBuffer:
         In place: the buffer is reduced over the ranks, divided, unscaled and clipped, and the guard adjusts the loss
         scale and counts a skip. Then exactly one of `step` (if True) or `clear` must follow, before the next
         micro-batch: the executor's three graphs choose between them on the host, so no graph holds a tensor `if`
-        (docs/structures.md).
-        """
+        (docs/structures.md)."""
         grads, applied = self._window(clip_norm)
         # The verdict waits for the in-place writes: no output would need them otherwise (the guard judges the norm
         # clipping measured, not the buffer), and the graph would leave the clipping out.
@@ -362,8 +360,7 @@ class AccumulationBuffer:
     def apply(self, optimizer, clip_norm):
         """`check`, and `optimizer` on the window if it may be applied; the window stays open until `clear`.
 
-        Returns whether the optimizer ran.
-        """
+        Returns whether the optimizer ran."""
         grads, applied = self._window(clip_norm)
         if applied:
             optimizer(self.to_params(grads))
@@ -378,8 +375,7 @@ class AccumulationBuffer:
         """`check`, then `step` or `clear`, in one graph: returns whether the optimizer ran.
 
         The guard's verdict also says how to zero the buffer (an applied window is finite), so closing in a graph
-        needs one tensor `if`, not two.
-        """
+        needs one tensor `if`, not two."""
         grads, applied = self._window(clip_norm)
         if applied:
             self._step(optimizer, grads)

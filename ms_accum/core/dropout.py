@@ -11,9 +11,8 @@ from.
 
 `DropoutStreams` is that state for a whole network, kept beside it (ms_accum saves it with the training state): the
 network keeps its classes, cells and Parameters. While `DropoutStreams.drawing()` is open, each `nn.Dropout` of the
-network calls its `SeededDropout` primitive instead of MindSpore's (set with `setattr`, MindSpore's public way of
-giving a Cell another primitive, and set back when it closes). `uncovered_random_ops` names the random ops it does not
-reach.
+network calls its `SeededDropout` primitive instead of MindSpore's (set with `setattr`, MindSpore's public way of giving
+a Cell another primitive, and set back when it closes). `uncovered_random_ops` names the random ops it does not reach.
 """
 from __future__ import annotations
 

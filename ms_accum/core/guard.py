@@ -149,8 +149,7 @@ class _Scaled:
         return divisor * self.loss_scale
 
     def adjust(self, apply, bad):
-        """Lets a dynamic scaler grow after a clean window (applied, no bad micro-batch) or shrink after an
-        overflow."""
+        """Lets a dynamic scaler grow after a clean window (applied, no bad micro-batch) or shrink after an overflow."""
         return self.scaler.adjust(ops.logical_and(apply, bad <= 0.0))
 
 
@@ -256,8 +255,7 @@ class WindowGuard:
         """Whether the window's unscaled, reduced `grads` may be applied; adjusts the scale and the counters.
 
         `micro_batches` is this rank's micro-step count; `reducer` sums the counts over the ranks. `sq_norm` is the
-        window's squared norm before clipping, measured by statistics (None when off).
-        """
+        window's squared norm before clipping, measured by statistics (None when off)."""
         bad, seen = reducer.totals(self.window_bad, ops.cast(micro_batches, ms.float32))
         apply = ops.logical_and(self.window_finite(grads, sq_norm), ops.logical_not(self.filter.spoiled(bad, seen)))
         ops.assign_add(self.skipped_windows, ops.cast(ops.logical_not(apply), ms.int32))

@@ -212,17 +212,8 @@ def record(library_path: Path, parts: Dict[str, str]) -> None:
         OSError: If it cannot be written.
     """
     sha256, size = _contents(library_path)
-    text = json.dumps({"key": parts, "sha256": sha256, "size": size}, indent=1, sort_keys=True)
-    target = record_path(library_path)
-    fd, temporary = _temporary(target)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
+    with _replacing(record_path(library_path)) as (fd, _), os.fdopen(fd, "w") as file:
+        json.dump({"key": parts, "sha256": sha256, "size": size}, file, indent=1, sort_keys=True)
 
 
 def recorded(library_path: Path, parts: Dict[str, str]) -> bool:
@@ -230,8 +221,7 @@ def recorded(library_path: Path, parts: Dict[str, str]) -> bool:
     short, another file renamed in, another machine's) is not."""
     try:
         entry = json.loads(record_path(library_path).read_text())
-        if not isinstance(entry, dict) or entry.get("key") != parts or \
-                entry.get("size") != library_path.stat().st_size:
+        if not isinstance(entry, dict) or entry.get("key") != parts or entry.get("size") != library_path.stat().st_size:
             return False
         return entry.get("sha256") == _contents(library_path)[0]
     except (OSError, ValueError):
@@ -246,11 +236,9 @@ def _serves(target: Path, parts: Dict[str, str], symbols: Tuple[str, ...]) -> bo
 
 
 def load_failure(path: Path, symbols: Tuple[str, ...] = ()) -> Optional[str]:
-    """
-    Why the library at `path` would not serve this process, found by loading it in a child process (one interpreter
+    """Why the library at `path` would not serve this process, found by loading it in a child process (one interpreter
     start without ``site``, no MindSpore): a file that kills the process that loads it kills the child. None when it
-    loads and exports `symbols`.
-    """
+    loads and exports `symbols`."""
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", _LOAD, str(path), *symbols], capture_output=True,
                               text=True, timeout=timeout(), check=False)
@@ -272,10 +260,22 @@ def _temporary(target: Path) -> Tuple[int, str]:
     (the umask decides who may read it: a cache may be shared), not private as `tempfile.mkstemp` makes it."""
     while True:
         path = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        try:
+        with contextlib.suppress(FileExistsError):
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
-        except FileExistsError:
-            continue
+
+
+@contextlib.contextmanager
+def _replacing(target: Path) -> Iterator[Tuple[int, str]]:
+    """A new file beside `target` (`_temporary`: its descriptor and path) renamed to `target` once the block ends;
+    removed if the block raises."""
+    fd, temporary = _temporary(target)
+    try:
+        yield fd, temporary
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 @functools.lru_cache(maxsize=None)
@@ -350,28 +350,21 @@ def _build(name: str, source: str, compiler_path: str, target: Path, symbols: Tu
         KernelBuildError: If the compiler fails or what it built does not load.
         OSError: If `target`'s directory cannot be written.
     """
-    fd, temporary = _temporary(target)
-    os.close(fd)
-    try:
+    with _replacing(target) as (fd, temporary):
+        os.close(fd)
         _compile(name, compiler_path, source, temporary)
         failure = load_failure(Path(temporary), symbols)
         if failure is not None:
             raise KernelBuildError("ms_accum's {name} kernel, built just now by {compiler}, does not load: {failure}.",
                                    name=name, compiler=compiler_path, failure=failure)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
 
 
 @functools.lru_cache(maxsize=None)
 def library(name: str, appended: str = "", symbols: Tuple[str, ...] = ()) -> str:
     """
-    The path of a checked shared library built from ``kernels/{name}.cc`` followed by the source `appended`
-    (generated code): the cache's build for this machine when its record matches it and a child process loads it,
-    else built now (and recorded). Where the cache cannot be written, the build is this process's own, and a warning
-    says so once.
+    The path of a checked shared library built from ``kernels/{name}.cc`` followed by the source `appended` (generated
+    code): the cache's build for this machine when its record matches it and a child process loads it, else built now
+    (and recorded). Where the cache cannot be written, the build is this process's own, and a warning says so once.
 
     Args:
         name (str): The kernel, ``kernels/{name}.cc``.

@@ -167,13 +167,11 @@ class AllReduceSums:
 
 @ms.jit_class
 class CountSums(AllReduceSums):
-    r"""
-    `AllReduceSums` for a buffer already all-reduced in buckets, each in its own graph launch, before the graph
-    that closes the window (`InPlaceAllReduce`, the executor's way): the graph sums the sample count alone.
+    r"""`AllReduceSums` for a buffer already all-reduced in buckets, each in its own graph launch, before the graph that
+    closes the window (`InPlaceAllReduce`, the executor's way): the graph sums the sample count alone.
 
     A graph that all-reduces the whole buffer holds every reduced copy until it ends: MindSpore keeps the outputs of a
-    graph's communication kernels apart from the memory it reuses (docs/data-parallel.md, communication).
-    """
+    graph's communication kernels apart from the memory it reuses (docs/data-parallel.md, communication)."""
 
     def __call__(self, grad_sum, num_samples):
         return grad_sum, self.all_reduce(num_samples)

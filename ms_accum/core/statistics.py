@@ -71,8 +71,7 @@ class Statistics(NoStatistics):
     """
 
     def __init__(self, prefix: str = "accumulate") -> None:
-        self.window_sq_norm = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_sq_norm",
-                                        requires_grad=False)
+        self.window_sq_norm = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.window_sq_norm", requires_grad=False)
 
     def micro_batch(self, loss, grads, weight, sens, grads_norm):
         sq, grads = self._sq_norm(grads, sens, grads_norm)

@@ -11,6 +11,7 @@ an iterator, or not at all (a wrong directory silently yields zero samples).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -96,8 +97,7 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
     """(dtype, shape) of an idx file, from its header; checks the magic number (`expected`, if given) and the size.
 
     Raises DataError naming the file if it is missing, not an idx file (of the `expected` kind), or not as long as
-    its header says.
-    """
+    its header says."""
     if not os.path.exists(path):
         hint = " (found a .gz beside it: decompress it)" if os.path.exists(path + ".gz") else ""
         raise DataError("idx file '{path}' is missing{hint}.", path=path, hint=hint)
@@ -136,9 +136,8 @@ def check_mnist_dir(path: PathLike) -> str:
     """
     Check that `path` holds the four MNIST idx files with sound headers, cheaply (headers and sizes only).
 
-    For each file: it exists, its magic number is 2051 (images) or 2049 (labels), its size equals what the
-    header implies, images are 28x28, and each split has as many labels as images. Pixel and label values are
-    not read.
+    For each file: it exists, its magic number is 2051 (images) or 2049 (labels), its size equals what the header
+    implies, images are 28x28, and each split has as many labels as images. Pixel and label values are not read.
 
     Args:
         path (Union[str, os.PathLike]): The MNIST_Data directory, holding ``train/`` and ``test/``.
@@ -189,8 +188,7 @@ def read_idx(path: PathLike) -> np.ndarray:
         numpy.ndarray, with the header's shape and dtype (uint8 for MNIST), in native byte order.
 
     Raises:
-        DataError: If the file is missing, its magic number is not an idx one, or its size does not match
-            its header.
+        DataError: If the file is missing, its magic number is not an idx one, or its size does not match its header.
     """
     path = os.fspath(path)
     dtype, dims = _idx_header(path)
@@ -252,11 +250,10 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
     """
     Download MNIST as MindSpore's documentation does, verified, into ``root/MNIST_Data``.
 
-    Nothing is downloaded when ``root/MNIST_Data`` already passes :func:`check_mnist_dir`. Otherwise the zip
-    is fetched with the `download` package and unpacked into a temporary directory inside `root`; the MD5 of
-    each of the four files is checked against `MNIST_FILES`, and only when all match are they moved into
-    ``root/MNIST_Data/{train,test}``. On any failure the temporary directory is removed, so no partial file
-    is left.
+    Nothing is downloaded when ``root/MNIST_Data`` already passes :func:`check_mnist_dir`. Otherwise the zip is fetched
+    with the `download` package and unpacked into a temporary directory inside `root`; the MD5 of each of the four files
+    is checked against `MNIST_FILES`, and only when all match are they moved into ``root/MNIST_Data/{train,test}``. On
+    any failure the temporary directory is removed, so no partial file is left.
 
     Args:
         root (Union[str, os.PathLike]): The directory to hold ``MNIST_Data``. Default: ``"./datasets"``.
@@ -282,10 +279,8 @@ def download_mnist(root: PathLike = "./datasets", timeout: float = 30.0, url: Op
         raise DataError("'{target}' holds synthetic data (it has a {SYNTHETIC_MARKER} file); remove it or choose "
                         "another root to download the real MNIST.", target=target, SYNTHETIC_MARKER=SYNTHETIC_MARKER)
     if os.path.isdir(target):
-        try:
+        with contextlib.suppress(DataError):  # missing or damaged: download, then replace the four files
             return check_mnist_dir(target)
-        except DataError:
-            pass  # missing or damaged: download, then replace the four files
 
     os.makedirs(root, exist_ok=True)
     # Inside root, so the final moves are renames on one filesystem: no half-copied file can appear.
@@ -362,9 +357,8 @@ class _Reading:
             check_isinstance(self.shuffle, "shuffle", bool)
         check_positive_int(self.num_parallel_workers, "num_parallel_workers")
         if (self.num_shards is None) != (self.shard_id is None):
-            raise ArgumentValueError("the arguments {@num_shards} and {@shard_id} must be given together, but "
-                                     "got {num_shards=}, {shard_id=}.", num_shards=self.num_shards,
-                                     shard_id=self.shard_id)
+            raise ArgumentValueError("the arguments {@num_shards} and {@shard_id} must be given together, but got "
+                                     "{num_shards=}, {shard_id=}.", num_shards=self.num_shards, shard_id=self.shard_id)
         if self.num_shards is not None:
             check_positive_int(self.num_shards, "num_shards")
             check_positive_int(self.shard_id, "shard_id", minimum=0)
@@ -376,8 +370,7 @@ class _Reading:
         if self.seed is not None:
             check_positive_int(self.seed, "seed", minimum=0)
             if self.seed > 0xFFFFFFFF:
-                raise ArgumentValueError("{@seed:subject} must be in [0, 4294967295], but got {seed}.",
-                                         seed=self.seed)
+                raise ArgumentValueError("{@seed:subject} must be in [0, 4294967295], but got {seed}.", seed=self.seed)
         check_isinstance(self.drop_remainder, "drop_remainder", bool)
 
 
@@ -461,14 +454,12 @@ def create_dataset(data_path: PathLike, batch_size: int = 32, usage: str = "trai
         drop_remainder (bool): Whether to drop the last, smaller batch. Default: ``True``.
 
     Returns:
-        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32
-        :math:`(N,)`.
+        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 32, 32)` and ``label`` int32 :math:`(N,)`.
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If `batch_size`, `num_parallel_workers` or `num_samples` is not positive, `usage` is
-            unknown, only one of `num_shards` and `shard_id` is given, `shard_id` is out of range, or no batch
-            would be produced.
+        ValueError: If `batch_size`, `num_parallel_workers` or `num_samples` is not positive, `usage` is unknown, only
+            one of `num_shards` and `shard_id` is given, `shard_id` is out of range, or no batch would be produced.
         DataError: If the MNIST files are missing or damaged.
     """
     return _build_pipeline(data_path, 32, _Reading(
@@ -495,8 +486,7 @@ def datapipe(data_path: PathLike, batch_size: int = 32, usage: str = "train", sh
             takes them.
 
     Returns:
-        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 28, 28)` and ``label`` int32
-        :math:`(N,)`.
+        mindspore.dataset.Dataset, yielding ``image`` float32 :math:`(N, 1, 28, 28)` and ``label`` int32 :math:`(N,)`.
 
     Raises:
         TypeError: If an argument has the wrong type, or an unknown keyword is given.
@@ -542,8 +532,7 @@ def _render_digits(labels: np.ndarray, rng: np.random.Generator, chunk: int = 40
         # shift of the center; sampled through its inverse. Sizes keep every digit inside the 28x28 frame.
         angle = rng.uniform(-0.2, 0.2, n)
         shear = rng.uniform(-0.25, 0.25, n)
-        sx = rng.uniform(2.3, 3.0, n)
-        sy = rng.uniform(2.4, 3.1, n)
+        sx, sy = rng.uniform(2.3, 3.0, n), rng.uniform(2.4, 3.1, n)
         cos, sin = np.cos(angle), np.sin(angle)
         a = np.stack([np.stack([cos * sx, (cos * shear - sin) * sy], -1),
                       np.stack([sin * sx, (sin * shear + cos) * sy], -1)], -2)  # (n, 2, 2)
@@ -554,10 +543,8 @@ def _render_digits(labels: np.ndarray, rng: np.random.Generator, chunk: int = 40
         # Glyph coordinates relative to the bordered bank's center (3.0, 4.0).
         u = inv[:, 0, 0, None, None] * dx + inv[:, 0, 1, None, None] * dy + 3.0
         v = inv[:, 1, 0, None, None] * dx + inv[:, 1, 1, None, None] * dy + 4.0
-        u = np.clip(u, 0.0, 6.0)
-        v = np.clip(v, 0.0, 8.0)
-        u0 = np.minimum(np.floor(u).astype(np.int64), 5)
-        v0 = np.minimum(np.floor(v).astype(np.int64), 7)
+        u, v = np.clip(u, 0.0, 6.0), np.clip(v, 0.0, 8.0)
+        u0, v0 = np.minimum(np.floor(u).astype(np.int64), 5), np.minimum(np.floor(v).astype(np.int64), 7)
         fu, fv = u - u0, v - v0
         # Bilinear sampling as four gathers from each sample's glyph.
         idx = np.arange(n)[:, None, None]

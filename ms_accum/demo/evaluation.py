@@ -115,9 +115,8 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
             recorded in the checkpoint. If both are known they must agree.
         data (str, optional): MNIST directory of a built-in model; default: the one the checkpoint was trained on,
             else `resolve_data_dir`.
-        batch_size (int, optional): Evaluation batch size. Default: ``None``, the micro-batch the checkpoint was
-            trained with (its ``batch_size`` over its ``world_size``, as ``ms-accum train`` records them), else
-            ``256``.
+        batch_size (int, optional): Evaluation batch size. Default: ``None``, the micro-batch the checkpoint was trained
+            with (its ``batch_size`` over its ``world_size``, as ``ms-accum train`` records them), else ``256``.
         num_samples (int, optional): Evaluate on the first `num_samples` test images only (built-in models).
         callbacks (list[Callback], optional): Passed to `Model.eval` (built-in models).
         arg_name (str): How messages name the argument `model` (``"--model"`` on the command line). Default:
@@ -182,9 +181,7 @@ def _trained_micro_batch(metadata: Dict[str, MetaValue]) -> Optional[int]:
     """The micro-batch of one device that a checkpoint's run trained with (``batch_size`` over ``world_size``, as
     ``ms-accum train`` records them), or None if it does not say."""
     batch, world = metadata.get("batch_size"), metadata.get("world_size", 1)
-    if isinstance(batch, int) and isinstance(world, int) and world > 0 and batch >= world:
-        return batch // world
-    return None
+    return batch // world if isinstance(batch, int) and isinstance(world, int) and 0 < world <= batch else None
 
 
 def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> None:
@@ -194,9 +191,8 @@ def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> N
         load_into(network, ckpt, strict=True, expected={"model": model}, contents=contents,
                   network_name=f"the network of the model '{model}' ({arg_name})")
     except CheckpointError as err:
-        if "model" in contents[1]:
-            raise
-        fits = [other for other in sorted(MODELS) if other != model and _holds(contents[0], other)]
+        fits = [] if "model" in contents[1] else [other for other in sorted(MODELS)
+                                                 if other != model and _holds(contents[0], other)]
         if not fits:
             raise
         raise CheckpointError("{err} Its parameters are those of the model '{model}' (the file does not record its "

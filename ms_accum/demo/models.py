@@ -172,10 +172,8 @@ class ConvNet(nn.Cell):
         super().__init__()
         check_positive_int(num_class, "num_class")
         check_positive_int(num_channel, "num_channel")
-        layers = []
-        for channels in (num_channel, 32, 32, 32):
-            layers += [nn.Conv2d(channels, 32, 3), nn.ReLU()]
-        self.body = nn.SequentialCell(layers)
+        self.body = nn.SequentialCell([cell for channels in (num_channel, 32, 32, 32)
+                                       for cell in (nn.Conv2d(channels, 32, 3), nn.ReLU())])
         self.head = nn.Dense(32, num_class)
 
     def construct(self, x):
@@ -375,8 +373,7 @@ class Encoder(nn.Cell):
     def __init__(self, vocab: int = 30522, width: int = 768, heads: int = 12, layers: int = 12, max_len: int = 512,
                  num_class: int = 2, dropout: float = 0.1) -> None:
         super().__init__()
-        for arg_name, value in (("vocab", vocab), ("layers", layers), ("max_len", max_len),
-                                ("num_class", num_class)):
+        for arg_name, value in (("vocab", vocab), ("layers", layers), ("max_len", max_len), ("num_class", num_class)):
             check_positive_int(value, arg_name)
         self.embed = nn.Embedding(vocab, width)
         self.position = nn.Embedding(max_len, width)
@@ -417,10 +414,8 @@ def deep_mlp(optimizer: str = "sgd", layers: int = 12, width: int = 2048):
     decide a step's memory."""
     check_positive_int(layers, "layers")
     check_positive_int(width, "width")
-    cells = []
-    for _ in range(layers):
-        cells += [nn.Dense(width, width), nn.ReLU()]
-    network = nn.SequentialCell(cells + [nn.Dense(width, 10)])
+    network = nn.SequentialCell([cell for _ in range(layers) for cell in (nn.Dense(width, width), nn.ReLU())]
+                                + [nn.Dense(width, 10)])
     sample = _random_sample(lambda rng, n: rng.standard_normal((n, width)).astype(np.float32),
                             lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
     return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),

@@ -17,10 +17,9 @@ class Accumulator:
     r"""
     Accumulates the gradients of `accumulate_step` micro-batches and steps `optimizer` once per window.
 
-    Call it inside an `@ms.jit` train step with the gradients of one micro-batch, as on MindSpore's
-    "Gradient Accumulation" page. When the window is full the accumulated gradient is reduced, optionally
-    clipped by global norm, handed to the optimizer, and the buffer is cleared. Between updates the
-    network's parameters do not move.
+    Call it inside an `@ms.jit` train step with the gradients of one micro-batch, as on MindSpore's "Gradient
+    Accumulation" page. When the window is full the accumulated gradient is reduced, optionally clipped by global norm,
+    handed to the optimizer, and the buffer is cleared. Between updates the network's parameters do not move.
 
     With `reduction="mean"` (the default) write the loss as the ordinary mean over the micro-batch and do
     **not** divide it by `accumulate_step`: the Accumulator divides the window's sum by the number of
@@ -48,11 +47,10 @@ class Accumulator:
     Inputs:
         - **grads** (tuple[Tensor]) - The gradients of one micro-batch, one per optimizer parameter, in the
           optimizer's order (what `value_and_grad(fn, None, optimizer.parameters)` returns).
-        - **num_samples** (Union[int, Tensor], optional) - The micro-batch's sample count. Give it when
-          micro-batches differ in size: the mean then weights each by its count, so the window's gradient
-          equals the gradient of the concatenated batch (``"sum"`` ignores it; ``"weighted_mean"`` needs it: the
-          micro-batch's token count). Default: ``None``, every micro-batch weighs 1 and its gradient is
-          accumulated as it is (no multiplication).
+        - **num_samples** (Union[int, Tensor], optional) - The micro-batch's sample count. Give it when micro-batches
+          differ in size: the mean then weights each by its count, so the window's gradient equals the gradient of the
+          concatenated batch (``"sum"`` ignores it; ``"weighted_mean"`` needs it: the micro-batch's token count).
+          Default: ``None``, every micro-batch weighs 1 and its gradient is accumulated as it is (no multiplication).
 
     Outputs:
         Tensor of bool, whether this call closed a window. The optimizer then ran, unless the window's gradient

@@ -44,8 +44,7 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
     """The buffer's reduction for a cached window, ``"sum"``, after refusing the options that cannot be exact.
 
     The user's ``"mean"`` (the default) and ``"sum"`` both mean "the window's loss is what `loss_fn` returns on the
-    whole window"; the buffer must not divide it again.
-    """
+    whole window"; the buffer must not divide it again."""
     if reduction == "weighted_mean":
         raise ArgumentValueError("{@reduction:subject} must be 'mean' or 'sum' with {structure=} (the window's one "
                                  "loss is its loss_fn's value on the whole window), but got 'weighted_mean'.",
@@ -57,11 +56,10 @@ def check_cached_options(reduction: str, policy: str, statistics: bool, noise_sc
                                  "so the update would equal no large-batch step.", skip_outliers=skip_outliers,
                                  structure='cached')
     if statistics or noise_scale:
-        raise ArgumentValueError("the arguments {@statistics} and {@noise_scale} must {_false} with "
-                                 "{structure=}, but got {statistics=}, {noise_scale=}: a micro-batch's gradient here "
-                                 "is its share of "
-                                 "one window loss, not a gradient of a loss of its own, and its norm says nothing "
-                                 "about the gradient noise.", statistics=statistics, noise_scale=noise_scale,
+        raise ArgumentValueError("the arguments {@statistics} and {@noise_scale} must {_false} with {structure=}, but "
+                                 "got {statistics=}, {noise_scale=}: a micro-batch's gradient here is its share of one "
+                                 "window loss, not a gradient of a loss of its own, and its norm says nothing about "
+                                 "the gradient noise.", statistics=statistics, noise_scale=noise_scale,
                                  structure='cached')
     return CACHED_REDUCTION
 
@@ -94,8 +92,7 @@ def check_same_masks(network: nn.Cell) -> None:
     `ops.UniformReal`, `ops.Dropout` elsewhere) keeps its state in its kernel: in graph mode each call site in a
     compiled graph is a kernel of its own, seeded from the op's seeds, and the pass-1 and pass-2 branches of
     `_CachedPass` call theirs once per micro-batch in the same order, so seeded kernels draw the same values in both.
-    Unseeded kernels, and PyNative (one kernel shared by both passes), draw other values.
-    """
+    Unseeded kernels, and PyNative (one kernel shared by both passes), draw other values."""
     seeded = seeded_layers(network)
     random_ops = [(name or type(cell).__name__, type(prim).__name__, [prim_attrs(prim)[a] for a in pair])
                   for name, cell in network.cells_and_names()
@@ -112,9 +109,8 @@ def check_same_masks(network: nn.Cell) -> None:
     unseeded = [(name, kind) for name, kind, seeds in random_ops if not any(seeds)]
     if unseeded:
         raise ArgumentValueError("{@network:subject} must have seeded random ops with {structure=}, but its cell "
-                                 "'{cell}' has an unseeded {op}: pass 2 would draw other values than pass 1. "
-                                 "Give the op its seeds.", cell=unseeded[0][0], op=unseeded[0][1],
-                                 structure='cached')
+                                 "'{cell}' has an unseeded {op}: pass 2 would draw other values than pass 1. Give the "
+                                 "op its seeds.", cell=unseeded[0][0], op=unseeded[0][1], structure='cached')
 
 
 class _CachedLossGrad(nn.Cell):
@@ -124,8 +120,7 @@ class _CachedLossGrad(nn.Cell):
     The outputs are a tuple of fields (the network's output, or its one Tensor); `single` says whether the loss takes
     the one field itself. In data parallel the fields and labels are all-gathered, as CLIP gathers its embeddings, and
     the gradient is of the gathered outputs: each rank takes its rows on the host. No gradient flows back through the
-    gather (its backward would be a reduce-scatter summing the ranks' identical copies).
-    """
+    gather (its backward would be a reduce-scatter summing the ranks' identical copies)."""
 
     def __init__(self, loss_fn: nn.Cell, buffer: AccumulationBuffer, single: bool) -> None:
         super().__init__(auto_prefix=False)
@@ -167,8 +162,7 @@ class _CachedPass(_BufferCell):
     One graph, not two: on CPU a graph keeps the activation memory it planned, and a second graph of the network would
     keep its own (docs/mindspore.md, each graph's memory; measured for this Cell in docs/cached.md).
     Each branch calls the network's random primitives through its own kernels, which `check_same_masks` relies on;
-    its `nn.Dropout` cells draw from the streams that `TrainCachedWindowCell` sets back before pass 2.
-    """
+    its `nn.Dropout` cells draw from the streams that `TrainCachedWindowCell` sets back before pass 2."""
 
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, buffer: AccumulationBuffer) -> None:
         super().__init__(buffer)

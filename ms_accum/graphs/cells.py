@@ -28,9 +28,8 @@ def _check_buffer(buffer, optimizer: nn.Optimizer) -> AccumulationBuffer:
     check_isinstance(optimizer, "optimizer", nn.Optimizer)
     check_isinstance(buffer, "buffer", AccumulationBuffer)
     if len(buffer) != len(optimizer.parameters):
-        raise ArgumentValueError("{@buffer:subject} must hold one gradient per optimizer parameter ({parameters}), "
-                                 "but holds {gradients}.", parameters=len(optimizer.parameters),
-                                 gradients=len(buffer))
+        raise ArgumentValueError("{@buffer:subject} must hold one gradient per optimizer parameter ({parameters}), but "
+                                 "holds {gradients}.", parameters=len(optimizer.parameters), gradients=len(buffer))
     return buffer
 
 
@@ -127,8 +126,7 @@ class _MicroBatchCell(_BufferCell):
         The micro-batch's weight (its sample count under ``"mean"``, the network's count under ``"weighted_mean"``)
         and the loss scale are the backward pass's sensitivity, so weighting costs nothing. The statistics are the
         buffer's (`ms_accum.core.statistics`: None when off). Callers use the results (docs/mindspore.md,
-        discarded results of functions with side effects).
-        """
+        discarded results of functions with side effects)."""
         out = self.network(*inputs)
         loss, weight = self.buffer.reduction.split(out, inputs[0])
         scale = self.buffer.guard.scaling.sens(weight)
@@ -139,9 +137,8 @@ class _MicroBatchCell(_BufferCell):
 
 class TrainingState(_BufferCell):
     r"""
-    Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state
-    (moments, step, learning rate), the accumulation buffer with its counters and the dropout streams' seeds and
-    offsets.
+    Every Parameter a training owns, in one Cell to save and load: the network's, the optimizer's state (moments, step,
+    learning rate), the accumulation buffer with its counters and the dropout streams' seeds and offsets.
 
     It computes nothing. `GradientAccumulation` saves it as its resumable checkpoint, so the file is the same
     whichever graph structure trains.
@@ -204,8 +201,7 @@ class TrainForwardBackward(_MicroBatchCell):
             only to state that. Default: ``None``.
 
     Inputs:
-        - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the
-          batch.
+        - **\*inputs** (Tensor) - The micro-batch, as `network` takes it; the first input's first axis is the batch.
 
     Outputs:
         The network's output: the micro-batch's loss (under ``"weighted_mean"``, the tuple `(loss, weight)`); with a
@@ -237,8 +233,7 @@ class TrainForwardBackward(_MicroBatchCell):
             super().__init__(network, optimizer, buffer)
             if weight_by_samples is not None:
                 check_isinstance(weight_by_samples, "weight_by_samples", bool)
-                _check_reduction(buffer, "mean" if weight_by_samples else "sum", "weight_by_samples",
-                                 weight_by_samples)
+                _check_reduction(buffer, "mean" if weight_by_samples else "sum", "weight_by_samples", weight_by_samples)
 
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)
@@ -415,8 +410,7 @@ class TrainAccumulationCell(_MicroBatchCell):
         with door(type(self).__name__):
             self.accumulate_step = check_positive_int(accumulate_step, "accumulate_step")
             clip_norm = check_positive_float(clip_norm, "clip_norm", allow_none=True)
-            super().__init__(network, optimizer, own_buffer(network, optimizer, buffer, policy, loss_scaler,
-                                                            reduction))
+            super().__init__(network, optimizer, own_buffer(network, optimizer, buffer, policy, loss_scaler, reduction))
         self.clip_norm = clip_norm
 
     def construct(self, *inputs):
@@ -427,7 +421,21 @@ class TrainAccumulationCell(_MicroBatchCell):
         return self.buffer.statistics.output(out, stats)
 
 
-class HostSteppedAccumulationCell(TrainAccumulationCell):
+class _HostChecked:
+    """What a host-stepped Cell adds to its structure's (`HostSteppedAccumulationCell`, `HostSteppedWindowCell`):
+    `checks`, whether its graph checks the window, and the verdict False of a call that does not."""
+
+    loss_arg = "loss_fn"  # the executor's: it was given the loss
+
+    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
+        with door(type(self).__name__):
+            check_isinstance(checks, "checks", bool)
+        super().__init__(*args, **kwargs)
+        self.checks = checks  # a graph constant: the graph holds the check, or not
+        self.unchecked = Tensor(False)  # the verdict of a call that does not check the window
+
+
+class HostSteppedAccumulationCell(_HostChecked, TrainAccumulationCell):
     r"""
     `TrainAccumulationCell` without the optimizer: every K-th call ends with the buffer's `check` instead of its
     `close`, and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
@@ -451,15 +459,6 @@ class HostSteppedAccumulationCell(TrainAccumulationCell):
         be applied (exactly one of the buffer's `step`, if True, or `TrainClear` must follow before the next call);
         before it, or with ``checks=False``, False.
     """
-
-    loss_arg = "loss_fn"  # the executor's: it was given the loss
-
-    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
-        with door(type(self).__name__):
-            check_isinstance(checks, "checks", bool)
-        super().__init__(*args, **kwargs)
-        self.checks = checks  # a graph constant: the graph holds the check, or not
-        self.unchecked = Tensor(False)  # the verdict of a call that does not close the window
 
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)

@@ -4,14 +4,13 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
-from .._validation import ArgumentValueError, StateError, check_isinstance, check_positive_int, door
-from .cells import TrainAccumulationCell
+from .._validation import ArgumentValueError, StateError, check_positive_int, door
+from .cells import _HostChecked, TrainAccumulationCell
 
 
 class TrainWindowCell(TrainAccumulationCell):
     r"""
-    One accumulation window in one graph: K forward and backward passes, then the optimizer step on the
-    window's mean.
+    One accumulation window in one graph: K forward and backward passes, then the optimizer step on the window's mean.
 
     A call equals `accumulate_step` calls of `TrainAccumulationCell` on the same micro-batches, bit for bit: the
     same micro-batch step runs in a graph-mode loop, then the buffer's `close`. One micro-batch's activations are
@@ -121,7 +120,7 @@ class TrainWindowCell(TrainAccumulationCell):
         return self.buffer.statistics.output(self.buffer.reduction.window_output(losses, weights), norms)
 
 
-class HostSteppedWindowCell(TrainWindowCell):
+class HostSteppedWindowCell(_HostChecked, TrainWindowCell):
     r"""
     `TrainWindowCell` without the optimizer: one graph call trains the stacked window and makes it ready (the buffer's
     `check`), and the host then launches the buffer's `step` or `TrainClear`, as the verdict says (the executor's
@@ -145,15 +144,6 @@ class HostSteppedWindowCell(TrainWindowCell):
         Tuple of `TrainWindowCell`'s output and a bool Tensor, whether the window may be applied: exactly one of the
         buffer's `step` (if True) or `TrainClear` must follow before the next call. With ``checks=False``, False.
     """
-
-    loss_arg = "loss_fn"  # the executor's: it was given the loss
-
-    def __init__(self, *args, checks: bool = True, **kwargs) -> None:
-        with door(type(self).__name__):
-            check_isinstance(checks, "checks", bool)
-        super().__init__(*args, **kwargs)
-        self.checks = checks  # a graph constant: the graph holds the check, or not
-        self.unchecked = Tensor(False)  # the verdict when the host checks
 
     def construct(self, *inputs):
         out = self.train_stack(inputs)

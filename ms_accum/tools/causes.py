@@ -1,12 +1,11 @@
 """Why an accumulated window can differ from one big batch: the causes `verify_equivalence` names, with evidence.
 
-Some layers and losses make a window of K micro-batches differ from one step on their concatenation however exact
-the accumulation is: BatchNorm normalizes each micro-batch by its own statistics; a loss that sums makes the window
-K times smaller than the big batch (the window divides by the samples seen); a loss that couples the samples of a
-batch (in-batch negatives, a normalization over the batch) sees K small batches instead of one. An adaptive
-optimizer can also turn rounding into a visible parameter difference. Stochastic layers (dropout, drop-path) cannot
-be compared at all: a mask drawn for K·B samples never equals K masks drawn for B, so the check runs them in
-inference mode, as identities.
+Some layers and losses make a window of K micro-batches differ from one step on their concatenation however exact the
+accumulation is: BatchNorm normalizes each micro-batch by its own statistics; a loss that sums makes the window K times
+smaller than the big batch (the window divides by the samples seen); a loss that couples the samples of a batch
+(in-batch negatives, a normalization over the batch) sees K small batches instead of one. An adaptive optimizer can also
+turn rounding into a visible parameter difference. Stochastic layers (dropout, drop-path) cannot be compared at all: a
+mask drawn for K·B samples never equals K masks drawn for B, so the check runs them in inference mode, as identities.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """BatchNorm -> GroupNorm: make a network's output independent of how a batch is split into micro-batches.
 
-BatchNorm in training mode normalizes each micro-batch with that micro-batch's own mean and variance, so K
-accumulated micro-batches of B are NOT one batch of K*B (`verify_equivalence` reports it), and its running
-statistics are updated K times per optimizer step. GroupNorm normalizes each sample on its own, so
-accumulation is exact again (MindSpore's gradient-accumulation page notes that some implementations do this). The
-swap changes the model: train it from scratch.
+BatchNorm in training mode normalizes each micro-batch with that micro-batch's own mean and variance, so K accumulated
+micro-batches of B are NOT one batch of K*B (`verify_equivalence` reports it), and its running statistics are updated K
+times per optimizer step. GroupNorm normalizes each sample on its own, so accumulation is exact again (MindSpore's
+gradient-accumulation page notes that some implementations do this). The swap changes the model: train it from scratch.
 """
 from __future__ import annotations
 

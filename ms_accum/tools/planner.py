@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError,
-                           check_isinstance, check_positive_int, check_value_in, describe_exception, door)
+                           causes, check_isinstance, check_positive_int, check_value_in, describe_exception, door)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -216,9 +216,8 @@ def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output")
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as err:
-        raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got "
-                                 "'{path}': {strerror}.", arg_name=Argument(arg_name), path=path,
-                                 strerror=err.strerror) from None
+        raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got '{path}': "
+                                 "{strerror}.", arg_name=Argument(arg_name), path=path, strerror=err.strerror) from None
     if not existed:
         os.remove(path)
     return path
@@ -259,16 +258,14 @@ def measure(model: Union[str, Callable], batch_size: int, accumulate_step: int, 
 
 def _search(sizes: List[int], budget: float, measure: Callable[[int], Trial], given: bool = True,
             headroom: float = 0.0):
-    """
-    The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
+    """The largest of `sizes` measured within the budget less its `headroom` share whose next larger size is measured
     (or predicted far) above it, and the line fitted through every measurement.
 
-    A line is fitted through the peaks: peak ≈ intercept + slope * B, the activations growing with B (a one-sample
-    step, often off the line, is left out once two larger sizes are measured). The smallest B is measured first, then
-    the middle one, then the fit's guess of the largest that fits; the search ends when the chosen B was measured
-    within the budget and the next larger size was measured above it (or is predicted above `CONFIRM_UP_TO` times
-    it). `given`: whether `budget` is the user's or the device's free memory, as the message says it.
-    """
+    A line is fitted through the peaks: peak ≈ intercept + slope * B, the activations growing with B (a one-sample step,
+    often off the line, is left out once two larger sizes are measured). The smallest B is measured first, then the
+    middle one, then the fit's guess of the largest that fits; the search ends when the chosen B was measured within the
+    budget and the next larger size was measured above it (or is predicted above `CONFIRM_UP_TO` times it). `given`:
+    whether `budget` is the user's or the device's free memory, as the message says it."""
     limit = budget * (1 - headroom)
     peaks: Dict[int, Optional[float]] = {}
 
@@ -313,8 +310,7 @@ def _fit(peaks: Dict[int, float]) -> Callable[[float], float]:
     if len(xs) < 2:
         return lambda b: ys[0]
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) /
-             sum((x - mean_x) ** 2 for x in xs))
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs))
     return lambda b: mean_y + slope * (b - mean_x)
 
 
@@ -437,12 +433,9 @@ def _trial_error(raised: Sequence) -> Optional[TrialError]:
 def _raised(err: BaseException) -> List[list]:
     """`err` and the exceptions it was raised from or while handling, outermost first, as JSON: each its line and its
     traceback's frames (file, line, function)."""
-    chain: List[list] = []
-    while err is not None and len(chain) < 16:
-        frames = [[frame.filename, frame.lineno, frame.name] for frame in traceback.extract_tb(err.__traceback__)]
-        chain.append([describe_exception(err), frames])
-        err = err.__cause__ if err.__cause__ is not None or err.__suppress_context__ else err.__context__
-    return chain
+    return [[describe_exception(cause), [[frame.filename, frame.lineno, frame.name]
+                                         for frame in traceback.extract_tb(cause.__traceback__)]]
+            for cause in causes(err)[:16]]
 
 
 def _die_with_parent() -> None:
@@ -479,12 +472,10 @@ def process_status(key: str) -> int:
 
 
 class PeakMemory:
-    """
-    The peak of everything a process holds from now on (docs/verify-and-plan.md#what-a-budget-counts), as a trial
+    """The peak of everything a process holds from now on (docs/verify-and-plan.md#what-a-budget-counts), as a trial
     counts it: on CPU the growth of the process's peak resident memory (VmHWM) over its resident memory now; on GPU and
     Ascend the device's peak allocation from now (`mindspore.runtime.max_memory_allocated`). Start it right after
-    MindSpore's import and before the network is built.
-    """
+    MindSpore's import and before the network is built."""
 
     def __init__(self) -> None:
         import mindspore as ms

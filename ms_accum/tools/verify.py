@@ -39,8 +39,7 @@ class EquivalenceReport:
         rtol (float): The relative tolerance compared with.
         atol (float): The absolute tolerance compared with.
         per_parameter (dict): name -> (max abs diff, max rel diff), each the largest over all windows.
-        moved_between_updates (list): Parameters that changed before a window was full, in any window (must be
-            empty).
+        moved_between_updates (list): Parameters that changed before a window was full, in any window (must be empty).
         passed (bool): After every window every parameter is allclose(rtol, atol) to the reference's, none moved
             between updates and no window was skipped.
         causes (list[Cause]): When it failed, why, each with its evidence and fix (`ms_accum.tools.causes`), found at
@@ -474,8 +473,8 @@ class _Comparison:
             [path for path in uncovered if path not in stochastic]
         same_masks = bool(drawn)
         self.reference = Reference(self.parts.net_with_loss, self.parts.network, self.parts.loss_fn,
-                                   self.parts.optimizer, reduction,
-                                   self.parts.clip_norm, executor.buffer.reducer.sum_divisor, same_masks,
+                                   self.parts.optimizer, reduction, self.parts.clip_norm,
+                                   executor.buffer.reducer.sum_divisor, same_masks,
                                    None if parallel is None else self.ranks.sum)
         self.reference.prepare({len(window.shares) for window in batch.windows})
         self.start = _Start(executor, self.parts.optimizer)

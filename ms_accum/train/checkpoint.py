@@ -49,8 +49,7 @@ CHECKPOINT_MODE = 0o640  # the files' permissions: read and write for the owner,
 
 
 @door("save_checkpoint")
-def save_checkpoint(save_obj: Union[nn.Cell, list], path: str,
-                    metadata: Optional[Dict[str, MetaValue]] = None) -> str:
+def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optional[Dict[str, MetaValue]] = None) -> str:
     """
     Saves `save_obj` to `path` atomically, with `metadata` and a CRC.
 
@@ -171,17 +170,13 @@ def _quiet_mindspore_log():
 
 
 def _fsync_dir(directory: str) -> None:
-    # Durability of the rename itself; not every file system lets a directory be opened, which is harmless.
-    try:
+    # Durability of the rename itself; not every file system lets a directory be opened or synced, which is harmless.
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValue]]:
@@ -276,11 +271,8 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
     missing = sorted(name for name in set(own) - set(params) if not is_random_state(own[name]))
     extra = sorted(set(params) - set(own))
     if strict and (missing or extra):
-        parts = []
-        if missing:
-            parts.append(f"missing parameter(s) {_names(missing)}")
-        if extra:
-            parts.append(f"unexpected parameter(s) {_names(extra)}")
+        parts = [f"{what} parameter(s) {_names(names)}" for what, names in (("missing", missing), ("unexpected", extra))
+                 if names]
         raise CheckpointError("Checkpoint '{path}' does not fit {network_name}: {value}.", path=path,
                               network_name=network_name, value='; '.join(parts))
     for name in sorted(set(own) & set(params)):
@@ -301,9 +293,7 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
 def _is_training_state(name: str, value: Parameter, own: Dict[str, Parameter]) -> bool:
     # What optimizers and accumulation buffers keep beside a network: a slot per parameter ("moments.w",
     # "accumulate.w") or a scalar ("global_step", "accumulate.mini_step"). No list of names to keep in step.
-    if name in own:
-        return False
-    return name.partition(".")[2] in own or value.size <= 1
+    return name not in own and (name.partition(".")[2] in own or value.size <= 1)
 
 
 def _names(names: Iterable[str], limit: int = 5) -> str:
@@ -313,8 +303,7 @@ def _names(names: Iterable[str], limit: int = 5) -> str:
 
 
 def checkpoint_path(directory: str, prefix: str, step: int, file_format: str = "ckpt") -> str:
-    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.{file_format}`` (sorts by name and
-    step)."""
+    """The file of optimizer step `step`: ``{directory}/{prefix}-{step:09d}.{file_format}`` (sorts by name and step)."""
     return os.path.join(directory, f"{prefix}-{step:09d}.{file_format}")
 
 
@@ -324,22 +313,16 @@ def list_checkpoints(directory: str, prefix: str) -> List[Tuple[int, str]]:
     if not os.path.isdir(directory):
         return []
     pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)\.(?:{'|'.join(CHECKPOINT_FORMATS)})$")
-    found = []
-    for name in os.listdir(directory):
-        match = pattern.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(directory, name)))
-    return sorted(found)
+    matches = (pattern.match(name) for name in os.listdir(directory))
+    return sorted((int(match.group(1)), os.path.join(directory, match.group(0))) for match in matches if match)
 
 
 def find_latest(directory: str, prefix: str) -> Optional[str]:
     """The newest checkpoint of `prefix` in `directory` that reads back with a valid CRC, or None."""
     for _, path in reversed(list_checkpoints(directory, prefix)):
-        try:
+        with contextlib.suppress(CheckpointError):
             load_checkpoint(path)
-        except CheckpointError:
-            continue
-        return path
+            return path
     return None
 
 

@@ -17,8 +17,7 @@ from ..core.losses import window_reduction
 from ..core.parallel import DataParallelInfo, data_parallel_info
 from ..deprecation import deprecated as warn_deprecated
 from ..runtime import check_cpu_kernels
-from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions,
-                      with_deprecated)
+from .options import (Checkpoints, GuardOptions, LogOptions, StatisticsOptions, WindowOptions, with_deprecated)
 from .adaptive import AdaptiveK, check_adaptive
 from .plan import Plan
 from .recompute import recompute_cells
@@ -37,9 +36,8 @@ class GradientAccumulation:
     The executor of MindSpore's Cell-graph tutorial, with its signature, but each update equals one step on the
     concatenated window (the tutorial's steps are K times too large). The structure is chosen once; every structure
     trains on one `AccumulationBuffer`, so a window that ``"window"`` cannot stack (unequal micro-batches) runs through
-    the three graphs on that state.
-    Its optimizer steps are counted in windows closed, applied or skipped as not finite (`StepRecord.step`,
-    `save_every`, the training-state files).
+    the three graphs on that state. Its optimizer steps are counted in windows closed, applied or skipped as not finite
+    (`StepRecord.step`, `save_every`, the training-state files).
 
     Data parallel (msrun's processes joined by `ms_accum.init_data_parallel`, no parallel context needed) is
     detected when the executor is built: each window is all-reduced once, so an update equals one
@@ -105,8 +103,7 @@ class GradientAccumulation:
     def __init__(self, network: nn.Cell, loss_fn: Optional[nn.Cell], optimizer: nn.Optimizer, *,
                  structure: str = "auto", window: Optional[WindowOptions] = None, guard: Optional[GuardOptions] = None,
                  statistics: Optional[StatisticsOptions] = None,
-                 shard_optimizer: Union[bool, Callable[[List[Parameter]], nn.Optimizer]] = False,
-                 **deprecated) -> None:
+                 shard_optimizer: Union[bool, Callable[[List[Parameter]], nn.Optimizer]] = False, **deprecated) -> None:
         check_cpu_kernels()
         recompute = deprecated.pop("recompute", None)
         if statistics is not None and not isinstance(statistics, StatisticsOptions):  # 0.3's statistics=True
@@ -239,9 +236,8 @@ class GradientAccumulation:
             TypeError: If an argument has the wrong type.
             ValueError: If `epoch` or `mini_steps` is not positive, or `mini_steps` is an `AdaptiveK` the executor
                 cannot measure the noise scale for (`ms_accum.train.adaptive.check_adaptive`), the dataset is empty,
-                `partial_window` is unknown,
-                the checkpoints' directory is not writable; in data parallel, if the ranks' datasets have different
-                numbers of batches.
+                `partial_window` is unknown, the checkpoints' directory is not writable; in data parallel, if the ranks'
+                datasets have different numbers of batches.
             CheckpointError: If the file to resume from cannot be read or would not continue the same training, or a
                 checkpoint cannot be written (docs/resume.md).
         """

@@ -50,7 +50,4 @@ def _value(value) -> str:
 
 
 def _hash(*arrays) -> str:
-    digest = hashlib.sha256()
-    for array in arrays:
-        digest.update(array.tobytes())
-    return digest.hexdigest()[:16]
+    return hashlib.sha256(b"".join(array.tobytes() for array in arrays)).hexdigest()[:16]

@@ -1,12 +1,11 @@
 """One contract for K: what a run asks of a fixed K, a schedule and `AdaptiveK` alike (`KPolicy`).
 
 Looking ahead and deciding are two methods. Looking ahead (`KPolicy.peek`) is pure, as optax's schedules are pure
-functions of the step: the run plans its windows with it before anything trains (the largest K, the last step), a
-resume compares schedules with it, `count_windows` counts with it, and none of that can move a decision. Deciding
+functions of the step: the run plans its windows with it before anything trains (the largest K, the last step), a resume
+compares schedules with it, `count_windows` counts with it, and none of that can move a decision. Deciding
 (`KPolicy.open_window`) is called once per window, when it opens, in order. A schedule decides what it peeks; an
-`AdaptiveK` run's `Controller` decides from what the run measured, so its peek answers only as far as no decision
-lies between (None beyond: its windows are then counted only as they open). No policy is called: the two have a name
-each.
+`AdaptiveK` run's `Controller` decides from what the run measured, so its peek answers only as far as no decision lies
+between (None beyond: its windows are then counted only as they open). No policy is called: the two have a name each.
 
 `train_process` takes `mini_steps` as an int, a dict or a callable (an `AccumulationSchedule`, its own policy) or an
 `AdaptiveK` (settings: `AdaptiveK.for_run` makes a run's policy); the run holds one `KPolicy` and never asks which.

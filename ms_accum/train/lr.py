@@ -100,8 +100,7 @@ class SamplesLR(LearningRateSchedule):
                                     qualname=schedule.__qualname__, made=made)
         if not callable(schedule):
             raise ArgumentTypeError("{@schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
-                                    "got {schedule!r} of type {name}.", schedule=schedule,
-                                    name=type(schedule).__name__)
+                                    "got {schedule!r} of type {name}.", schedule=schedule, name=type(schedule).__name__)
         self.schedule = schedule
         self._of_tensor = isinstance(schedule, LearningRateSchedule)
         self.samples = 0

@@ -210,8 +210,7 @@ def with_deprecated(given: Dict[str, Any], keywords: Dict[str, Any], allowed: Se
     """The options objects `given` (option name -> object or None), with the deprecated `keywords` moved into them.
 
     A keyword that names no option of `allowed` is a TypeError, as Python's own for an unexpected keyword. The
-    ``ckpt_dir=None`` of 0.3 means no checkpoints: `checkpoints` becomes None.
-    """
+    ``ckpt_dir=None`` of 0.3 means no checkpoints: `checkpoints` becomes None."""
     moved: Dict[str, Dict[str, Any]] = {option: {} for option in allowed}
     for keyword, value in keywords.items():
         option, field = EXECUTOR_KEYWORDS.get(keyword, (None, None))

@@ -135,8 +135,7 @@ class Plan:
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(values, dict):
             raise ArgumentValueError("the plan{path} must be a JSON object of {names}, but got {name}.",
-                                     path=f' {path!r}' if path else '', names=sorted(names),
-                                     name=type(values).__name__)
+                                     path=f' {path!r}' if path else '', names=sorted(names), name=type(values).__name__)
         values = _renamed(values)
         missing = names - set(values) - _OPTIONAL
         if missing:

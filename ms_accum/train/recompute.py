@@ -47,9 +47,8 @@ def recompute_cells(network: nn.Cell, names: Iterable[str], arg_name: str = "nam
     for name in names:
         check_isinstance(name, arg_name, str)
         if name not in cells:
-            raise ArgumentValueError("{arg_name:subject} must hold sub-cells of the network, but got '{name}'; "
-                                     "valid paths: {value}.", arg_name=Argument(arg_name), name=name,
-                                     value=sorted(cells))
+            raise ArgumentValueError("{arg_name:subject} must hold sub-cells of the network, but got '{name}'; valid "
+                                     "paths: {value}.", arg_name=Argument(arg_name), name=name, value=sorted(cells))
     for name in names:
         cells[name].recompute()
     return names

@@ -70,9 +70,7 @@ class StateCheckpoints:
         self.resumed: Dict[str, MetaValue] = {}  # the metadata of the file resumed from
         # The run's settings win over the caller's metadata: resuming checks them.
         self.metadata = {**(metadata or {}), **run, "kind": STATE_KIND}
-        self.save_every = save_every
-        self.writes = writes
-        self.keep_last = keep_last
+        self.save_every, self.writes, self.keep_last = save_every, writes, keep_last
 
     def resume(self, resume: Union[bool, str, os.PathLike, None], epochs: int) -> Tuple[Position, Optional[str]]:
         """Loads the file `resume` names (``True``: the newest readable one, if any); returns where it left off.
@@ -81,8 +79,7 @@ class StateCheckpoints:
         if every update still sees the same global batch and an epoch the same samples: the position, kept in
         global samples, is then converted to this run's batches. The data order is the same when every rank reads
         its shard through MindSpore's `DistributedSampler` (`num_shards`, `shard_id`; a single process with
-        ``num_shards=1``): rank r of n reads samples r, r + n, ... of one shuffled order.
-        """
+        ``num_shards=1``): rank r of n reads samples r, r + n, ... of one shuffled order."""
         if resume in (None, False):
             self._check_fresh()
             return Position(), None
@@ -98,8 +95,7 @@ class StateCheckpoints:
             if meta.get(key) != self.run[key]:
                 raise CheckpointError("Checkpoint '{path}' was saved with {saved}, but this run has {this}: resuming "
                                       "would not continue the same training.", path=path,
-                                      saved=Setting(key, meta.get(key)),
-                                      this=Setting(key, self.run[key]))
+                                      saved=Setting(key, meta.get(key)), this=Setting(key, self.run[key]))
         for key, what in _BUILT.items():
             if key in meta and meta[key] != self.run[key]:
                 raise CheckpointError("Checkpoint '{path}' was saved by a run whose {what} was {saved}, but this "
@@ -114,7 +110,8 @@ class StateCheckpoints:
             saved.pop("global_micro_batch")
         saved["global_batches"] = meta.get("global_batches", f"0:{int(saved['accumulate_step']) * _per_batch(saved)}")
         self.history = _pairs(meta.get("batch_history", ""))
-        self.windows = _runs(meta.get("batch_windows", ""))
+        runs = meta.get("batch_windows", "")  # "0:64:8,512:128:3", as `window_closed` writes `windows`
+        self.windows = [[int(v) for v in item.split(":")] for item in runs.split(",")] if runs else []
         position = Position(**{key: int(meta[key]) for key in Position.__dataclass_fields__})
         position.batch = int(meta.get("samples", position.batch * _per_batch(saved))) // _per_batch(self.run)
         # Which comparison applies follows what the two runs recorded (older files included): settings decided from
@@ -147,9 +144,8 @@ class StateCheckpoints:
         if found:
             raise ArgumentValueError("{@directory:subject} must not hold another run's training states, but '{path}' "
                                      "holds {files}: a fresh run would save its own beside them. Continue that run "
-                                     "with {resume=}, or give another {@directory} or remove them.",
-                                     path=self.ckpt_dir, files=_names(os.path.basename(path) for _, path in found),
-                                     resume=True)
+                                     "with {resume=}, or give another {@directory} or remove them.", path=self.ckpt_dir,
+                                     files=_names(os.path.basename(path) for _, path in found), resume=True)
 
     def window_opened(self, samples: int, k: int) -> None:
         """Notes the window that opens after `samples` samples consumed with `k` micro-batches (where K changes)."""
@@ -212,7 +208,6 @@ class StateCheckpoints:
         if self.keep_last is not None:
             prune(self.ckpt_dir, self.ckpt_name, self.keep_last)
 
-
     def save(self, save_obj: nn.Cell, path: str, metadata: Dict[str, MetaValue]) -> str:
         """`save_checkpoint` into the run's directory; a failed save also names the newest complete training state,
         which a resumed run continues from."""
@@ -236,11 +231,6 @@ def _pairs(text: str) -> List[Tuple[int, int]]:
     if text in ("", "callable"):
         return []
     return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(","))]
-
-
-def _runs(text: str) -> List[List[int]]:
-    """``"0:64:8,512:128:3"`` (`StateCheckpoints.windows`) as [[0, 64, 8], [512, 128, 3]]."""
-    return [[int(v) for v in item.split(":")] for item in text.split(",")] if text else []
 
 
 def _changes(table: Dict[int, int]) -> List[Tuple[int, int]]:

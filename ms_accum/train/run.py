@@ -33,7 +33,6 @@ from .validation import Evaluator, Validation
 from .windows import _planned_windows, _samples_read, _windows
 
 
-
 class Run:
     """One run over `dataset` of what the executor trains, every argument checked before anything compiles; it holds
     the run's own state: its position, records, noise-scale estimate and best score.
@@ -74,12 +73,11 @@ class Run:
         # decides from, smoothed as it says, if it decides from one.
         self.noise_scale = (self.k.noise if self.k.noise is not None else
                             NoiseScale() if statistics.noise_scale else None)
-        settings = {**self.k.describe(self.per_batch), "partial_window": partial_window,
-                    "num_batches": self.num_batches,
-                    "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
-                    "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch,
-                    **built_with(parts.optimizer, parts.network, dataset)}
-        self.settings = settings
+        self.settings = settings = {
+            **self.k.describe(self.per_batch), "partial_window": partial_window, "num_batches": self.num_batches,
+            "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
+            "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch,
+            **built_with(parts.optimizer, parts.network, dataset)}
         self._warn_long_k()
         given = checkpoints or Checkpoints()
         self.states = StateCheckpoints(state, None if checkpoints is None else os.fspath(given.directory),
@@ -251,14 +249,12 @@ class Run:
         window_sq_norm = float(buffer.statistics.window_sq_norm.asnumpy()) if self.measured else np.nan
         noise = None
         if self.noise_scale is not None and applied and window.has_two_batch_sizes():
-            noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm,
-                                            window.weight)
+            noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm, window.weight)
             self.k.observe(window.weight, len(trained.outputs))
         outliers = [position.batch - len(trained.outputs) + int(i) for i in window.left_out_indices]
         record = StepRecord(
             epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(trained.outputs),
-            samples=window.samples, skipped=not applied, loss_scale=self._loss_scale(),
-            accumulate_step=k,
+            samples=window.samples, skipped=not applied, loss_scale=self._loss_scale(), accumulate_step=k,
             samples_consumed=_samples_read(position.epoch, position.batch, self.num_batches, self.per_batch),
             grad_norm=float(np.sqrt(window_sq_norm)) if self.measured else None,
             micro_batch_grad_norms=window.micro_batch_norms() if self.measured else [], noise_scale=noise,
@@ -269,8 +265,7 @@ class Run:
 
     def _loss_scale(self) -> float:
         """The loss scale after the window: 1 without a scaler, and then never read back."""
-        scaler = self.guard.loss_scaler
-        return 1.0 if scaler is None else float(self.buffer.guard.loss_scale.asnumpy())
+        return 1.0 if self.guard.loss_scaler is None else float(self.buffer.guard.loss_scale.asnumpy())
 
 
 # MindSpore's batching operations: a pipeline without one yields single samples, which no network takes as a batch.

@@ -22,8 +22,7 @@ class Position:
     """Where a run is: enough, with the dataset's seed, to continue it exactly (saved in training states).
 
     A step is a window closed, whether the optimizer applied it or the guard skipped it as not finite: what
-    `StepRecord.step`, `save_every` and the files' ``{step:09d}`` count. A dropped partial window is no step.
-    """
+    `StepRecord.step`, `save_every` and the files' ``{step:09d}`` count. A dropped partial window is no step."""
 
     epoch: int = 1
     batch: int = 0  # batches of `epoch` already read
@@ -91,8 +90,7 @@ def _windows(dataset: Dataset, epochs: int, num_batches: int, policy: KPolicy, p
 
     The micro-batches are read lazily: consume them before asking for the next window. `position.epoch` and
     `position.batch` follow the batches read. Batches before the position (a resumed run) are read but not yielded,
-    so the data order stays that of the uninterrupted run.
-    """
+    so the data order stays that of the uninterrupted run."""
     iterator = dataset.create_tuple_iterator(num_epochs=epochs)
     resumed_at = Position(**vars(position))
     for epoch in range(1, epochs + 1):
