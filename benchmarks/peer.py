@@ -165,9 +165,8 @@ def render_exactness(found: Dict[str, Dict[str, float]], windows: int = EXACT_WI
              f"with dropout off); the clipped rows at {CLIP} against a K·B step clipped alike",
              f"   {'contender':<{width}}" + "".join(f"{n:>12}" for n in names)]
     lines += [f"   {t:<{width}}" + "".join(f"{found[n][t]:>12.1e}" for n in names) for t in titles]
-    lines.append("   expected: float32 rounding for ms_accum; the plain steps update every micro-batch; mindcv's "
-                 "clip_grad clips each micro-batch, and the recipe's schedule advances with every micro-batch under "
-                 "mindcv (optimizer.get_lr), once per update under ms_accum")
+    lines.append("   expected: float32 rounding for every accumulating contender unclipped and for ms_accum clipped; "
+                 "the plain steps update every micro-batch; mindcv's clip_grad clips each micro-batch, not the window")
     return "\n".join(lines)
 
 

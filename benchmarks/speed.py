@@ -1,4 +1,5 @@
-"""Speed: ms_accum against the documentation's code, one large K·B step and a plain loop, timed side by side.
+"""Speed: ms_accum against the documentation's code, mindcv's accumulation (its `TrainStep` through `Model`), one
+large K·B step and a plain loop, timed side by side.
 
 Every contender trains its own copy of the network from the same initial weights, with Momentum(0.01, 0.9) and
 K = 4; the contenders of a table run in one process in interleaved rounds (`common.interleave`), so what slows the
@@ -7,7 +8,8 @@ machine slows them alike. The documentation's code is the benchmark's own copy o
 - ``step``: LeNet5, micro-batch 32, the steps alone, called on pre-loaded tensors: what each structure costs
   without a data pipeline. Afterwards every contender that should equal the K·B step is compared with it.
 - ``epoch``: LeNet5 over real MNIST (`ms_accum.demo.data.create_dataset`), ms_accum through its executor
-  (`GradientAccumulation.train_process`), the others in the loop their documentation writes: what users run.
+  (`GradientAccumulation.train_process`), mindcv through `Model.train`, the others in the loop their documentation
+  writes: what users run.
 - ``conv_net``, ``char_transformer``: the compute-heavy networks of `ms_accum.demo.models` (the activation-heavy conv
   net on 3x96x96, the Shakespeare tutorial's transformer on sequences of 256), K=4 x B=8, over a dataset of their
   samples.
