@@ -161,8 +161,9 @@ def render_exactness(found: Dict[str, Dict[str, float]], windows: int = EXACT_WI
     titles = list(found[names[0]])
     width = max(len(t) for t in titles) + 2
     lines = [f"== peer exactness. max |weight - the K·B step's| after {windows} windows of K={K} from the same "
-             "weights on the same samples (B: " + ", ".join(f"{n} {NETWORKS[n]}" for n in names) + "; the recipe "
-             f"with dropout off); the clipped rows at {CLIP} against a K·B step clipped alike",
+             "weights on the same samples (B: " + ", ".join(f"{n} {NETWORKS[n]}" for n in names)
+             + ("; the recipe with dropout off" if "recipe" in names else "")
+             + f"); the clipped rows at {CLIP} against a K·B step clipped alike",
              f"   {'contender':<{width}}" + "".join(f"{n:>12}" for n in names)]
     lines += [f"   {t:<{width}}" + "".join(f"{found[n][t]:>12.1e}" for n in names) for t in titles]
     lines.append("   expected: float32 rounding for every accumulating contender unclipped and for ms_accum clipped; "
