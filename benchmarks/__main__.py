@@ -26,6 +26,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
     "sharding": "memory and speed: the optimizer state sharded over 2 and 4 msrun ranks, a 192 MiB MLP and an encoder",
     "dropout": "memory and speed: ms_accum's dropout against MindSpore's kernel, a BERT-shaped encoder and the recipe",
     "adaptive": "steps and samples to a held-out loss: fixed K, a ramp and AdaptiveK on MNIST and Shakespeare",
+    "peer": "speed, memory, exactness: mindcv's TrainStep accumulation against ms_accum, an MLP, the recipe's model",
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
@@ -36,8 +37,9 @@ EPOCH_IMAGES = (6400, 256)       # per round and contender
 HEAVY_WINDOWS = (2, 1)           # per round and contender
 PARALLEL_WINDOWS = (8, 2)        # per round and contender
 ACTIVATION_KS = ((4, 8, 16), (4,))
-QUICK_ACTIVATIONS = ("conv_net",), ("one_kb", "three_graphs")     # networks, contenders besides the plain step
-QUICK_PARAMETERS = ("one_b", "three_graphs+statistics")
+QUICK_ACTIVATIONS = ("conv_net",), ("one_kb", "mindcv", "three_graphs")  # networks, contenders besides one B step
+QUICK_PARAMETERS = ("one_b", "mindcv", "three_graphs+statistics")
+QUICK_PEER = ("mlp",), ("one_b", "mindcv", "three_graphs")  # peer: memory's networks and contenders, exactness's nets
 # (factory, layers, seq), None for the factory's default; the encoder's sizes are options (12 x 768 at seq 512, BERT-
 # base, peaks at 4-5 GB with AdamW), --quick a tiny pair with SGD and the default structure only
 QUICK_REAL = (("deep_mlp", 2, None), ("encoder", 1, 32)), ("sgd",), ("one_b", "three_graphs")
@@ -166,6 +168,17 @@ def main(argv=None) -> int:
             result = adaptive.measure(task, args.quick, args.data, common.log)
             print(result["text"] + "\n", flush=True)
             results["adaptive"][task] = result
+
+    if section("peer"):
+        from . import peer
+        for name in peer.SPEED_NETWORKS:
+            show(peer.speed(name, HEAVY_WINDOWS[mode], ROUNDS["heavy"][mode], WARMUP[mode]))
+        names, contenders = QUICK_PEER if args.quick else (peer.SPEED_NETWORKS, tuple(peer.CONTENDERS))
+        rows = peer.memory(names, contenders, args.repeats, common.log)
+        print(peer.render_memory(rows) + "\n", flush=True)
+        found = peer.exactness(names if args.quick else tuple(peer.NETWORKS))
+        print(peer.render_exactness(found) + "\n", flush=True)
+        results["memory"]["peer"], results["peer_exactness"] = rows, found
 
     print(f"total {time.time() - started:.0f} s; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

@@ -206,15 +206,15 @@ def setup() -> None:
 _copies = [0]
 
 
-def build(factory: str, seed: int = 0):
-    """(network, loss, Momentum(0.01, 0.9), sample) of a demo factory (`ms_accum.demo.models`): the same seed gives
-    the same weights. Each copy's parameters get a name prefix of their own, because two `@ms.jit` functions of one
-    process reject Parameters of the same name; so the optimizer is built after the renaming."""
+def build(factory: str, seed: int = 0, **sizes):
+    """(network, loss, Momentum(0.01, 0.9), sample) of a demo factory (`ms_accum.demo.models`, given `sizes`): the
+    same seed gives the same weights. Each copy's parameters get a name prefix of their own, because two `@ms.jit`
+    functions of one process reject Parameters of the same name; so the optimizer is built after the renaming."""
     import mindspore as ms
     from mindspore import nn
     from ms_accum.demo import models
     ms.set_seed(seed)
-    network, loss, _, sample = getattr(models, factory)()
+    network, loss, _, sample = getattr(models, factory)(**sizes)
     _copies[0] += 1
     for param in network.trainable_params():
         param.name = f"copy{_copies[0]}.{param.name}"
@@ -235,7 +235,31 @@ def plain_loss(loss):
 
 def one_step_cell(network, loss, optimizer):
     from mindspore import nn
-    return nn.TrainOneStepCell(nn.WithLossCell(network, plain_loss(loss)), optimizer).set_train()
+    from ms_accum.core import WithLossColumns
+    return nn.TrainOneStepCell(WithLossColumns(network, plain_loss(loss)), optimizer).set_train()
+
+
+def mindcv_model(network, loss, optimizer, k: int = K, clip: Optional[float] = None):
+    """mindcv's accumulation as its `create_trainer` builds it (`mindcv/utils/trainer_factory.py`): its `TrainStep`
+    with ``gradient_accumulation_steps=k`` handed to `mindspore.train.Model`, trained by ``model.train`` over a
+    dataset of micro-batches (`model_train`). `clip`: ``clip_grad=True, clip_value=clip``, which clips each
+    micro-batch's gradient before accumulating it. ``scale_sense`` is a Tensor, as `create_trainer` passes it (the
+    default, a float, is refused by MindSpore 2.10). It renames the network's parameters: compare them by position."""
+    import mindspore as ms
+    from mindcv.utils.train_step import TrainStep
+    from mindspore.train import Model
+    from ms_accum.core import WithLossColumns
+    step = TrainStep(WithLossColumns(network, plain_loss(loss)), optimizer, scale_sense=ms.Tensor(1.0, ms.float32),
+                     clip_grad=clip is not None, clip_value=clip or 15.0, gradient_accumulation_steps=k)
+    return Model(step.set_train())
+
+
+def recipe_module():
+    """The fine-tuning recipe, `tutorials/finetune_bert.py`, imported by name: graph mode parses a Cell's construct
+    in the namespace of its module, found by name."""
+    import importlib
+    sys.path.insert(0, os.path.join(REPO, "tutorials"))
+    return importlib.import_module("finetune_bert")
 
 
 def accumulator_step(network, loss, optimizer, k: int = K, num_samples: Optional[int] = None):
@@ -298,6 +322,18 @@ def loop(step, batches) -> Callable[[int], None]:
             out = step(*batches[i % len(batches)])
         sync(out)
     return run
+
+
+def model_train(model, dataset) -> Callable[[int], None]:
+    """fn(n) for `interleave`: ``model.train(1, dataset)`` of a `mindspore.train.Model` (one pass of `dataset`,
+    whatever n), then a wait for its last step's outputs."""
+    from mindspore.train import Callback
+
+    class Wait(Callback):
+        def on_train_end(self, run_context):
+            sync(run_context.original_args().net_outputs)
+
+    return lambda _n: model.train(1, dataset, callbacks=[Wait()])
 
 
 def over(dataset, step) -> Callable[[int], None]:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 from typing import Callable, List, Optional
 
-from .common import MIB, REPO, Table, fresh_process, interleave, setup
+from .common import MIB, Table, fresh_process, interleave, recipe_module, setup
 
 SCRIPT = os.path.join("tests", "memory_scripts", "dropout.py")
 RECIPE = os.path.join("tutorials", "finetune_bert.py")
@@ -83,7 +82,6 @@ def render_memory(figures: dict) -> str:
 
 def speed(layers: int, seq: int, rounds: int, steps: int, warmup: int = 1) -> List[Table]:
     """ms per plain training step, MindSpore's kernel against the streams: the encoder and the recipe's model."""
-    import importlib
     import mindspore as ms
     from mindspore import Tensor, nn
     from ms_accum.core.dropout import DropoutStreams
@@ -98,9 +96,7 @@ def speed(layers: int, seq: int, rounds: int, steps: int, warmup: int = 1) -> Li
         return net, nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train(), (Tensor(x), Tensor(y))
 
     def recipe():
-        # Imported by name: graph mode parses a Cell's construct in the namespace of its module, found by name.
-        sys.path.insert(0, os.path.join(REPO, os.path.dirname(RECIPE)))
-        module = importlib.import_module("finetune_bert")
+        module = recipe_module()
         _, args = module.parse([])
         vocab, columns, _ = module.prepare(args)
         net, loss, opt = module.build(args, vocab, total_steps=100)

@@ -20,8 +20,9 @@ MindSpore reports no peak memory of its own, and a fresh process's peak does not
 
     python -m benchmarks.memory real FACTORY OPTIMIZER CONTENDER [--layers L] [--seq S]   (one real_size figure)
 
-The ms_accum contenders run through the executor (`GradientAccumulation.train_process`); the Accumulator, the
-documentation's code and the plain steps in the loop their documentation writes.
+The ms_accum contenders run through the executor (`GradientAccumulation.train_process`); mindcv's `TrainStep` through
+`mindspore.train.Model`, as its trainer runs it; the Accumulator, the documentation's code and the plain steps in the
+loop their documentation writes.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ CONTENDERS = {
     "one_kb": "one K·B step",
     "docs_page": "docs page: @jit_class Accumulator",
     "docs_tutorial": "docs tutorial: 3 Cells",
+    "mindcv": "mindcv TrainStep, through Model",
     "accumulator": "ms_accum Accumulator, @ms.jit step",
     "accumulator_weighted": "  ... given num_samples (each gradient weighted)",
     "three_graphs": "ms_accum default ('three_graphs')",
@@ -54,8 +56,9 @@ CONTENDERS = {
     "window": "ms_accum 'window'",
 }
 ACTIVATION_NETS = ("conv_net", "char_transformer")
-ACTIVATION_COLUMNS = ("one_kb", "docs_page", "docs_tutorial", "accumulator", "three_graphs", "fused", "window")
-PARAMETER_ROWS = ("one_b", "one_kb", "docs_page", "docs_tutorial", "accumulator", "accumulator_weighted",
+ACTIVATION_COLUMNS = ("one_kb", "docs_page", "docs_tutorial", "mindcv", "accumulator", "three_graphs", "fused",
+                      "window")
+PARAMETER_ROWS = ("one_b", "one_kb", "docs_page", "docs_tutorial", "mindcv", "accumulator", "accumulator_weighted",
                   "three_graphs", *(f"three_graphs+{option}" for option in OPTIONS), "fused", "window")
 GOAL = 1.15  # a window's peak: at most this many one-B steps, plus the buffer (1x the parameters)
 REAL_FACTORIES = ("deep_mlp", "encoder")
@@ -81,8 +84,8 @@ def measure(factory: str, contender: str, k: int):
     from ms_accum.demo import models
     from ms_accum.tools.planner import process_status
     from ms_accum.train.options import QUIET
-    from .common import (accumulator_step, docs_page_step, docs_tutorial, executor, one_step_cell, over, setup,
-                         sync)
+    from .common import (accumulator_step, docs_page_step, docs_tutorial, executor, mindcv_model, model_train,
+                         one_step_cell, over, setup, sync)
     setup()
     net, loss, opt, sample = getattr(models, factory)()
     micro = GLOBAL_BATCH // k
@@ -96,6 +99,8 @@ def measure(factory: str, contender: str, k: int):
                                                                                      log=QUIET)
     elif contender == "docs_tutorial":
         sync(docs_tutorial(net, loss, opt).run(dataset.create_tuple_iterator(num_epochs=1), k))
+    elif contender == "mindcv":
+        model_train(mindcv_model(net, loss, opt, k), dataset)(0)
     else:
         steps = {"one_b": lambda: one_step_cell(net, loss, opt), "one_kb": lambda: one_step_cell(net, loss, opt),
                  "docs_page": lambda: docs_page_step(net, loss, opt, k),
