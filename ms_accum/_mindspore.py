@@ -176,18 +176,6 @@ def batchnorm_types() -> tuple:
         return (nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm)
 
 
-# `Cell.recompute()`'s mark in the cell's graph flags, which the graph compiler reads: "output_recompute" since 2.9,
-# "output_no_recompute" on 2.8 (2.8 also wraps the cell in a `_RecomputeCell`, as 2.9 and 2.10 do); tests ask
-# `recomputed` rather than a flag (known to hold 2.8–2.10).
-RECOMPUTE_FLAGS = ("output_recompute", "output_no_recompute")
-
-
-def recomputed(cell) -> bool:
-    """Whether `Cell.recompute()` was called on `cell` itself (a cell inside one is recomputed too, unmarked)."""
-    flags = cell.get_flags()
-    return any(flag in flags for flag in RECOMPUTE_FLAGS)
-
-
 # --- Random ops -------------------------------------------------------------------------------------------------------
 
 # A Primitive's attributes, which `add_prim_attr` writes and `Primitive.attrs` holds: how ms_accum reads a random op's

@@ -1,8 +1,8 @@
 """Every deprecated name, keyword, module path and flag of ms_accum, in one table, with the version it goes away.
 
 `TABLE` maps what a user wrote to its `Deprecation`: what replaces it, the version that first warned, the version that
-no longer has it. Everything in the package that warns of a deprecation does so through `deprecated` (or
-`renamed_keywords`, which calls it), with the table's text; no other module raises a ``DeprecationWarning``
+no longer has it. Everything in the package that warns of a deprecation does so through `deprecated`, with the
+table's text; no other module raises a ``DeprecationWarning``
 (`tests/test_deprecation.py` checks both, and fails when an entry outlives its removal version).
 
 Removal needs a major version (semantic versioning): what is deprecated in 1.x is removed in 2.0.0. Entries whose
@@ -244,42 +244,3 @@ def _refusing_getattr(inherited: Optional[Callable], attributes: Dict[str, str])
         error.name, error.obj = name, self  # Python 3.10+ suggests a close name from these
         raise error
     return __getattr__
-
-
-def renamed_keywords(owner: str, **renames: str) -> Callable:
-    """A decorator: the function (or the class's constructor) `owner` also takes each old keyword of `renames` (old
-    name -> new name) and warns with the table's entry ``f"{owner}({old}=...)"``.
-
-    Args:
-        owner (str): The callable's path as the table keys it (``"ms_accum.Accumulator"``).
-        renames (str): The old keywords and their new names.
-
-    Raises:
-        KeyError: When decorating, if an old keyword has no entry in the table.
-        RuntimeError: When decorating, if an old keyword's removal version has come.
-    """
-    keys = {old: f"{owner}({old}=...)" for old in renames}
-    for key in keys.values():
-        if removed(key):  # raises KeyError for a keyword the table does not have
-            raise RuntimeError(f"'{key}' outlived its removal in ms_accum {TABLE[key].removed_in}: delete it (and "
-                               f"decorate its callable with removed_from, which refuses it with the table's line).")
-
-    def decorate(target):
-        function = target.__init__ if isinstance(target, type) else target
-
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            for old, new in renames.items():
-                if old in kwargs:
-                    if new in kwargs:
-                        raise TypeError(f"{owner.rpartition('.')[2]}() got both '{new}' and its deprecated name "
-                                        f"'{old}'")
-                    deprecated(keys[old], stacklevel=2)  # the wrapper, the user
-                    kwargs[new] = kwargs.pop(old)
-            return function(*args, **kwargs)
-
-        if isinstance(target, type):
-            target.__init__ = wrapper
-            return target
-        return wrapper
-    return decorate

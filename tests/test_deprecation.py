@@ -208,30 +208,6 @@ def test_the_executor_keywords_warn_with_the_table_text_at_the_users_line():
     assert {w.filename for w in ours} == {__file__}  # the user's line
 
 
-def test_renamed_keywords_warn_from_the_table_and_refuse_both(monkeypatch):
-    """The decorator the K spellings use: the old keyword works until its removal version, with the table's text."""
-    monkeypatch.setitem(TABLE, "ms_accum.Example(accumulate_steps=...)",
-                        deprecation.Deprecation("use 'accumulate_step'", "1.0.0", "2.0.0"))
-
-    @deprecation.renamed_keywords("ms_accum.Example", accumulate_steps="accumulate_step")
-    class Example:
-        def __init__(self, accumulate_step: int = 1) -> None:
-            self.accumulate_step = accumulate_step
-
-    with pytest.warns(DeprecationWarning) as caught:
-        assert Example(accumulate_steps=4).accumulate_step == 4
-    assert str(caught[0].message) == ("'ms_accum.Example(accumulate_steps=...)' is deprecated since ms_accum 1.0.0 "
-                                      "and will be removed in 2.0.0; use 'accumulate_step'.")
-    assert caught[0].filename == __file__
-    assert inspect.signature(Example).parameters.keys() == {"accumulate_step"}
-    with pytest.raises(TypeError, match="Example\\(\\) got both 'accumulate_step' and its deprecated name "
-                                        "'accumulate_steps'"):
-        Example(accumulate_step=4, accumulate_steps=4)
-    monkeypatch.setitem(TABLE, "ms_accum.Example(accumulate_steps=...)",
-                        deprecation.Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0"))
-    with pytest.raises(RuntimeError, match="outlived its removal in ms_accum 1.0.0"):
-        deprecation.renamed_keywords("ms_accum.Example", accumulate_steps="accumulate_step")
+def test_an_entry_past_its_removal_is_refused():
     with pytest.raises(RuntimeError, match="outlived its removal"):
         deprecation.deprecated("ms_accum.LeNet5")
-    with pytest.raises(KeyError):
-        deprecation.renamed_keywords("ms_accum.Example", steps="accumulate_step")

@@ -114,12 +114,6 @@ def check_batchnorm():
     assert not issubclass(nn.LayerNorm, kinds)
 
 
-def check_recompute():
-    marked, plain = nn.SequentialCell([nn.Dense(2, 2)]), nn.Dense(2, 2)
-    marked.recompute()
-    assert door.recomputed(marked) and not door.recomputed(plain) and not door.recomputed(marked[0])
-
-
 def check_dropout():
     ms.set_seed(3)
     cell = nn.Dropout(p=0.25)
@@ -219,7 +213,7 @@ ENTRIES = {
     "onednn": check_onednn, "ONEDNN_LIBRARIES": check_onednn, "ONEDNN_ISA_VARIABLES": check_onednn,
     "primitives": check_primitives, "with_loss_cells": check_with_loss, "loss_of": check_with_loss,
     "WITH_LOSS_BACKBONE": check_with_loss_columns, "WITH_LOSS_FN": check_with_loss_columns,
-    "batchnorm_types": check_batchnorm, "RECOMPUTE_FLAGS": check_recompute, "recomputed": check_recompute,
+    "batchnorm_types": check_batchnorm,
     "prim_attrs": check_dropout, "DROPOUT_OP": check_dropout, "DROPOUT_KEEP": check_dropout,
     "DROPOUT_SEEDS": check_dropout, "RANDOM_SEED_ATTRS": check_dropout, "RANDOM_EFFECT_ATTR": check_dropout,
     "dropout_op": check_dropout, "dropout_settings": check_dropout, "mark_random": check_aot,
