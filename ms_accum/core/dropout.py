@@ -394,7 +394,8 @@ def _uncovered(network: nn.Cell, streams: DropoutStreams) -> Iterator[Tuple[str,
                  if not streams.covers(value) and id(value) not in said and _is_random_primitive(value)]
         calls = _random_calls(type(cell))
         if prims or calls:
-            yield path, cell, ", ".join([*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)])
+            what = [*(f"primitive {p}" for p in prims), *(f"{c}(...) in construct" for c in calls)]
+            yield path, cell, ", ".join(what)
 
 
 def warn_uncovered(network: nn.Cell, streams: DropoutStreams, stacklevel: int = 3) -> List[str]:

@@ -1,12 +1,13 @@
 """What `verify_equivalence` compares the executor with: the update of one large batch, built apart from the window's
 machinery (no buffer, no closer, no structure), with the same meaning as the executor's options.
 
-A reference step takes the gradient of the loss on the large batch, on the host in float64; where ms_accum draws the
-dropout masks, the large batch runs through the network one micro-batch after another, so that each forward draws the
-masks the window drew, and one loss is taken of their outputs concatenated (a network that computes its own loss: the
-micro-batches' gradients combined by the reduction's weights). Then the gradient is divided as the window is (the "sum" rule by the ranks' divisor), clipped by its global norm as
-``WindowOptions(clip_norm=...)`` clips the window's, and hands it to the user's optimizer. A loss scale does not
-change what an update means: the reference is unscaled.
+A reference step takes the gradient of the loss on the large batch; where ms_accum draws the dropout masks, the large
+batch runs through the network one micro-batch after another, so that each forward draws the masks the window drew,
+and one loss is taken of their outputs concatenated (a network that computes its own loss: the micro-batches'
+gradients combined by the reduction's weights). On the host, in float64, the gradient is then divided as the window is
+(the "sum" rule by the ranks' divisor) and clipped by its global norm as ``WindowOptions(clip_norm=...)`` clips the
+window's, and the user's optimizer steps on it. A loss scale does not change what an update means: the reference is
+unscaled.
 """
 from __future__ import annotations
 
