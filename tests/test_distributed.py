@@ -124,16 +124,21 @@ def assert_checkpoints_close(expected_path, got_path):
         np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-@pytest.fixture(scope="module")
-def dp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp")
-    code, output = msrun(str(out / "logs"), os.path.join(SCRIPTS, "dp_worker.py"), str(out))
+def rank_reports(out, script: str, name: str) -> list:
+    """Runs `dist_scripts/<script> OUT` under msrun; returns each rank's OUT/<name>_rank<r>.json, in rank order."""
+    code, output = msrun(str(out / "logs"), os.path.join(SCRIPTS, script), str(out))
     assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(out / 'logs'))}"
     reports = []
     for rank in range(WORKERS):
-        with open(out / f"report_rank{rank}.json", encoding="utf-8") as handle:
+        with open(out / f"{name}_rank{rank}.json", encoding="utf-8") as handle:
             reports.append(json.load(handle))
-    return out, reports
+    return reports
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp")
+    return out, rank_reports(out, "dp_worker.py", "report")
 
 
 @pytest.fixture(scope="module")

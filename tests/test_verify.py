@@ -422,13 +422,8 @@ def test_causes_come_from_the_structures_own_gradient_in_every_structure():
 @pytest.mark.slow  # make test-all
 @pytest.mark.distributed
 def test_under_msrun_verify_compares_the_data_parallel_window_on_every_rank(tmp_path):
-    from test_distributed import SCRIPTS, WORKERS, log_lines, msrun, worker_logs
-    code, output = msrun(str(tmp_path / "logs"), os.path.join(SCRIPTS, "verify_worker.py"), str(tmp_path))
-    assert code == 0, f"msrun failed ({code}):\n{output[-3000:]}\n{worker_logs(str(tmp_path / 'logs'))}"
-    ranks = []
-    for rank in range(WORKERS):
-        with open(tmp_path / f"verify_rank{rank}.json", encoding="utf-8") as handle:
-            ranks.append(json.load(handle))
+    from test_distributed import WORKERS, log_lines, msrun, rank_reports, worker_logs
+    ranks = rank_reports(tmp_path, "verify_worker.py", "verify")
     assert ranks[0] == ranks[1]  # every rank reports the same verdict
     results = ranks[0]
     assert results["all"]["passed"] and results["all"]["ranks"] == 2, results["all"]["text"]

@@ -4,8 +4,10 @@ Some layers and losses make a window of K micro-batches differ from one step on 
 accumulation is: BatchNorm normalizes each micro-batch by its own statistics; a loss that sums makes the window K times
 smaller than the big batch (the window divides by the samples seen); a loss that couples the samples of a batch
 (in-batch negatives, a normalization over the batch) sees K small batches instead of one. An adaptive optimizer can also
-turn rounding into a visible parameter difference. Stochastic layers (dropout, drop-path) cannot be compared at all: a
-mask drawn for K·B samples never equals K masks drawn for B, so the check runs them in inference mode, as identities.
+turn rounding into a visible parameter difference. The executor's own machinery can differ too (a buffer not cleared, an
+optimizer that counted other steps, a window skipped, ranks not combined): those causes say it is not the model's doing.
+Dropout that ms_accum draws is compared with the masks the window drew; other random layers, whose masks MindSpore's
+kernels draw, run as in inference for both (`ms_accum.tools.verify`).
 """
 from __future__ import annotations
 
