@@ -7,6 +7,7 @@ graph-compiler trace. `assert` is never used: it vanishes under `python -O`.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import string
@@ -71,11 +72,6 @@ class Message:
     def __init__(self, template: str, **values: Any) -> None:
         self.template, self.values = template, values
         _check(template, values)
-
-    def __reduce__(self) -> tuple:
-        # An exception pickles as its class called with `args` (the bare template, which the check refuses): rebuilt
-        # from its state instead, so an error crosses a process boundary whole.
-        return _rebuilt, (type(self), getattr(self, "args", ())), self.__dict__
 
     @property
     def arguments(self) -> Tuple[str, ...]:
@@ -163,11 +159,6 @@ def _reference(words: Words, name: str, spec: str) -> str:
     return getattr(words, REFERENCES[spec])(name)
 
 
-def _rebuilt(kind: type, args: tuple) -> "Message":
-    """An instance of `kind` with its exception `args`, its state to be restored by pickle (`Message.__reduce__`)."""
-    return kind.__new__(kind, *args)
-
-
 class Argument:
     """An argument named only at run time (a check shared by several arguments), inside a message."""
 
@@ -246,6 +237,9 @@ class StateError(CallError, RuntimeError):
     that no launcher started, every dropout slot taken): the message says what the state must be."""
 
 
+_AS_DATA = (Message, Argument, Setting, Aside, Term)
+
+
 class ArgumentWarning(Message, UserWarning):
     """A warning about arguments, as data: a command line renders the `Message` in its own words. (Unlike an error it
     names no door: the warning's line, the user's call, says where.)"""
@@ -270,6 +264,40 @@ class NoBatchError(ArgumentValueError):
     def __init__(self, template: str, samples: Optional[int], **values: Any) -> None:
         super().__init__(template, **values)
         self.samples = samples
+
+
+def as_data(value: Any) -> Any:
+    """`value`, a message (an error whose text is one) or a value inside one, as JSON data, to cross a process
+    boundary whole (a plan's trial): a message, `Argument`, `Setting`, `Aside` or `Term` as its class's name, its
+    exception arguments and its state; `from_data` rebuilds it. A value of another kind is a TypeError."""
+    if value is None or type(value) in (str, bool, int, float):
+        return value
+    if type(value) in (list, tuple):
+        return {type(value).__name__: [as_data(item) for item in value]}
+    if type(value) is dict:
+        return {"dict": [[key, as_data(item)] for key, item in value.items()]}
+    if not isinstance(value, _AS_DATA):
+        raise TypeError(f"{type(value).__name__} is not message data.")
+    kind = type(value)
+    return {"kind": [kind.__module__, kind.__qualname__, as_data(getattr(value, "args", ())), as_data(vars(value))]}
+
+
+def from_data(data: Any) -> Any:
+    """The value `as_data` made `data` of."""
+    if not isinstance(data, dict):
+        return data
+    [(tag, body)] = data.items()
+    if tag == "dict":
+        return {key: from_data(item) for key, item in body}
+    if tag in ("list", "tuple"):
+        return (list if tag == "list" else tuple)(map(from_data, body))
+    module, name, args, state = body
+    kind = getattr(importlib.import_module(module), name) if module.startswith(__package__ + ".") else None
+    if not (isinstance(kind, type) and issubclass(kind, _AS_DATA)):  # the class a trial names must be one of these
+        raise TypeError(f"{module}.{name} is not a kind of message data.")
+    value = kind.__new__(kind, *from_data(args))
+    vars(value).update(from_data(state))
+    return value
 
 
 class door(contextlib.ContextDecorator):  # noqa: N801  (read as a decorator: @door("Accumulator"))

@@ -504,6 +504,10 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
     (["plan", "--model", "tokens:build", "--global-batch", "16", "--output", "{root}", "--quiet"],
      "For 'ms-accum plan', the argument '--output' must be a file path that can be written, but got '{root}', a "
      "directory."),
+    # Refused in the check's fresh process, and said here in flags: the error crossed back as data, not as text.
+    (["plan", "--model", "tokens:per_sample_loss", "--global-batch", "16", "--memory", "1GiB", "--quiet"],
+     "For 'ms-accum plan', the loss_fn of the factory 'tokens:per_sample_loss' must reduce the batch to a scalar, but "
+     "got SoftmaxCrossEntropyWithLogits with reduction 'none': build it with reduction='mean' (or 'sum')."),
 ]
 
 

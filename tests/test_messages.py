@@ -6,15 +6,18 @@ by hand (a builtin exception of a string, a ``For '...'`` prefix outside the ren
 through)."""
 import builtins
 import ast
+import json
 import pathlib
-import pickle
 import string
 
 import pytest
 
 import ms_accum
 from ms_accum import cli
-from ms_accum._validation import LIBRARY, Argument, ArgumentValueError, Message, NoBatchError, Setting
+from ms_accum._validation import (LIBRARY, Argument, ArgumentValueError, Aside, Message, NoBatchError, Setting, as_data,
+                                  from_data)
+from ms_accum.train.checkpoint import CheckpointError
+from ms_accum.train.resume import Layout
 from ms_accum.cli.errors import CliWords
 from conftest import raises_exactly
 
@@ -61,13 +64,26 @@ def test_a_template_that_does_not_parse_is_refused():
         Message("got {k_max")
 
 
-def test_an_error_pickles_whole():
-    """An error crossing a process boundary is rebuilt from its state, not from its bare template."""
-    error = pickle.loads(pickle.dumps(ArgumentValueError(K, k_min=4, k_max=2).named("AdaptiveK")))
+def test_an_error_crosses_a_process_boundary_as_json_whole():
+    """A plan's trial sends its error as JSON data (`as_data`), rebuilt from its class and state, not its bare template:
+    the same text in the library's words and the command line's, the same kinds of values inside."""
+    def crossed(error):
+        return from_data(json.loads(json.dumps(as_data(error))))
+    error = crossed(ArgumentValueError(K, k_min=4, k_max=2).named("AdaptiveK"))
     assert str(error) == "For 'AdaptiveK', the argument 'k_max' must be at least 'k_min' (4), but got 2."
-    assert isinstance(error, ValueError) and error.arguments == ("k_max", "k_min")
-    no_batch = pickle.loads(pickle.dumps(NoBatchError("no batch of {batch}", 3, batch=8)))
+    assert isinstance(error, ValueError) and error.arguments == ("k_max", "k_min") and error.final
+    no_batch = crossed(NoBatchError("no batch of {batch}", 3, batch=8))
     assert (str(no_batch), no_batch.samples) == ("no batch of 8", 3)
+    sent = CheckpointError("{arg:subject}, {set}{aside}: {layout} {inner} {options} {pair}", arg=Argument("mini_steps"),
+                           set=Setting("batch_size", 4), aside=Aside(" (a remark)"), layout=Layout(2, 4, 1),
+                           inner=Message("{@k_min}"), options=["a"], pair=("b", 1))
+    flags = words("train", "--accumulate-step", "2")
+    assert crossed(sent).render(flags) == sent.render(flags) and str(crossed(sent)) == str(sent)
+    assert type(crossed(sent).values["layout"]) is Layout and crossed(sent).values["pair"] == ("b", 1)
+    with pytest.raises(TypeError, match="object is not message data"):
+        as_data(ArgumentValueError("{value}", value=object()))
+    with pytest.raises(TypeError, match="json.JSONDecoder is not a kind of message data"):
+        from_data({"kind": ["json", "JSONDecoder", {"tuple": []}, {"dict": []}]})
 
 
 def test_the_command_line_names_each_argument_by_the_flag_its_parser_adds():

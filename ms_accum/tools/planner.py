@@ -13,12 +13,10 @@ from right after MindSpore's import; on GPU and Ascend the device's peak allocat
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import math
 import os
-import pickle
 import re
 import signal
 import statistics
@@ -31,8 +29,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError,
-                           causes, check_isinstance, check_positive_int, check_value_in, describe_exception, door)
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError, as_data,
+                           causes, check_isinstance, check_positive_int, check_value_in, describe_exception, door,
+                           from_data)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -356,7 +355,7 @@ class _Trials:
         reduction its loss needs (kept for `run`), the device's free memory and the network's fingerprint."""
         out = self._child(["check", self.spec, self.device])
         if "message" in out:  # the check's own error, whole: a command line says it in its flags
-            raise pickle.loads(base64.b64decode(out["message"])) from self.raised
+            raise from_data(out["message"]) from self.raised
         if "error" in out:
             raise ArgumentValueError("{@model:subject} could not be checked in a fresh process: {error}.",
                                      error=out["error"].rstrip(".")) from self.raised
@@ -552,9 +551,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     except (ValueError, TypeError, RuntimeError, MemoryError) as err:
         text = (err.render() if isinstance(err, Message) else str(err)).strip()  # unnamed: `plan` names it
         out = {"error": text.splitlines()[0] if text else type(err).__name__, "raised": _raised(err)}
-        if isinstance(err, MessageError):  # as data too (`_Trials.check` raises it), if its values pickle
-            with contextlib.suppress(Exception):
-                out["message"] = base64.b64encode(pickle.dumps(err)).decode()
+        if isinstance(err, MessageError):  # as data too (`_Trials.check` raises it), if its values are data
+            with contextlib.suppress(TypeError):
+                out["message"] = as_data(err)
     print(json.dumps(out), flush=True)
 
 
