@@ -105,8 +105,8 @@ def _changed(feature: str, what: str, then: str) -> MindSporeChangedError:
                                  found=installed_version(), then=then)
 
 
+@functools.lru_cache(maxsize=None)  # each fallback is said once per process
 def _fall_back(feature: str, what: str, instead: str) -> None:
-    # Called from functools.lru_cache'd lookups, so each fallback is said once per process.
     warnings.warn(str(_changed(feature, what, instead)), UserWarning, stacklevel=3)
 
 
@@ -209,19 +209,14 @@ def dropout_op(cell):
     prim = primitives(cell).get(DROPOUT_OP)
     if isinstance(prim, ops.Dropout) and all(name in prim_attrs(prim) for name in _DROPOUT_ATTRS):
         return prim
-    _dropout_changed()
-    return None
-
-
-_DROPOUT_ATTRS = (DROPOUT_KEEP, *DROPOUT_SEEDS, RANDOM_EFFECT_ATTR)
-
-
-@functools.lru_cache(maxsize=None)
-def _dropout_changed() -> None:
     attrs = ", ".join(f"'{name}'" for name in _DROPOUT_ATTRS)
     _fall_back("seeded dropout", f"nn.Dropout to call an ops.Dropout '{DROPOUT_OP}' holding {attrs}",
                "nn.Dropout keeps MindSpore's kernel: runs may differ and a resumed run draws other masks "
                "(docs/resume.md).")
+    return None
+
+
+_DROPOUT_ATTRS = (DROPOUT_KEEP, *DROPOUT_SEEDS, RANDOM_EFFECT_ATTR)
 
 
 def dropout_settings(prim) -> Tuple[float, int, int]:
@@ -389,18 +384,13 @@ def communication_initialized() -> bool:
     inited = getattr(_global_comm(), "INITED", None)
     if inited is not None:
         return bool(inited)
-    _inited_missing()
+    _fall_back("data parallel", "communication.GlobalComm.INITED", "a process is taken for a rank of a data-parallel "
+               "job when mindspore.communication.get_group_size() is above 1.")
     from mindspore.communication import get_group_size
     try:
         return get_group_size() > 1
     except (RuntimeError, ValueError):  # a release that refuses to answer before init()
         return False
-
-
-@functools.lru_cache(maxsize=None)
-def _inited_missing() -> None:
-    _fall_back("data parallel", "communication.GlobalComm.INITED", "a process is taken for a rank of a data-parallel "
-               "job when mindspore.communication.get_group_size() is above 1.")
 
 
 def world_group() -> str:
@@ -421,21 +411,15 @@ def world_group() -> str:
 
 # --- Logging ----------------------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _logger_getter():
+def mindspore_logger():
+    """MindSpore's Python logger, or None where a release offers no way to it (said once)."""
+    # `mindspore.log._get_logger`: a failed save is silenced in MindSpore's log, whose CRITICAL line would name
+    # ms_accum's temporary file, while ms_accum's own error says more (train/checkpoint.py); since 2.8 (2.8–2.10).
     from mindspore import log
     getter = getattr(log, "_get_logger", None)
     if getter is None:
         _fall_back("checkpoint writer", "mindspore.log._get_logger", "MindSpore's own line about a failed save is "
                    "left in the log.")
-    return getter
-
-
-def mindspore_logger():
-    """MindSpore's Python logger, or None where a release offers no way to it (said once)."""
-    # `mindspore.log._get_logger`: a failed save is silenced in MindSpore's log, whose CRITICAL line would name
-    # ms_accum's temporary file, while ms_accum's own error says more (train/checkpoint.py); since 2.8 (2.8–2.10).
-    getter = _logger_getter()
     return None if getter is None else getter()
 
 

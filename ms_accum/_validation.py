@@ -328,6 +328,21 @@ def describe_exception(err: BaseException) -> str:
     return f"{type(err).__name__}: {head or '(no message)'}{cause}"
 
 
+class ChildError(Exception):
+    """
+    An exception a child process raised (a plan's trial), as it crosses back: its line there (`describe_exception`'s)
+    and its traceback's frames, which a command line shows as it shows any error's.
+
+    Args:
+        line (str): The exception's type and message.
+        frames (list[traceback.FrameSummary]): Its traceback's frames, innermost last.
+    """
+
+    def __init__(self, line: str, frames: list) -> None:
+        super().__init__(line)
+        self.frames = frames
+
+
 def causes(err: BaseException) -> List[BaseException]:
     """`err` and the exceptions it was raised from or while handling, as Python prints them: outermost first."""
     chain: List[BaseException] = []

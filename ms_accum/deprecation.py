@@ -73,11 +73,6 @@ def executor_key(keyword: str) -> str:
     return f"ms_accum.GradientAccumulation{_OPTIONS[EXECUTOR_KEYWORDS[keyword][0]][1]}({keyword}=...)"
 
 
-def _moved_into_option(keyword: str) -> Deprecation:
-    option, field = EXECUTOR_KEYWORDS[keyword]
-    return Deprecation(f"use {option}={_OPTIONS[option][0]}({field}=...)", "0.3.0", "2.0.0")
-
-
 def _moved_module(new: str, also: str = "") -> Deprecation:
     return Deprecation(f"import '{new}'{also}", "0.3.0", "1.0.0")
 
@@ -112,7 +107,8 @@ TABLE: Dict[str, Deprecation] = {
                            "TrainCachedWindowCell": "graphs", "AccumulationBuffer": "core",
                            "LossOnly": "core"}.items()},
     # --- The executor's keywords of 0.2 and 0.3, replaced by option objects in 0.3: removed in 2.0.0. ---
-    **{executor_key(keyword): _moved_into_option(keyword) for keyword in EXECUTOR_KEYWORDS},
+    **{executor_key(keyword): Deprecation(f"use {option}={_OPTIONS[option][0]}({field}=...)", "0.3.0", "2.0.0")
+       for keyword, (option, field) in EXECUTOR_KEYWORDS.items()},
     "ms_accum.GradientAccumulation(recompute=...)": Deprecation(
         "call ms_accum.recompute_cells(network, names) before building the executor", "0.3.0", "2.0.0"),
     # --- K's one spelling outside the seeds' doors is accumulate_step: the flag follows in 1.0.0. ---

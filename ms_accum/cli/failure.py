@@ -28,7 +28,7 @@ import traceback
 from typing import Iterable, List, Optional, Tuple
 
 from .. import __version__
-from .._validation import MessageError, causes, describe_exception
+from .._validation import ChildError, MessageError, causes, describe_exception
 from .errors import error_line
 
 VARIABLE = "MS_ACCUM_TRACEBACK"
@@ -67,7 +67,7 @@ def users_traceback(err: BaseException, own: Tuple[str, ...] = ()) -> str:
         frames = [frame for frame in _frames(cause) if is_users(frame.filename, own)]
         if frames:
             listed = "".join(traceback.StackSummary.from_list(frames).format()).rstrip("\n")
-            line = str(cause) if _in_trial(cause) else describe_exception(cause)  # a trial's, as its process said it
+            line = str(cause) if isinstance(cause, ChildError) else describe_exception(cause)  # as its process said
             return f"{HEADER}\n{listed}\n{line}"
     return ""
 
@@ -100,18 +100,11 @@ def is_users(filename: str, own: Tuple[str, ...] = ()) -> bool:
     return _under(filename, own) or not _under(filename, (PACKAGE, mindspore, *_stdlib(), *_site()))
 
 
-def _in_trial(err: BaseException) -> bool:
-    """Whether `err` is a `TrialError`, raised in a planner's trial (none exists before the planner is imported: it is
-    not imported here, which would import MindSpore)."""
-    planner = sys.modules.get("ms_accum.tools.planner")
-    return planner is not None and isinstance(err, planner.TrialError)
-
-
 def _frames(err: BaseException) -> List[traceback.FrameSummary]:
     """Every frame of `err`: those of its traceback (a planner's trial's, in its process), the file and line of a
     SyntaxError, then the frames MindSpore quotes in its message (a construct it compiled, a dataset's Python
     function), innermost last."""
-    frames = list(traceback.extract_tb(err.__traceback__)) + (err.frames if _in_trial(err) else [])
+    frames = list(traceback.extract_tb(err.__traceback__)) + (err.frames if isinstance(err, ChildError) else [])
     if isinstance(err, SyntaxError) and err.filename and err.lineno:
         frames.append(traceback.FrameSummary(err.filename, err.lineno, "<module>"))
     return frames + quoted_frames(str(err))
@@ -128,7 +121,9 @@ def quoted_frames(text: str) -> List[traceback.FrameSummary]:
             path, _, lines = (where.rpartition(", ")[0] or where).rpartition(":")
             first = lines.split("~")[0]
             if path and first.isdigit():
-                frame = traceback.FrameSummary(path, int(first), _function_at(path, int(first)))
+                # The innermost function around the line, as a traceback names a frame.
+                around = [(start, name) for start, end, name in _functions(path) if start <= int(first) <= end]
+                frame = traceback.FrameSummary(path, int(first), max(around)[1] if around else "<module>")
                 if frames and (frames[-1].filename, frames[-1].name) == (frame.filename, frame.name):
                     frames.pop()  # an outer expression of the same function: Python shows one line per call
                 frames.append(frame)
@@ -138,12 +133,6 @@ def quoted_frames(text: str) -> List[traceback.FrameSummary]:
             if lineno.isdigit():
                 frames.append(traceback.FrameSummary(path, int(lineno), name or "<module>"))
     return frames
-
-
-def _function_at(path: str, lineno: int) -> str:
-    """The name of the innermost function of the file `path` around line `lineno`, as a traceback names a frame."""
-    around = [(start, name) for start, end, name in _functions(path) if start <= lineno <= end]
-    return max(around)[1] if around else "<module>"
 
 
 @functools.lru_cache(maxsize=32)

@@ -116,10 +116,6 @@ def _wait() -> None:
     (Tensor(0, ms.int32) + 0).asnumpy()
 
 
-def _threshold(keep_prob: float) -> int:
-    return min(max(round(keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS)
-
-
 def _primitive(path: str, slot: int) -> ops.Custom:
     """The forward primitive of `slot`, whose backward calls the grad kernel on ``dout`` with the offset the forward
     drew from. Built here, not in a method: graph mode parses the function that encloses a `bprop`."""
@@ -209,7 +205,7 @@ class SeededDropout:
 
     def _write(self, seed: int, offset: int) -> None:
         self._seed = int(seed)
-        self._lib.ms_accum_slot_set(self.slot, self._seed, int(offset), _threshold(self.keep_prob),
+        self._lib.ms_accum_slot_set(self.slot, self._seed, int(offset), min(max(round(self.keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS),
                                     1.0 / self.keep_prob)
 
 

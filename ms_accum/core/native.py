@@ -89,14 +89,12 @@ def timeout() -> float:
         KernelBuildError: If `TIMEOUT_ENV` holds something else than a positive number.
     """
     text = os.environ.get(TIMEOUT_ENV, "")
-    try:
-        seconds = float(text) if text else TIMEOUT
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise KernelBuildError("the environment variable '{variable}' must be a positive number of seconds, but got "
-                               "'{text}'.", variable=TIMEOUT_ENV, text=text)
-    return seconds
+    with contextlib.suppress(ValueError):
+        seconds = float(text or TIMEOUT)
+        if 0 < seconds < math.inf:
+            return seconds
+    raise KernelBuildError("the environment variable '{variable}' must be a positive number of seconds, but got "
+                           "'{text}'.", variable=TIMEOUT_ENV, text=text)
 
 
 def compiler(name: str) -> str:

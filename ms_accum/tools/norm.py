@@ -15,11 +15,6 @@ from .._mindspore import batchnorm_types
 from .._validation import check_isinstance, check_positive_int, door
 
 
-def _groups_for(channels: int, num_groups: int) -> int:
-    # The largest divisor of `channels` not above `num_groups` (GroupNorm needs channels % groups == 0).
-    return max(g for g in range(1, min(num_groups, channels) + 1) if channels % g == 0)
-
-
 @door("replace_batchnorm")
 def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
     r"""
@@ -62,7 +57,9 @@ def replace_batchnorm(network: nn.Cell, num_groups: int = 32) -> List[str]:
             if not isinstance(child, batchnorm_types()) or child.use_batch_statistics is False:
                 continue
             channels = child.num_features
-            groups = 1 if isinstance(child, nn.BatchNorm1d) else _groups_for(channels, num_groups)
+            # The largest divisor of `channels` not above `num_groups` (GroupNorm needs channels % groups == 0).
+            groups = 1 if isinstance(child, nn.BatchNorm1d) else max(
+                g for g in range(1, min(num_groups, channels) + 1) if channels % g == 0)
             # BatchNorm keeps gamma and beta either way; affine=False freezes them (requires_grad False).
             norm = nn.GroupNorm(groups, channels, eps=float(child.eps), affine=child.gamma.requires_grad,
                                 dtype=child.gamma.dtype)

@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, Message, MessageError, StateError, as_data,
-                           causes, check_isinstance, check_positive_int, check_value_in, describe_exception, door,
-                           from_data)
+from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, ChildError, Message, MessageError,
+                           StateError, as_data, causes, check_isinstance, check_positive_int, check_value_in,
+                           describe_exception, door, from_data)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -345,7 +345,7 @@ class _Trials:
         self.spec, self.device, self.timeout, self.log = spec, device, timeout, log
         self.trials: List[Trial] = []
         self.reduction: Optional[str] = None  # the loss's, found by `check`
-        self.raised: Optional[TrialError] = None  # what the last trial that failed raised in its process, if it did
+        self.raised: Optional[ChildError] = None  # what the last trial that failed raised in its process, if it did
         # The fresh process finds the factory's module where this process would: the current directory and sys.path.
         paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
@@ -388,8 +388,12 @@ class _Trials:
         except subprocess.TimeoutExpired:
             return {"error": f"took more than {self.timeout:.0f} s"}
         finally:
-            if process.poll() is None:
-                _kill_trial(process)
+            if process.poll() is None:  # the trial and whatever it started: its own session's process group
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    process.kill()
+                process.wait()
         for line in reversed(stdout.splitlines()):
             if line.startswith("{"):
                 out = json.loads(line)
@@ -405,26 +409,11 @@ class _Trials:
 _PARENT = "MS_ACCUM_PLANNER_PID"  # the planner's pid, in a trial's environment
 
 
-class TrialError(Exception):
-    """
-    An exception a trial's process raised, as it crosses back: its line there (`describe_exception`'s) and its
-    traceback's frames, which the command line shows as it shows any error's (`ms_accum.cli.failure`).
-
-    Args:
-        line (str): The exception's type and message.
-        frames (list[traceback.FrameSummary]): Its traceback's frames, innermost last.
-    """
-
-    def __init__(self, line: str, frames: List[traceback.FrameSummary]) -> None:
-        super().__init__(line)
-        self.frames = frames
-
-
-def _trial_error(raised: Sequence) -> Optional[TrialError]:
-    """The chain of `TrialError`s a trial reported (`_raised`: outermost first), each raised from the next."""
+def _trial_error(raised: Sequence) -> Optional[ChildError]:
+    """The chain of `ChildError`s a trial reported (`_raised`: outermost first), each raised from the next."""
     cause = None
     for line, frames in reversed(raised):
-        error = TrialError(line, [traceback.FrameSummary(path, lineno, name) for path, lineno, name in frames])
+        error = ChildError(line, [traceback.FrameSummary(path, lineno, name) for path, lineno, name in frames])
         error.__cause__, cause = cause, error
     return cause
 
@@ -447,15 +436,6 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != int(parent):  # the planner died before the request took effect
         os._exit(1)
-
-
-def _kill_trial(process: subprocess.Popen) -> None:
-    """Kills a trial and whatever it started (its own session's process group), and reaps it."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        process.kill()
-    process.wait()
 
 
 # ------------------------------------------------------------------------------------------------ in the fresh process

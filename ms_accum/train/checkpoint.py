@@ -85,7 +85,9 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
                 # MindSpore's safetensors writer stores append_dict's strings as arrays that safetensors refuses, and
                 # computes no CRC of bfloat16 (docs/mindspore.md, "Safetensors checkpoints"): the metadata goes into
                 # the header.
-                ms.save_checkpoint(save_obj, written, format="safetensors", crc_check=not _holds_bfloat16(save_obj))
+                tensors = save_obj.get_parameters() if isinstance(save_obj, nn.Cell) else (e["data"] for e in save_obj)
+                crc = not any(tensor.dtype == ms.bfloat16 for tensor in tensors)
+                ms.save_checkpoint(save_obj, written, format="safetensors", crc_check=crc)
                 _copy_with_metadata(written, tmp, append)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
@@ -97,10 +99,18 @@ def save_checkpoint(save_obj: Union[nn.Cell, list], path: str, metadata: Optiona
         raise CheckpointWriteError("'{name}' could not be written in '{directory}': {value}. No earlier file was "
                                    "changed.", name=name, directory=directory, value=err.strerror or err) from err
     finally:
-        for leftover in {tmp, written, _mindspore_temporary(written)}:
+        # mindspore.save_checkpoint writes `path` with its extension replaced by ".tmp" first, and leaves that file
+        # behind when the write fails.
+        for leftover in {tmp, written, os.path.splitext(written)[0] + ".tmp"}:
             if os.path.exists(leftover):
                 os.remove(leftover)
-    _fsync_dir(directory)
+    # Durability of the rename itself; not every file system lets a directory be opened or synced, which is harmless.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return path
 
 
@@ -121,17 +131,6 @@ def _appended(metadata: Dict[str, MetaValue]) -> Dict[str, MetaValue]:
 def checkpoint_format(path: str) -> str:
     """The format of the checkpoint `path`, by its extension: ``"safetensors"`` or ``"ckpt"`` (any other name)."""
     return "safetensors" if os.fspath(path).endswith(".safetensors") else "ckpt"
-
-
-def _mindspore_temporary(path: str) -> str:
-    # mindspore.save_checkpoint writes `path` with its extension replaced by ".tmp" first, and leaves that file behind
-    # when the write fails.
-    return os.path.splitext(path)[0] + ".tmp"
-
-
-def _holds_bfloat16(save_obj: Union[nn.Cell, list]) -> bool:
-    tensors = save_obj.get_parameters() if isinstance(save_obj, nn.Cell) else (entry["data"] for entry in save_obj)
-    return any(tensor.dtype == ms.bfloat16 for tensor in tensors)
 
 
 def _safetensors_header(handle) -> dict:
@@ -167,16 +166,6 @@ def _quiet_mindspore_log():
     finally:
         if logger is not None:
             logger.disabled = disabled
-
-
-def _fsync_dir(directory: str) -> None:
-    # Durability of the rename itself; not every file system lets a directory be opened or synced, which is harmless.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValue]]:
@@ -267,7 +256,10 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
             raise CheckpointError("Checkpoint '{path}' was saved with {saved}, but {asked} was asked for.", path=path,
                                   saved=Setting(key, metadata[key]), asked=Setting(key, value))
     own = {p.name: p for p in network.get_parameters()}
-    params = {name: value for name, value in params.items() if not _is_training_state(name, value, own)}
+    # What optimizers and accumulation buffers keep beside a network: a slot per parameter ("moments.w",
+    # "accumulate.w") or a scalar ("global_step", "accumulate.mini_step"). No list of names to keep in step.
+    params = {name: value for name, value in params.items()
+              if name in own or not (name.partition(".")[2] in own or value.size <= 1)}
     missing = sorted(name for name in set(own) - set(params) if not is_random_state(own[name]))
     extra = sorted(set(params) - set(own))
     if strict and (missing or extra):
@@ -288,12 +280,6 @@ def load_into(network: nn.Cell, path: str, strict: bool = True,
         raise CheckpointError("Checkpoint '{path}' left parameter(s) {value} unloaded.", path=path,
                               value=_names(not_loaded))
     return metadata
-
-
-def _is_training_state(name: str, value: Parameter, own: Dict[str, Parameter]) -> bool:
-    # What optimizers and accumulation buffers keep beside a network: a slot per parameter ("moments.w",
-    # "accumulate.w") or a scalar ("global_step", "accumulate.mini_step"). No list of names to keep in step.
-    return name not in own and (name.partition(".")[2] in own or value.size <= 1)
 
 
 def _names(names: Iterable[str], limit: int = 5) -> str:

@@ -93,6 +93,8 @@ class _AllReduceSum(nn.Cell):
         return self.all_reduce(x)
 
 
+_sum_cell = functools.lru_cache(maxsize=None)(_AllReduceSum)  # one Cell, built when first needed: a shape compiles once
+
 def check_same_on_all_ranks(value: int, what: str) -> int:
     """
     Checks that every rank of the data-parallel group passes the same int, with one small all-reduce.
@@ -166,9 +168,3 @@ def gather_ints(value: int) -> List[int]:
 def all_reduce_sum(value: ms.Tensor) -> ms.Tensor:
     """float32 `value` summed over the world's ranks (all ranks must call it)."""
     return _sum_cell()(value)
-
-
-@functools.lru_cache(maxsize=None)
-def _sum_cell() -> nn.Cell:
-    """One Cell, built when first needed, so each shape compiles once."""
-    return _AllReduceSum()

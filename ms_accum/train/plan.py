@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from .._choices import DEMO_FACTORIES, DEVICES, REDUCTIONS, STRUCTURES
-from .._validation import ArgumentValueError, Aside, door
+from .._validation import ArgumentValueError, Aside, describe_exception, door
 from ..deprecation import removed_from
 
 
@@ -47,10 +47,9 @@ def _built_fingerprint(model: str, unrecorded: str) -> dict:
     try:
         return network_fingerprint(getattr(importlib.import_module(module_name), function_name)()[0])
     except Exception as err:  # noqa: BLE001  (whatever the factory raises, the plan cannot be checked)
-        cause = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise ArgumentValueError("{unrecorded}, and its model '{model}' cannot be built to compare it with the "
-                                 "network given ({name}: {cause}): plan again for this network.",
-                                 unrecorded=unrecorded, model=model, name=type(err).__name__, cause=cause) from err
+                                 "network given ({cause}): plan again for this network.", unrecorded=unrecorded,
+                                 model=model, cause=describe_exception(err)) from err
 
 
 def _describe(fingerprint: dict) -> str:

@@ -252,9 +252,10 @@ class Run:
             noise = self.noise_scale.update(window.micro_sq_norm, window.micro_weight, window_sq_norm, window.weight)
             self.k.observe(window.weight, len(trained.outputs))
         outliers = [position.batch - len(trained.outputs) + int(i) for i in window.left_out_indices]
+        loss_scale = 1.0 if self.guard.loss_scaler is None else float(buffer.guard.loss_scale.asnumpy())  # as updated
         record = StepRecord(
             epoch=position.epoch, step=position.step, loss=window.loss, micro_batches=len(trained.outputs),
-            samples=window.samples, skipped=not applied, loss_scale=self._loss_scale(), accumulate_step=k,
+            samples=window.samples, skipped=not applied, loss_scale=loss_scale, accumulate_step=k,
             samples_consumed=_samples_read(position.epoch, position.batch, self.num_batches, self.per_batch),
             grad_norm=float(np.sqrt(window_sq_norm)) if self.measured else None,
             micro_batch_grad_norms=window.micro_batch_norms() if self.measured else [], noise_scale=noise,
@@ -262,10 +263,6 @@ class Run:
         result.steps.append(record)
         result.outliers += [(position.epoch, batch) for batch in outliers]
         return record, window
-
-    def _loss_scale(self) -> float:
-        """The loss scale after the window: 1 without a scaler, and then never read back."""
-        return 1.0 if self.guard.loss_scaler is None else float(self.buffer.guard.loss_scale.asnumpy())
 
 
 # MindSpore's batching operations: a pipeline without one yields single samples, which no network takes as a batch.
