@@ -221,22 +221,13 @@ def removed_from(owner: str) -> Callable:
             return refusing
         if keywords:
             target.__init__ = refusing
-        if attributes:
-            target.__getattr__ = _refusing_getattr(getattr(target, "__getattr__", None), attributes)
+        if attributes:  # (the classes decorated have no __getattr__ of their own)
+            def __getattr__(self, name: str):  # noqa: N807  (called only when an attribute is not found)
+                error = AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+                if name in attributes:
+                    raise AttributeError(f"{error}: {removal(attributes[name])}")
+                error.name, error.obj = name, self  # Python 3.10+ suggests a close name from these
+                raise error
+            target.__getattr__ = __getattr__
         return target
     return decorate
-
-
-def _refusing_getattr(inherited: Optional[Callable], attributes: Dict[str, str]) -> Callable:
-    """A class's ``__getattr__`` (called only when an attribute is not found) that says where each removed one went;
-    any other name goes to the class's own `inherited`, or fails as Python's would, with its suggestions."""
-    def __getattr__(self, name: str):  # noqa: N807
-        if name in attributes:
-            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}': "
-                                 f"{removal(attributes[name])}")
-        if inherited is not None:
-            return inherited(self, name)
-        error = AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        error.name, error.obj = name, self  # Python 3.10+ suggests a close name from these
-        raise error
-    return __getattr__

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 from .. import runtime
 from .._validation import Argument, ArgumentValueError, Message, NoBatchError, Setting, door
@@ -29,37 +28,27 @@ class Job:
     held_out: object = None  # batch size -> this rank's shard of the held-out data, for --eval-every
 
 
-def launcher_world_size(args: argparse.Namespace) -> Optional[int]:
-    """msrun's worker count, or None without a launcher; checked against the arguments before anything starts.
+def join_launcher(args: argparse.Namespace):
+    """Checks msrun's launch against the arguments, sets the device, and joins msrun's data-parallel group; returns
+    the group (`ms_accum.train.distributed.init_data_parallel`), or None without a launcher.
 
-    Every check here gives the same answer in every process msrun started, the scheduler included, so a bad
-    command line stops them all (a scheduler that stops alone leaves the workers waiting for it)."""
-    from ..train.distributed import distributed_launch
+    Every check gives the same answer in every process msrun started, the scheduler included, so a bad command line
+    stops them all (a scheduler that stops alone leaves the workers waiting for it)."""
+    from ..train.distributed import distributed_launch, init_data_parallel
     world = distributed_launch()
     if world is None:
         if args.distributed:
             raise CliError("distributed mode requested without a launcher: start it with msrun, e.g. 'msrun "
                            "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True "
                            "$(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are not set).")
-        return None
-    if args.batch_size % world:
+    elif args.batch_size % world:
         raise ArgumentValueError("{@batch_size:subject} (the global micro-batch) must be divisible by the world size "
                                  "{world}, but got {batch_size}.", world=world,
                                  batch_size=args.batch_size).named("ms-accum train")
-    return world
-
-
-def join_launcher(args: argparse.Namespace):
-    """Checks msrun's launch against the arguments, sets the device, and joins msrun's data-parallel group; returns
-    the group (`ms_accum.train.distributed.init_data_parallel`), or None without a launcher."""
-    launched = launcher_world_size(args) is not None
     runtime.set_device(args.device)
-    if not launched:
-        return None
     # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be written
     # before it.
-    from ..train.distributed import init_data_parallel
-    return init_data_parallel()
+    return None if world is None else init_data_parallel()
 
 
 def demo_job(args: argparse.Namespace, parallel, world: int) -> Job:

@@ -25,24 +25,21 @@ def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List
     ax.set_ylabel("window loss")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    if second:
-        _k_and_noise(axes[1][0], ks or [], noise)
+    if second:  # each step's K (a step line) and, on a log axis of its own, the noise scale estimate
+        ax = axes[1][0]
+        if ks:
+            ax.step(range(1, len(ks) + 1), ks, where="post", color="tab:blue", linewidth=1)
+        ax.set_ylabel("K", color="tab:blue")
+        ax.grid(alpha=0.3)
+        noisy = [step for step, value in enumerate(noise or [], 1) if value is not None and value > 0]
+        if noisy:
+            right = ax.twinx()
+            right.plot(noisy, [noise[step - 1] for step in noisy], color="tab:orange", linewidth=1)
+            right.set_ylabel("noise scale B_simple", color="tab:orange")
+            right.set_yscale("log")
     axes[-1][0].set_xlabel("optimizer step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
-
-def _k_and_noise(ax, ks: List[int], noise: Optional[List[Optional[float]]]) -> None:
-    """Each step's K (a step line) and, on a log axis of its own, the noise scale estimate."""
-    if ks:
-        ax.step(range(1, len(ks) + 1), ks, where="post", color="tab:blue", linewidth=1)
-    ax.set_ylabel("K", color="tab:blue")
-    ax.grid(alpha=0.3)
-    steps = [step for step, value in enumerate(noise or [], 1) if value is not None and value > 0]
-    if steps:
-        right = ax.twinx()
-        right.plot(steps, [noise[step - 1] for step in steps], color="tab:orange", linewidth=1)
-        right.set_ylabel("noise scale B_simple", color="tab:orange")
-        right.set_yscale("log")

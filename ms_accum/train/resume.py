@@ -120,7 +120,7 @@ class StateCheckpoints:
             _check_adaptive(path, str(meta.get("adaptive_k", "")), saved["global_batches"], self.run["adaptive_k"])
         elif _pairs(saved["global_batches"])[1:] or _pairs(self.run["global_batches"])[1:] or \
                 "callable" in (saved["global_batches"], self.run["global_batches"]):
-            self._check_schedule(path, saved["global_batches"], self._ahead(epochs, position))
+            self._check_schedule(path, saved["global_batches"], epochs, position)
         else:
             _check_global_batch(path, saved, self.run)
         _check_epoch_samples(path, saved, self.run)
@@ -158,16 +158,10 @@ class StateCheckpoints:
         else:
             self.windows.append([samples, batch, 1])
 
-    def _ahead(self, epochs: int, position: Position) -> Callable[[], List[int]]:
-        """The global samples consumed at each window this run opens from `position` on (K looked at in each, as the
-        run will decide it), computed when asked."""
-        return lambda: [opened_at for _, _, opened_at in _planned_windows(
-            epochs, int(self.run["num_batches"]), self.schedule, _per_batch(self.run), position) or ()]
-
-    def _check_schedule(self, path: str, saved: str, ahead: Callable[[], List[int]]) -> None:
+    def _check_schedule(self, path: str, saved: str, epochs: int, position: Position) -> None:
         """Refuses a resume whose global batch schedule differs from the saved run's, naming where: a callable is
         compared with a saved table at the windows the saved run opened and at every window this run can still open
-        (`ahead`)."""
+        from `position` on (K looked at in each, as the run will decide it)."""
         if "callable" not in (saved, self.run["global_batches"]):
             mine, theirs = dict(_pairs(self.run["global_batches"])), dict(_pairs(saved))
             points = sorted(set(mine) | set(theirs))
@@ -176,7 +170,9 @@ class StateCheckpoints:
             theirs.update((start + i * batch, batch) for start, batch, count in self.windows for i in range(count))
             if saved != "callable":  # the saved table gives its batch at every window this run opens too
                 table = dict(_pairs(saved))
-                theirs.update((start, _at(table, start)) for start in ahead())
+                ahead = _planned_windows(epochs, int(self.run["num_batches"]), self.schedule, _per_batch(self.run),
+                                         position) or ()
+                theirs.update((start, _at(table, start)) for _, _, start in ahead)
             points = sorted(theirs)
             mine = {s: self.schedule.peek(s) * _per_batch(self.run) for s in points}
             if saved == "callable" and points:
