@@ -488,9 +488,9 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
      "For 'ms-accum train', epoch 1 step 2: the window's gradient or loss is not finite, so it was skipped "
      "(parameters unchanged; 1 window(s) skipped so far); stopping, as --stop-on-nonfinite asks."),
     (["train", "--distributed", "--data", "{data}", "--ckpt-dir", "{root}/d", "--quiet"],
-     "distributed mode requested without a launcher: start it with msrun, e.g. 'msrun --worker_num=2 "
-     "--local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are "
-     "not set)."),
+     "For 'ms-accum train', distributed mode requested without a launcher: start it with msrun in front of its "
+     "command, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True <command>' (the "
+     "environment variables MS_ROLE and MS_WORKER_NUM are not set)."),
     (["eval", "--ckpt", "{root}/mlp.ckpt", "--model", "lenet5", "--data", "{data}", "--quiet"],
      "Checkpoint '{root}/mlp.ckpt' was saved with --model mlp, but --model lenet5 was asked for."),
     (["verify", "--model", "mlp", "--batch-size", "32", "--accumulate-step", "16", "--data", "{data}", "--quiet"],

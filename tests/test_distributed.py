@@ -460,18 +460,18 @@ def test_distributed_launch_reads_msrun_environment():
 
 def test_init_without_launcher_is_refused(no_launcher):
     with raises_exactly(RuntimeError, "For 'init_data_parallel', distributed mode requested without a launcher: start "
-                                      "the script with msrun, e.g. 'msrun --worker_num=2 --local_worker_num=2 "
-                                      "--master_port=8118 --join=True script.py' (the environment variables MS_ROLE "
-                                      "and MS_WORKER_NUM are not set)."):
+                                      "it with msrun in front of its command, e.g. 'msrun --worker_num=2 "
+                                      "--local_worker_num=2 --master_port=8118 --join=True <command>' (the environment "
+                                      "variables MS_ROLE and MS_WORKER_NUM are not set)."):
         init_data_parallel()
 
 
 def test_cli_distributed_flag_without_launcher(no_launcher, tmp_path, capsys):
     assert cli.main(["train", "--distributed", "--ckpt-dir", str(tmp_path), "--quiet"]) == 1
     assert capsys.readouterr().err == (
-        "ms-accum train: error: distributed mode requested without a launcher: start it with msrun, e.g. 'msrun "
-        "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True $(which ms-accum) train ...' (MS_ROLE and "
-        "MS_WORKER_NUM are not set).\n")
+        "ms-accum train: error: For 'ms-accum train', distributed mode requested without a launcher: start it with "
+        "msrun in front of its command, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True "
+        "<command>' (the environment variables MS_ROLE and MS_WORKER_NUM are not set).\n")
     assert not os.listdir(tmp_path)
 
 

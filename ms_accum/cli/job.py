@@ -36,19 +36,14 @@ def join_launcher(args: argparse.Namespace):
     stops them all (a scheduler that stops alone leaves the workers waiting for it)."""
     from ..train.distributed import distributed_launch, init_data_parallel
     world = distributed_launch()
-    if world is None:
-        if args.distributed:
-            raise CliError("distributed mode requested without a launcher: start it with msrun, e.g. 'msrun "
-                           "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True "
-                           "$(which ms-accum) train ...' (MS_ROLE and MS_WORKER_NUM are not set).")
-    elif args.batch_size % world:
+    if world is not None and args.batch_size % world:
         raise ArgumentValueError("{@batch_size:subject} (the global micro-batch) must be divisible by the world size "
                                  "{world}, but got {batch_size}.", world=world,
                                  batch_size=args.batch_size).named("ms-accum train")
     runtime.set_device(args.device)
     # First of all: msrun runs this script as the scheduler too, whose init() never returns; nothing may be written
-    # before it.
-    return None if world is None else init_data_parallel()
+    # before it. --distributed without a launcher is refused there.
+    return None if world is None and not args.distributed else init_data_parallel()
 
 
 def demo_job(args: argparse.Namespace, parallel, world: int) -> Job:

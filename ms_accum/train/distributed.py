@@ -75,9 +75,9 @@ def init_data_parallel(gradients_mean: Optional[bool] = None) -> DataParallelInf
     if gradients_mean is not None:
         check_isinstance(gradients_mean, "gradients_mean", bool)
     if distributed_launch() is None:
-        raise StateError("distributed mode requested without a launcher: start the script with msrun, e.g. 'msrun "
-                         "--worker_num=2 --local_worker_num=2 --master_port=8118 --join=True script.py' (the "
-                         "environment variables MS_ROLE and MS_WORKER_NUM are not set).")
+        raise StateError("distributed mode requested without a launcher: start it with msrun in front of its "
+                         "command, e.g. 'msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True "
+                         "<command>' (the environment variables MS_ROLE and MS_WORKER_NUM are not set).")
     init()
     if gradients_mean is not None:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=gradients_mean)
