@@ -16,11 +16,9 @@ table's line (`tests/test_deprecation.py` walks every such entry), as the error 
   a class's instances: Python's `AttributeError`, the line after it (both by the decorator `removed_from`);
 - a command-line flag: argparse's error for that argument, with the line (`ms_accum.cli.arguments.add_removed_flags`).
 
-No import hook: a removed module path fails at ``import ms_accum.data`` as any missing module does (only an import
-hook could say more), while ``ms_accum.data`` as an attribute names its replacement, and this table and the
-documentation say where its names went. The 0.2 paths were served for one release by a finder on ``sys.meta_path``
-that ran at every ``import ms_accum``; nothing deprecated today needs one, since a name that moved is served by its
-package's ``__getattr__`` and a keyword by its callable.
+No import hook: a removed module path fails at ``import ms_accum.data`` as any missing module does, while
+``ms_accum.data`` as an attribute names its replacement; a name that moved is served by its package's ``__getattr__``
+and a keyword by its callable.
 
 The keys: ``ms_accum.x.Name`` for a module, a name or an attribute; ``Callable(keyword=...)`` for a keyword of that
 callable (``ms_accum.x.Callable(keyword=...)``); ``ms-accum <command> --flag`` for a command-line flag.

@@ -15,11 +15,9 @@ Your model is a factory, ``package.module:function`` (`ms_accum.tools.factory`, 
 Under msrun, `train` is data parallel by itself: each worker reads its shard with batch-size / workers samples
 per micro-batch, the windows are all-reduced, and only rank 0 prints, plots, saves and evaluates.
 
-An error ends with one line on stderr (exit 2 for a bad command line, 1 for anything else: bad data, checkpoints, a
-factory, or a failure while training) that names flags, files and commands, not the library's classes. When your own
-code raised it (a factory, its data, a network's construct), your code's frames come first; when ms_accum's own code
-did, a second line says it is a bug and how to report it; `--traceback` (or MS_ACCUM_TRACEBACK=1) shows the whole
-stack of any error. MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
+An error ends with one line on stderr that names flags, files and commands (exit 2 for a bad command line, else 1):
+after your code's frames when your code raised it, before a bug notice when ms_accum's did (docs/cli.md, `failure`).
+MindSpore is imported only after the CPU kernel setting of `ms_accum.runtime` is applied.
 
 The package holds a module per command (its arguments and its `run`), `arguments` (the argument types a script's own
 argparse may use too: `positive_int`, `positive_float`, ...), `errors` (how a failure becomes one line) and `failure`

@@ -39,7 +39,13 @@ def run(args: argparse.Namespace) -> Optional[dict]:
     executor = _executor(args, job, planned, world)
     with door("ms-accum train"):  # rank 0 alone writes it, yet no rank waits for a rank 0 that refused
         board = decided_together(lambda: _tensorboard(args, job, main), parallel, "the TensorBoard directory")
-    checkpoints = _checkpoints(args, job, parallel)
+    from ..train.options import Checkpoints
+    # The settings the checkpoints record; the directory is checked, and made, by `train_process`, every rank deciding
+    # together.
+    metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
+                "seed": args.seed, "world_size": world, **job.settings}
+    checkpoints = Checkpoints(directory=args.ckpt_dir, name=job.ckpt_name, save_every=args.save_every,
+                              keep_last=args.keep_last, metadata=metadata, resume=args.resume, format=args.ckpt_format)
     label = f"{args.model}, K={_k_text(args)} x B={args.batch_size}" + (
         f" ({SYNTHETIC_NOTE})" if job.synthetic else "") + ("" if parallel is None else f", {world} workers")
     with during(f"training on {job.reads}"):
@@ -105,15 +111,6 @@ def _k_text(args: argparse.Namespace):
     return pairs_text(args.accumulate_schedule.items()) if args.accumulate_schedule else args.accumulate_step
 
 
-def _k(args: argparse.Namespace):
-    """`train_process`'s `mini_steps` from the command line: K, a schedule, or an `AdaptiveK`."""
-    if args.adaptive_k is not None:
-        from ..train.adaptive import AdaptiveK
-        with door("ms-accum train"):
-            return AdaptiveK(*args.adaptive_k, fraction=args.adaptive_fraction, lr_rule=args.lr_rule)
-    return args.accumulate_schedule or args.accumulate_step
-
-
 def _executor(args: argparse.Namespace, job: Job, planned, world: int):
     """The executor over `job` with the command line's options, once the plan (if any) fits the network and ranks
     and the cells to recompute are marked."""
@@ -135,22 +132,16 @@ def _executor(args: argparse.Namespace, job: Job, planned, world: int):
                                 shard_optimizer=args.shard_optimizer)
 
 
-def _checkpoints(args: argparse.Namespace, job: Job, parallel):
-    """Where and how often `train` saves, what it resumes from, and the settings its checkpoints record (the directory
-    is checked, and made, by `train_process`, every rank deciding together)."""
-    from ..train.options import Checkpoints
-    metadata = {"model": args.model, "accumulate_step": _k_text(args), "batch_size": args.batch_size,
-                "seed": args.seed, "world_size": 1 if parallel is None else parallel.group_size, **job.settings}
-    return Checkpoints(directory=args.ckpt_dir, name=job.ckpt_name, save_every=args.save_every,
-                       keep_last=args.keep_last, metadata=metadata, resume=args.resume, format=args.ckpt_format)
-
-
 def _train(args: argparse.Namespace, executor, job: Job, checkpoints, validation: dict, board, label: str, quiet: bool):
     """`train_process` over the command line's epochs and K (and `validation`, `_validation`'s), behind a progress
     bar unless `quiet`, each step written for TensorBoard by `board` (`_tensorboard`'s); its result."""
     from ..train.options import LogOptions
     from ..train.windows import count_windows
-    k, batches = _k(args), job.dataset.get_dataset_size()
+    k, batches = args.accumulate_schedule or args.accumulate_step, job.dataset.get_dataset_size()
+    if args.adaptive_k is not None:  # `train_process`'s `mini_steps`: K, a schedule, or an `AdaptiveK`
+        from ..train.adaptive import AdaptiveK
+        with door("ms-accum train"):
+            k = AdaptiveK(*args.adaptive_k, fraction=args.adaptive_fraction, lr_rule=args.lr_rule)
     # An adaptive K's steps are known only as they come: its bar counts the samples consumed.
     total, unit = ((batches * args.epochs * args.batch_size, "sample") if args.adaptive_k else
                    (count_windows(batches, args.epochs, k, args.batch_size, args.partial_window), "step"))

@@ -109,8 +109,8 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
             raise DataError("idx file '{path}' is truncated: {value} bytes, shorter than its magic number.",
                             path=path, value=len(magic))
         zero, type_code, ndim = int.from_bytes(magic[:2], "big"), magic[2], magic[3]
+        number = int.from_bytes(magic, "big")
         if zero != 0 or type_code not in _IDX_DTYPES or ndim == 0:
-            number = int.from_bytes(magic, "big")
             raise DataError("idx file '{path}' has a bad magic number {number} (0x{number:08x}); it is not an "
                             "uncompressed idx file.", path=path, number=number)
         dims = f.read(4 * ndim)
@@ -118,7 +118,6 @@ def _idx_header(path: str, expected: Optional[int] = None) -> Tuple[np.dtype, Tu
     if len(dims) < 4 * ndim:
         raise DataError("idx file '{path}' is truncated: {value} bytes, shorter than its {offset}-byte header.",
                         path=path, value=4 + len(dims), offset=offset)
-    number = int.from_bytes(magic, "big")
     if expected is not None and number != expected:
         raise DataError("MNIST file '{path}' has a bad magic number {number} (0x{number:08x}), expected {expected} "
                         "(0x{expected:08x}); it is not an uncompressed idx file of this kind.", path=path,

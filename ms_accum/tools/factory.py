@@ -111,20 +111,16 @@ class UserModel:
                                      wanted='the columns of ' + wanted if wanted else 'its columns',
                                      columns=data.get_col_names(), given=data.get_batch_size())
         if data.get_dataset_size() == 0:
-            samples = self._samples(usage, shard_id, num_shards)
+            try:  # the shard's samples, counted as batches of one: only for the message, which holds without them
+                samples = int(self.dataset(1, usage, shard_id, num_shards).get_dataset_size())
+            except Exception:  # noqa: BLE001
+                samples = None
             held = f"holds {samples} sample(s), fewer than" if samples is not None else "holds less than"
             shard = "" if num_shards == 1 else f"(shard {shard_id} of {num_shards}) "
             raise NoBatchError("{call} of {where} yields no batch: its '{usage}' split {shard}{held} one batch of "
                                "{batch_size}.", call=call, where=where, usage=usage, shard=shard, held=held,
                                batch_size=batch_size, samples=samples)
         return data
-
-    def _samples(self, usage: str, shard_id: int, num_shards: int) -> Optional[int]:
-        """The samples of a split's shard, counted as batches of one; None if the factory's dataset cannot say."""
-        try:
-            return int(self.dataset(1, usage, shard_id, num_shards).get_dataset_size())
-        except Exception:  # noqa: BLE001  (only a count for a message: without it the message still holds)
-            return None
 
 
 def is_factory(name: str) -> bool:

@@ -172,7 +172,7 @@ def _largest_batch(runner: "_Trials", per_rank: int, limit: float, structures: S
     except ArgumentValueError as err:  # the first trial failed: raised from what its process raised, if anything
         err.__cause__ = err.__cause__ or runner.raised
         raise
-    return runner.find(batch_size, memory_first), line
+    return next(t for t in runner.trials if t.batch_size == batch_size and t.structure == memory_first), line
 
 
 def _fastest(runner: "_Trials", baseline: Trial, structures: Sequence[str], usable: float) -> Trial:
@@ -373,9 +373,6 @@ class _Trials:
         self.trials.append(trial)
         return trial
 
-    def find(self, batch_size: int, structure: str) -> Trial:
-        return next(t for t in self.trials if t.batch_size == batch_size and t.structure == structure)
-
     def _child(self, args: List[str]) -> dict:
         # The trial dies with the planner: killed with it (the trial asks the kernel, `_die_with_parent`), or killed
         # here when the planner is interrupted (KeyboardInterrupt, SystemExit) or fails. Its own session keeps Ctrl-C
@@ -396,8 +393,11 @@ class _Trials:
                 process.wait()
         for line in reversed(stdout.splitlines()):
             if line.startswith("{"):
-                out = json.loads(line)
-                self.raised = _trial_error(out.get("raised", ())) or self.raised
+                out, cause = json.loads(line), None
+                for said, frames in reversed(out.get("raised", ())):  # (`_raised`: outermost first) each from the next
+                    error = ChildError(said, [traceback.FrameSummary(*frame) for frame in frames])
+                    error.__cause__, cause = cause, error
+                self.raised = cause or self.raised
                 return out
         # Killed (the kernel's out-of-memory killer sends SIGKILL) or crashed before it could answer.
         tail = stderr.strip().splitlines()[-1:] or [""]
@@ -407,15 +407,6 @@ class _Trials:
 
 
 _PARENT = "MS_ACCUM_PLANNER_PID"  # the planner's pid, in a trial's environment
-
-
-def _trial_error(raised: Sequence) -> Optional[ChildError]:
-    """The chain of `ChildError`s a trial reported (`_raised`: outermost first), each raised from the next."""
-    cause = None
-    for line, frames in reversed(raised):
-        error = ChildError(line, [traceback.FrameSummary(path, lineno, name) for path, lineno, name in frames])
-        error.__cause__, cause = cause, error
-    return cause
 
 
 def _raised(err: BaseException) -> List[list]:
@@ -471,20 +462,18 @@ class PeakMemory:
         return round(peak / MIB, 1)
 
 
-def _free_mib(device: str) -> float:
-    if device == "CPU":
-        with open("/proc/meminfo", encoding="utf-8") as handle:
-            return next(int(line.split()[1]) / 1024 for line in handle if line.startswith("MemAvailable:"))
-    import mindspore as ms
-    return ms.hal.get_device_properties(0).total_memory / MIB
-
-
 def _child_check(spec: str, device: str) -> dict:
+    import mindspore as ms
     from .factory import load_model
     from ..core.losses import window_reduction
     user = load_model(spec)  # checks sample(2) and runs it through the network and loss
+    if device == "CPU":
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            free = next(int(line.split()[1]) / 1024 for line in handle if line.startswith("MemAvailable:"))
+    else:
+        free = ms.hal.get_device_properties(0).total_memory / MIB
     return {"reduction": "weighted_mean" if user.returns_weight else window_reduction(user.loss_fn, None),
-            "free_mib": _free_mib(device), "network": network_fingerprint(user.network)}
+            "free_mib": free, "network": network_fingerprint(user.network)}
 
 
 def _child_trial(spec: str, batch_size: int, accumulate_step: int, structure: str, reduction: str) -> dict:

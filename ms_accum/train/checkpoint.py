@@ -203,7 +203,11 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
     params, metadata = {}, {}
     for name, value in raw.items():
         if name.startswith(_META_PREFIX):
-            metadata[name[len(_META_PREFIX):]] = _python_value(value)
+            # append_dict stores numbers as 0-d Parameters and strings as str; a safetensors header, values as given.
+            if not isinstance(value, (str, int, float, bool)):
+                array = value.asnumpy()
+                value = array.item() if array.size == 1 else array.tolist()
+            metadata[name[len(_META_PREFIX):]] = value
         else:
             params[name] = value
     version = metadata.pop("format_version", 0)
@@ -212,14 +216,6 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, Parameter], Dict[str, MetaValu
                               "{FORMAT_VERSION} this ms_accum reads: upgrade ms_accum to load it.", path=path,
                               version=version, FORMAT_VERSION=FORMAT_VERSION)
     return params, metadata
-
-
-def _python_value(value) -> MetaValue:
-    # append_dict stores numbers as 0-d Parameters and strings as str; a safetensors header, values as they were.
-    if isinstance(value, (str, int, float, bool)):
-        return value
-    array = value.asnumpy()
-    return array.item() if array.size == 1 else array.tolist()
 
 
 def load_into(network: nn.Cell, path: str, strict: bool = True,

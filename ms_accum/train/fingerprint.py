@@ -41,8 +41,7 @@ def _value(value) -> str:
         array = value.asnumpy()
         return f"{array.item():.6g}" if array.size == 1 else f"{array.size} values (hash {_hash(array)})"
     if isinstance(value, SamplesLR):  # its Parameter holds the rate of the moment, not a setting
-        schedule = value.schedule
-        return f"SamplesLR({getattr(schedule, '__qualname__', type(schedule).__name__)})"
+        return f"SamplesLR({getattr(value.schedule, '__qualname__', type(value.schedule).__name__)})"
     if isinstance(value, nn.Cell):
         held = [p.asnumpy() for p in value.get_parameters()]
         return type(value).__name__ + (f" (hash {_hash(*held)})" if held else "")

@@ -231,11 +231,8 @@ def _pairs(text: str) -> List[Tuple[int, int]]:
 
 def _changes(table: Dict[int, int]) -> List[Tuple[int, int]]:
     """The points of a step table where its value changes."""
-    changes: List[Tuple[int, int]] = []
-    for point in sorted(table):
-        if not changes or changes[-1][1] != table[point]:
-            changes.append((point, table[point]))
-    return changes
+    points = sorted(table)
+    return [(point, table[point]) for i, point in enumerate(points) if i == 0 or table[points[i - 1]] != table[point]]
 
 
 def _at(table: Dict[int, int], samples: int) -> Optional[int]:

@@ -78,7 +78,12 @@ class Run:
             "data_seed": ds_config.get_seed(), "rank_batch_size": dataset.get_batch_size(),
             "world_size": 1 if parallel is None else parallel.group_size, "global_micro_batch": self.per_batch,
             **built_with(parts.optimizer, parts.network, dataset)}
-        self._warn_long_k()
+        if settings["accumulate_step"] > self.num_batches:  # a fixed K (0 when K changes) above an epoch's batches
+            done = {"apply": "applied", "drop": "dropped"}[partial_window]
+            warnings.warn(ArgumentWarning("{@mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
+                                          "window is partial and is {done} at the end of the epoch.",
+                                          k=settings["accumulate_step"], batches=self.num_batches, done=done),
+                          stacklevel=4)  # Run, train_process, its door, the user
         given = checkpoints or Checkpoints()
         self.states = StateCheckpoints(state, None if checkpoints is None else os.fspath(given.directory),
                                        given.name, settings, given.metadata, given.save_every, given.keep_last,
@@ -107,16 +112,6 @@ class Run:
             decided_together(lambda: check_writable_dir(checkpoints.directory, "directory"), self.parallel,
                              "the checkpoint directory")
         return num_batches
-
-    def _warn_long_k(self) -> None:
-        """Warns of a fixed K above an epoch's batches: every window partial."""
-        fixed = self.settings["accumulate_step"]  # 0 when K changes
-        if fixed > self.num_batches:
-            done = {"apply": "applied", "drop": "dropped"}[self.partial_window]
-            warnings.warn(ArgumentWarning("{@mini_steps} ({k}) is larger than an epoch's {batches} batches: every "
-                                          "window is partial and is {done} at the end of the epoch.",
-                                          k=fixed, batches=self.num_batches, done=done),
-                          stacklevel=5)  # this, Run, train_process, its door, the user
 
     def start(self) -> Iterator[Tuple[int, int, Iterator, int]]:
         """Resumes (if asked) and works out every window's K before anything trains (a callable's bad value fails
@@ -186,19 +181,16 @@ class Run:
         due. Returns whether the run stops here (`on_step` returned True: early stopping)."""
         self.position.step += 1
         record, figures = self._record(trained, k)
-        if self.evaluator is not None and self.evaluator.due(self.position.step, self._last()):
+        # Whether the window is the run's last (when K is not known ahead, as with AdaptiveK: the last batch read; a
+        # partial window dropped after it leaves it unscored until `finish`).
+        last = (self.position.step == self.last_step if self.last_step is not None else
+                self.position.epoch == self.epoch and self.position.batch == self.num_batches)
+        if self.evaluator is not None and self.evaluator.due(self.position.step, last):
             self._score(record)
         stop = bool(self.log.window(record, figures, self.result))
         self.states.window_closed(self.position, stopping=stop)
         self.result.stopped = stop
         return stop
-
-    def _last(self) -> bool:
-        """Whether the window just closed is the run's last (when K is not known ahead, as with AdaptiveK: the last
-        batch read; a partial window dropped after it leaves it unscored until `finish`)."""
-        if self.last_step is not None:
-            return self.position.step == self.last_step
-        return self.position.epoch == self.epoch and self.position.batch == self.num_batches
 
     def _score(self, record: StepRecord) -> None:
         """The validation scores after `record`'s window, in it; the best network saved when it improved."""
