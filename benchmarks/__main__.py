@@ -30,7 +30,7 @@ SECTIONS = {  # name -> what it measures (README.md has the details)
 }
 # Full run, then --quick: a smoke run, every section with too few rounds to measure anything (no warm-up round: the
 # first compiles), and the memory sections with a few of their figures.
-ROUNDS = {"step": (21, 2), "epoch": (11, 1), "epoch_alone": (8, 1), "heavy": (9, 1), "parallel": (7, 1)}
+ROUNDS = {"step": (21, 2), "epoch": (11, 1), "epoch_alone": (8, 1), "heavy": (9, 1), "parallel": (7, 1), "peer": (3, 1)}
 WARMUP = (1, 0)                  # rounds run and discarded before the timed ones
 STEP_MICRO_BATCHES = (32, 8)     # per round and contender
 EPOCH_IMAGES = (6400, 256)       # per round and contender
@@ -171,9 +171,9 @@ def main(argv=None) -> int:
 
     if section("peer"):
         from . import peer
-        for name in peer.SPEED_NETWORKS:
-            show(peer.speed(name, HEAVY_WINDOWS[mode], ROUNDS["heavy"][mode], WARMUP[mode]))
-        names, contenders = QUICK_PEER if args.quick else (peer.SPEED_NETWORKS, tuple(peer.CONTENDERS))
+        for name in peer.NETWORKS:
+            show(peer.speed(name, ROUNDS["peer"][mode], 1 if args.quick else None))
+        names, contenders = QUICK_PEER if args.quick else (tuple(peer.NETWORKS), tuple(peer.CONTENDERS))
         rows = peer.memory(names, contenders, args.repeats, common.log)
         print(peer.render_memory(rows) + "\n", flush=True)
         found = peer.exactness(names if args.quick else tuple(peer.NETWORKS))

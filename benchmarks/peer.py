@@ -1,35 +1,41 @@
 """The peer: mindcv's accumulation, `TrainStep(..., gradient_accumulation_steps=K)` through `mindspore.train.Model`
 as mindcv's `create_trainer` runs it, against ms_accum's structures, plain steps of B and one K·B step.
 
-    python -m benchmarks.peer NETWORK CONTENDER      (one memory figure: prints {"peak": bytes, "params": bytes})
+    python -m benchmarks.peer NETWORK CONTENDER               (one memory figure: prints {"peak": bytes, "params": bytes})
+    python -m benchmarks.peer --speed NETWORK CONTENDER N     (one timed run of N windows: prints ms per window)
 
-Networks the other sections do not time (the conv net's speed is `conv_net`'s, its memory `activations'`):
+The networks, K=4:
 
+- ``conv_net``: activation-heavy, `ms_accum.demo.models.conv_net` (4 conv3x3 x 32 channels on 3x96x96), B=8;
 - ``mlp``: parameter-heavy, `deep_mlp` at 8 x Dense(1024, 1024) (32 MiB of parameters), Momentum(0.01, 0.9), B=32;
+- ``lenet5``: LeNet5 on real MNIST images (`ms_accum.demo.data.create_dataset`'s, read once into arrays), B=32;
 - ``recipe``: the fine-tuning recipe's model at its defaults (`tutorials/finetune_bert.py`: the BERT-shaped
   `BertClassifier`, 2 layers of width 128 at sequence 128, dropout 0.1, AdamW on its warm-up-then-decay schedule),
   B=16, on its Tiny Shakespeare sentence pairs, without its clipping (mindcv would clip each micro-batch).
 
-Speed: interleaved rounds in one process, each contender over a dataset of its micro-batches (the K·B step: of K·B),
-ms per window. Memory: one fresh process per figure, the growth of the peak resident memory (VmHWM) from just before
-the contender is built over two windows. Exactness, on these and on `conv_net` (B=8): every contender trains three
-windows from the same weights on the same samples (the recipe with dropout off), and its largest weight difference
-to the K·B step's, compared by position (mindcv renames the parameters); the clipped contenders, mindcv's
-``clip_grad=True`` (each micro-batch's gradient clipped) and ms_accum's ``clip_norm`` (the window's), against a K·B
-step clipped alike (mindcv's `TrainStep` without accumulation).
+Speed: each contender alone in a fresh process per round, the rounds alternating the order (a user's process holds one
+contender's graphs; beside other graphs MindSpore runs a graph differently, `alone`), over a dataset of its
+micro-batches (the K·B step: of K·B): a first pass that compiles, then two timed passes; ms per window. Memory: one
+fresh process per figure, the growth of the peak resident memory (VmHWM) from just before the contender is built over
+two windows. Exactness: every contender trains three windows from the same weights on the same samples (the recipe
+with dropout off), and its largest weight difference to the K·B step's, compared by position (mindcv renames the
+parameters); the clipped contenders, mindcv's ``clip_grad=True`` (each micro-batch's gradient clipped) and ms_accum's
+``clip_norm`` (the window's), against a K·B step clipped alike (mindcv's `TrainStep` without accumulation).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import time
 from typing import Callable, Dict, List, Optional
 
-from .common import (K, MIB, Table, build, executor, fresh_process, interleave, log, mindcv_model, model_train,
+from .common import (K, MIB, Table, build, executor, fresh_process, log, mindcv_model, mnist_dir, model_train,
                      one_step_cell, over, recipe_module, setup)
 
-NETWORKS = {"mlp": 32, "recipe": 16, "conv_net": 8}  # name -> micro-batch B; conv_net only for the exactness
-SPEED_NETWORKS = ("mlp", "recipe")
+NETWORKS = {"conv_net": 8, "mlp": 32, "lenet5": 32, "recipe": 16}  # name -> micro-batch B
+SPEED_WINDOWS = {"conv_net": 6, "mlp": 24, "lenet5": 50, "recipe": 6}  # a timed pass's windows: a few seconds
+SPEED_CONTENDERS = ("one_b", "mindcv", "three_graphs")  # the goal's: the default against the peer and plain steps
 CONTENDERS = {
     "one_b": "plain steps of B (nn.TrainOneStepCell)",
     "one_kb": "one K·B step",
@@ -50,7 +56,20 @@ def parts(name: str, dropout: bool = True):
         _, args = module.parse([] if dropout else ["--dropout", "0"])
         vocab, columns, _ = module.prepare(args)
         return (*module.build(args, vocab, total_steps=100), lambda n: tuple(column[:n] for column in columns))
+    if name == "lenet5":
+        return (*build("lenet5")[:3], _mnist)
     return build("deep_mlp", layers=8, width=1024) if name == "mlp" else build(name)
+
+
+def _mnist(n: int):
+    """The first `n` real MNIST training images and labels, as `create_dataset` makes them, in arrays."""
+    import numpy as np
+    from ms_accum.demo.data import create_dataset
+    data_dir = mnist_dir()
+    if data_dir is None:
+        raise SystemExit("lenet5 needs real MNIST: set MS_ACCUM_MNIST (benchmarks/README.md)")
+    batches = list(create_dataset(data_dir, n, num_samples=n, seed=0).create_tuple_iterator(output_numpy=True))
+    return tuple(np.ascontiguousarray(column) for column in batches[0])
 
 
 def runner(contender: str, network, loss, optimizer, columns, micro: int,
@@ -77,21 +96,35 @@ def runner(contender: str, network, loss, optimizer, columns, micro: int,
 
 
 # ------------------------------------------------------------------------------------------------------------ speed
-def speed(name: str, windows: int, rounds: int, warmup: int = 1) -> Table:
-    """`name` over a dataset of `windows` windows a round, ms per window."""
-    micro = NETWORKS[name]
-    contenders = {}
-    for contender, title in CONTENDERS.items():
-        network, loss, optimizer, sample = parts(name)
-        contenders[title] = runner(contender, network, loss, optimizer, sample(windows * K * micro), micro)
-    log(f"   {len(contenders)} contenders built; {warmup} warm-up round(s), then {rounds} timed")
-    table = Table(f"peer {name}", f"{name} over a dataset of its samples, {windows} windows of K={K} x B={micro} a "
-                  "round (ms_accum through GradientAccumulation.train_process, mindcv through Model.train)",
-                  f"window of {K * micro} samples", CONTENDERS["one_kb"])
-    table.rows = interleave(contenders, rounds, windows, warmup)
-    structures = [CONTENDERS[s] for s in ("three_graphs", "fused", "window")]
-    table.note_goal([(s, CONTENDERS[to]) for to in ("mindcv", "one_b") for s in structures], 1.00)
+def speed(name: str, rounds: int, windows: Optional[int] = None) -> Table:
+    """`name`'s speed contenders, each alone in a fresh process per round, alternated; ms per window."""
+    windows = windows or SPEED_WINDOWS[name]
+    samples: Dict[str, List[float]] = {CONTENDERS[c]: [] for c in SPEED_CONTENDERS}
+    for r in range(rounds):
+        order = SPEED_CONTENDERS[r % len(SPEED_CONTENDERS):] + SPEED_CONTENDERS[:r % len(SPEED_CONTENDERS)]
+        for contender in order:
+            found = fresh_process(["-m", "benchmarks.peer", "--speed", name, contender, str(windows)])
+            samples[CONTENDERS[contender]].append(found["ms"])
+        log(f"   peer speed {name}: round {r + 1} of {rounds} done")
+    table = Table(f"peer {name}", f"{name} over a dataset of {windows} windows of K={K} x B={NETWORKS[name]}, each "
+                  "contender alone in a fresh process (its graphs compiled on a first pass, then two timed passes; "
+                  "ms_accum through GradientAccumulation.train_process, mindcv through Model.train)",
+                  f"window of {K * NETWORKS[name]} samples", CONTENDERS["mindcv"])
+    table.rows = samples
+    table.note_goal([(CONTENDERS["three_graphs"], CONTENDERS[to]) for to in ("mindcv", "one_b")], 1.00)
     return table
+
+
+def timed(name: str, contender: str, windows: int) -> float:
+    """ms per window of `contender` over `windows` windows of `name`, after a first pass that compiles, here."""
+    setup()
+    network, loss, optimizer, sample = parts(name)
+    run = runner(contender, network, loss, optimizer, sample(windows * K * NETWORKS[name]), NETWORKS[name])
+    run(0)
+    start = time.perf_counter()
+    run(0)
+    run(0)
+    return (time.perf_counter() - start) * 1e3 / (2 * windows)
 
 
 # ----------------------------------------------------------------------------------------------------------- memory
@@ -106,7 +139,7 @@ def measure(name: str, contender: str):
     return process_status("VmHWM") - start, int(sum(p.nbytes for p in network.trainable_params()))
 
 
-def memory(names=SPEED_NETWORKS, contenders=tuple(CONTENDERS), repeats: int = 3, log=None) -> List[dict]:
+def memory(names=tuple(NETWORKS), contenders=tuple(CONTENDERS), repeats: int = 3, log=None) -> List[dict]:
     """The median peak over `repeats` fresh processes of every (network, contender)."""
     rows = []
     for name in names:
@@ -172,10 +205,16 @@ def render_exactness(found: Dict[str, Dict[str, float]], windows: int = EXACT_WI
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="one peer memory figure")
-    parser.add_argument("network", choices=SPEED_NETWORKS)
+    parser = argparse.ArgumentParser(description="one peer memory figure, or with --speed one timed run")
+    parser.add_argument("--speed", action="store_true", help="time WINDOWS windows instead of measuring memory")
+    parser.add_argument("network", choices=list(NETWORKS))
     parser.add_argument("contender", choices=list(CONTENDERS))
+    parser.add_argument("windows", nargs="?", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.speed:
+        print(json.dumps({"ms": timed(args.network, args.contender, args.windows or SPEED_WINDOWS[args.network])}),
+              flush=True)
+        return
     peak, params = measure(args.network, args.contender)
     print(json.dumps({"peak": int(peak), "params": params}), flush=True)
 

@@ -240,6 +240,18 @@ class TrainForwardBackward(_MicroBatchCell):
         return self.buffer.statistics.output(ops.depend(out, step), stats)
 
 
+class _ThreadedForwardBackward(TrainForwardBackward):
+    """`TrainForwardBackward` in a graph that MindSpore runs on its actor threads, not synchronously on the caller's:
+    a tensor `if` makes it a graph with control flow (docs/mindspore.md, small straight-line graphs run synchronously).
+    Its branch never runs (a micro-batch was just counted), and would only write the count's own value back."""
+
+    def construct(self, *inputs):
+        out, step, stats = self.micro_batch(inputs)
+        if step < 0:
+            step = ops.assign(self.buffer.micro_batch_count, step)
+        return self.buffer.statistics.output(ops.depend(out, step), stats)
+
+
 @ms.jit_class
 class _Apply:
     """`TrainOptim`'s step when the window stays open for `TrainClear`: the buffer's `apply`."""

@@ -1,20 +1,38 @@
 """``"three_graphs"``, the default: the tutorial's three graphs, with the window's choice made on the host."""
 from __future__ import annotations
 
+import os
 from typing import List
 
-from ...graphs.cells import TrainForwardBackward
+import mindspore as ms
+from mindspore import nn
+
+from ...graphs.cells import TrainForwardBackward, _ThreadedForwardBackward
 from .base import Closer, MicroBatches, Parts, Structure, WindowResult, noting_sizes
+
+# MindSpore runs a graph without control flow synchronously on the calling thread when it has at most 100 kernels and
+# the runtime one actor thread, which a CPU of fewer than 12 cores gives (docs/mindspore.md, small straight-line graphs
+# run synchronously). A micro-batch graph has about 4-6 kernels per trainable Parameter (LeNet5's 10: 45-60; an MLP's
+# 18 ran synchronously, its 26 threaded), so past 20 MindSpore threads it itself.
+SYNCHRONOUS_PARAMETERS, SYNCHRONOUS_CORES = 20, 12
+
+
+def runs_synchronously(network: nn.Cell) -> bool:
+    """Whether MindSpore would run `network`'s micro-batch graph synchronously, which on CPU is the slower mode."""
+    return (ms.get_context("device_target") == "CPU" and (os.cpu_count() or 1) < SYNCHRONOUS_CORES
+            and len(network.trainable_params()) <= SYNCHRONOUS_PARAMETERS)
 
 
 class ThreeGraphs(Structure):
     """`TrainForwardBackward` runs each micro-batch; the closer then checks the window and launches the step or the
     clear. As many launches per window as the tutorial's `TrainOptim` and `TrainClear`, the least memory of the
-    structures (docs/structures.md)."""
+    structures (docs/structures.md). A micro-batch graph MindSpore would run synchronously gets a tensor `if` that
+    threads it (`runs_synchronously`), which runs it faster on CPU (benchmarks/README.md, peer)."""
 
     def __init__(self, parts: Parts, closer: Closer) -> None:
         super().__init__(parts, closer)
-        self.forward_backward = TrainForwardBackward(parts.net_with_loss, parts.optimizer, parts.buffer).set_train()
+        cell = _ThreadedForwardBackward if runs_synchronously(parts.network) else TrainForwardBackward
+        self.forward_backward = cell(parts.net_with_loss, parts.optimizer, parts.buffer).set_train()
         self.forward_backward.loss_arg = parts.loss_arg
 
     def run(self, window: MicroBatches, size: int) -> WindowResult:
