@@ -301,7 +301,8 @@ def test_a_missing_flag_is_argparse_s_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["eval", "--model", "lenet5"])
     assert exit_info.value.code == 2
-    assert cli_error(capsys.readouterr().err) == "ms-accum eval: error: the following arguments are required: --ckpt"
+    assert cli_error(capsys.readouterr().err) == ("ms-accum eval: error: For 'ms-accum eval', the argument '--ckpt' "
+                                                  "must be given.")
 
 
 def test_the_argument_types_keep_argparse_s_words_in_a_script_s_own_parser(capsys):

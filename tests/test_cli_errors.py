@@ -222,6 +222,14 @@ def test_a_bad_argument_is_one_line_and_a_usage_error_keeps_argparse_s_exit(caps
     assert refused.value.code == 2 and "Traceback" not in err
     assert cli_error(err) == ("ms-accum train: error: For 'ms-accum train', the argument '--batch-size' must be a "
                               "positive int, but got 0.")
+    # argparse's own refusals, a required flag missing and a flag no parser knows, in the same style
+    for argv, line in ((["plan"], "ms-accum plan: error: For 'ms-accum plan', the argument '--global-batch' must be "
+                                  "given."),
+                       (["train", "--bogus"], "ms-accum: error: For 'ms-accum train', the argument '--bogus' is not "
+                                              "one it takes (see --help).")):
+        with pytest.raises(SystemExit) as refused:
+            cli.main(argv)
+        assert refused.value.code == 2 and cli_error(capsys.readouterr().err) == line
 
 
 def test_an_error_in_ms_accum_s_own_code_says_it_is_a_bug(capsys, monkeypatch):

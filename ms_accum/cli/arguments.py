@@ -47,6 +47,22 @@ class Parser(argparse.ArgumentParser):
             action.type = functools.partial(self._value, action, action.type)
         return action
 
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        self.command = getattr(namespace, "command", None)  # for a flag no parser knew, which the top parser refuses
+        return namespace, extras
+
+    def error(self, message: str):
+        """argparse's own refusals of a command's flags (a required one missing, one no parser knows) said as the
+        command says any refusal; either is still argparse's usage error (exit 2)."""
+        for start, sep, refusal in _ARGPARSE_REFUSALS:
+            if message.startswith(start):
+                flag = message[len(start):].split(sep)[0]
+                command = getattr(self, "command", None) or self.get_default("command")
+                message = error_line(refusal(flag), argparse.Namespace(command=command, flags=self.flags))
+                break
+        super().error(message)
+
     def _value(self, action: argparse.Action, kind: Optional[Callable[[str], Any]], text: str) -> Any:
         """`text` as `kind` reads it (as it is if None), one of `action`'s choices if it has them. Refused, it is an
         `argparse.ArgumentError` of no argument: argparse prints it as it is, in the usage error (exit 2)."""
@@ -61,6 +77,14 @@ class Parser(argparse.ArgumentParser):
             refusal = err
         words = argparse.Namespace(command=self.get_default("command"), flags=self.flags)
         raise argparse.ArgumentError(None, error_line(refusal, words))
+
+
+# argparse's messages (the same from Python 3.9 to 3.13), each with its refusal and what separates the flags it lists.
+_ARGPARSE_REFUSALS = (
+    ("the following arguments are required: ", ", ",
+     lambda flag: ArgumentValueError("{flag:subject} must be given.", flag=Argument(flag))),
+    ("unrecognized arguments: ", " ",
+     lambda flag: ArgumentValueError("{flag:subject} is not one it takes (see --help).", flag=Argument(flag))))
 
 
 def _number(kind, positive: bool, what: str):

@@ -82,7 +82,8 @@ def error_line(err: BaseException, args: argparse.Namespace) -> str:
     with the error a MindSpore data pipeline wraps, and what the command was doing when it happened (`during`)."""
     if isinstance(err, MessageError):
         text = first_paragraph(err.render(CliWords(args)))
-        return f"For 'ms-accum {args.command}', {text}" if isinstance(err, CallError) else text
+        tool = f"ms-accum {args.command}" if getattr(args, "command", None) else "ms-accum"  # None: before a command
+        return f"For '{tool}', {text}" if isinstance(err, CallError) else text
     what = getattr(err, "ms_accum_during", None)
     return describe_exception(err) + (f" (while {what})" if what else "")
 

@@ -10,10 +10,8 @@ from mindspore import nn
 from ...graphs.cells import TrainForwardBackward, _ThreadedForwardBackward
 from .base import Closer, MicroBatches, Parts, Structure, WindowResult, noting_sizes
 
-# MindSpore runs a graph without control flow synchronously on the calling thread when it has at most 100 kernels and
-# the runtime one actor thread, which a CPU of fewer than 12 cores gives (docs/mindspore.md, small straight-line graphs
-# run synchronously). A micro-batch graph has about 4-6 kernels per trainable Parameter (LeNet5's 10: 45-60; an MLP's
-# 18 ran synchronously, its 26 threaded), so past 20 MindSpore threads it itself.
+# docs/mindspore.md, small straight-line graphs run synchronously: one actor thread below 12 cores, and about 4-6
+# kernels a trainable Parameter, so from about 20 Parameters the graph is past the 100 kernels MindSpore threads itself.
 SYNCHRONOUS_PARAMETERS, SYNCHRONOUS_CORES = 20, 12
 
 
