@@ -34,7 +34,7 @@ from ms_accum import AdaptiveK, GradientAccumulation, StatisticsOptions
 from ms_accum.train.options import QUIET, Checkpoints
 from ms_accum.demo.models import MLP
 from ms_accum.graphs.cached import _CachedPass
-from ms_accum.graphs.cells import HostSteppedAccumulationCell, TrainForwardBackward
+from ms_accum.graphs.cells import HostSteppedAccumulationCell, TrainForwardBackward, _ThreadedForwardBackward
 from ms_accum.graphs.window import HostSteppedWindowCell
 from ms_accum.train.distributed import distributed_launch, init_data_parallel
 from ms_accum.train.resume import StateCheckpoints
@@ -52,7 +52,8 @@ def inject(fault: str) -> None:
     kind, _, value = fault.partition(":")
     if kind == "micro":
         calls = {"n": 0}
-        for cls in (HostSteppedAccumulationCell, TrainForwardBackward, HostSteppedWindowCell, _CachedPass):
+        for cls in (HostSteppedAccumulationCell, TrainForwardBackward, _ThreadedForwardBackward, HostSteppedWindowCell,
+                    _CachedPass):
             original = cls.__call__
 
             def counted(self, *inputs, _original=original, _cls=cls):

@@ -140,8 +140,11 @@ class Structure:
         """Builds what the run needs for windows of up to `largest` micro-batches (before any window trains)."""
 
     def reset(self) -> None:
-        """Empties the buffer's window, whatever it holds, before a run."""
-        self.closer.clear()
+        """Empties the buffer's window before a run, if one is open (its counters say: a closed window is zeros). The
+        clear's graph, compiled only then, would otherwise keep memory of its own (docs/mindspore.md, each graph's
+        memory)."""
+        if self.parts.buffer.micro_batch_count.asnumpy() or self.parts.buffer.num_samples.asnumpy():
+            self.closer.clear()
 
     def run(self, window: MicroBatches, size: int) -> WindowResult:
         """Trains the `size` micro-batches of `window` and closes it."""
