@@ -173,8 +173,8 @@ def test_train_with_an_accumulate_schedule_and_the_noise_scale(tmp_path, synthet
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["outliers"] == [] and summary["skipped_micro_batches"] == 0
     assert cli.main(argv + ["--accumulate-schedule", "0:1,256:2", "--accumulate-step", "2"]) == 1
-    assert capsys.readouterr().err == ("ms-accum train: error: --accumulate-schedule sets K: give it without "
-                                       "--accumulate-step.\n")
+    assert capsys.readouterr().err == ("ms-accum train: error: For 'ms-accum train', --accumulate-schedule sets K: "
+                                       "give it without --accumulate-step.\n")
     with pytest.raises(SystemExit) as bad:
         cli.main(argv + ["--accumulate-schedule", "256:2,0:1"])
     assert bad.value.code == 2
@@ -262,7 +262,8 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
     out = run_cli("train", "--quiet", cwd=str(tmp_path), env={"MS_ACCUM_MNIST": None})
     assert out.returncode == 1
     assert cli_error(out.stderr) == (
-        f"ms-accum train: error: MNIST directory '{os.path.join('.', 'datasets', 'MNIST_Data')}' does not exist or is "
+        f"ms-accum train: error: For 'ms-accum train', MNIST directory '{os.path.join('.', 'datasets', 'MNIST_Data')}' "
+        f"does not exist or is "
         f"not a directory. Put MNIST (the four idx files, uncompressed, as MNIST_Data/train/ and MNIST_Data/test/) in "
         f"a directory and pass it with --data DIR or set the environment variable MS_ACCUM_MNIST=DIR. Pass --data "
         f"DIR, set MS_ACCUM_MNIST, add --download, or add --synthetic-fallback to train on generated data.")

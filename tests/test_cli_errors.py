@@ -209,13 +209,14 @@ def test_traceback_shows_the_whole_stack_of_any_error(asked, zero_factory, capsy
     assert cli.main([*before, "train", "--lr-rule", "sqrt", "--quiet", *after]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "Traceback (most recent call last):" and os.path.join("ms_accum", "cli", "job.py") in lines[-4]
-    assert lines[-1] == "ms-accum train: error: --lr-rule needs --adaptive-k: it says how K follows the noise scale."
+    assert lines[-1] == ("ms-accum train: error: For 'ms-accum train', --lr-rule needs --adaptive-k: it says how K "
+                         "follows the noise scale.")
 
 
 def test_a_bad_argument_is_one_line_and_a_usage_error_keeps_argparse_s_exit(capsys):
     assert cli.main(["train", "--lr-rule", "sqrt", "--quiet"]) == 1
-    assert capsys.readouterr().err == ("ms-accum train: error: --lr-rule needs --adaptive-k: it says how K follows the "
-                                       "noise scale.\n")
+    assert capsys.readouterr().err == ("ms-accum train: error: For 'ms-accum train', --lr-rule needs --adaptive-k: it "
+                                       "says how K follows the noise scale.\n")
     with pytest.raises(SystemExit) as refused:  # argparse's usage error (exit 2), --traceback or not
         cli.main(["train", "--batch-size", "0", "--traceback"])
     err = capsys.readouterr().err
@@ -465,9 +466,9 @@ WALK = [  # (argv with {names} of `files`, the whole line; None: nothing is said
      "compares the micro-batch's gradient with the window's, and a window of one micro-batch has one batch size, so K "
      "would never move."),
     (["train", *MLP_RUN, "--data", "{data}", "--adaptive-k", "2:8", "--accumulate-step", "4", "--ckpt-dir", "{root}/a"],
-     "--adaptive-k sets K: give it without --accumulate-step."),
+     "For 'ms-accum train', --adaptive-k sets K: give it without --accumulate-step."),
     (["train", *MLP_RUN, "--data", "{data}", "--lr-rule", "sqrt", "--ckpt-dir", "{root}/a"],
-     "--lr-rule needs --adaptive-k: it says how K follows the noise scale."),
+     "For 'ms-accum train', --lr-rule needs --adaptive-k: it says how K follows the noise scale."),
     (["train", "--data", "{data}", "--plan", "{root}/missing.json", "--ckpt-dir", "{root}/p"],
      "For 'ms-accum train', the file '{root}/missing.json' is not a plan written by 'ms-accum plan --output': [Errno "
      "2] No such file or directory: '{root}/missing.json'"),

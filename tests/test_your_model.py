@@ -108,14 +108,14 @@ def test_a_factory_that_breaks_its_contract_is_refused_before_anything_runs(sign
         "not take the batch its sample(2) returns (float64 (2, 1, 32), float64 (2, 32)): ")
     for flag, value in (("--optimizer", "sgd"), ("--lr", "0.1"), ("--data", str(tmp_path)), ("--num-samples", "64")):
         assert error(*train, "signals:build", flag, value) == (
-            f"ms-accum train: error: {flag} applies to the built-in models, but --model is the factory "
-            f"'signals:build', whose optimizer and data are its own (change them in the factory).")
+            f"ms-accum train: error: For 'ms-accum train', {flag} applies to the built-in models, but --model is the "
+            f"factory 'signals:build', whose optimizer and data are its own (change them in the factory).")
     assert error("verify", "--model", "signals:build", "--momentum", "0.9") == (
-        "ms-accum verify: error: --momentum applies to the built-in models, but --model is the factory "
-        "'signals:build', whose optimizer and data are its own (change them in the factory).")
+        "ms-accum verify: error: For 'ms-accum verify', --momentum applies to the built-in models, but --model is the "
+        "factory 'signals:build', whose optimizer and data are its own (change them in the factory).")
     assert error("eval", "--ckpt", "x.ckpt", "--model", "signals:build", "--data", str(tmp_path)) == (
-        "ms-accum eval: error: --data applies to the built-in models, but --model is the factory 'signals:build', "
-        "whose optimizer and data are its own (change them in the factory).")
+        "ms-accum eval: error: For 'ms-accum eval', --data applies to the built-in models, but --model is the factory "
+        "'signals:build', whose optimizer and data are its own (change them in the factory).")
     assert os.listdir(tmp_path) == []  # nothing trained, nothing written, not even the --ckpt-dir
 
 

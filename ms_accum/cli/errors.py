@@ -69,7 +69,9 @@ class CliWords(Words):
 
 class CliError(MessageError):
     """A failure the user can fix, a `Message` rendered in the command's own terms (`error_line`); printed as one
-    line. `summary`: what the command did before it failed (the checkpoint `train` saved), printed with --json."""
+    line, named after the command as a refused call is, unless its template starts with another error's line
+    (``{error}``), which is named already. `summary`: what the command did before it failed (the checkpoint `train`
+    saved), printed with --json."""
 
     def __init__(self, template: str, summary: Optional[dict] = None, **values: Any) -> None:
         super().__init__(template, **values)
@@ -77,13 +79,15 @@ class CliError(MessageError):
 
 
 def error_line(err: BaseException, args: argparse.Namespace) -> str:
-    """`err` as the one line the command prints, in its terms (`CliWords`): a call refused (`CallError`) is named after
-    the command the user ran; the tool's own errors say what they say; anything else is its type and first paragraph,
-    with the error a MindSpore data pipeline wraps, and what the command was doing when it happened (`during`)."""
+    """`err` as the one line the command prints, in its terms (`CliWords`): a call refused (`CallError`) and the
+    command's own refusals (`CliError`) are named after the command the user ran; anything else is its type and first
+    paragraph, with the error a MindSpore data pipeline wraps, and what the command was doing when it happened
+    (`during`)."""
     if isinstance(err, MessageError):
         text = first_paragraph(err.render(CliWords(args)))
         tool = f"ms-accum {args.command}" if getattr(args, "command", None) else "ms-accum"  # None: before a command
-        return f"For '{tool}', {text}" if isinstance(err, CallError) else text
+        named = isinstance(err, CallError) or (isinstance(err, CliError) and not err.template.startswith("{error}"))
+        return f"For '{tool}', {text}" if named else text
     what = getattr(err, "ms_accum_during", None)
     return describe_exception(err) + (f" (while {what})" if what else "")
 
