@@ -247,9 +247,10 @@ class _ThreadedForwardBackward(TrainForwardBackward):
 
     def construct(self, *inputs):
         out, step, stats = self.micro_batch(inputs)
+        out = ops.depend(out, step)
         if step < 0:
-            step = ops.assign(self.buffer.micro_batch_count, step)
-        return self.buffer.statistics.output(ops.depend(out, step), stats)
+            ops.assign(self.buffer.micro_batch_count, step)
+        return self.buffer.statistics.output(out, stats)
 
 
 @ms.jit_class
