@@ -1,8 +1,8 @@
 """The peer: mindcv's accumulation, `TrainStep(..., gradient_accumulation_steps=K)` through `mindspore.train.Model`
 as mindcv's `create_trainer` runs it, against ms_accum's structures, plain steps of B and one K·B step.
 
-    python -m benchmarks.peer NETWORK CONTENDER               (one memory figure: prints {"peak": bytes, "params": bytes})
-    python -m benchmarks.peer --speed NETWORK CONTENDER N     (one timed run of N windows: prints ms per window)
+    python -m benchmarks.peer NETWORK CONTENDER            (one memory figure: prints {"peak": bytes, "params": bytes})
+    python -m benchmarks.peer --speed NETWORK CONTENDER N  (one timed run of N windows: prints ms per window)
 
 The networks, K=4:
 

@@ -27,7 +27,8 @@ class FlagError(MessageError, argparse.ArgumentTypeError):
 class Parser(argparse.ArgumentParser):
     """An `argparse.ArgumentParser` that keeps, as each argument is added, the flag an error names it by (`flags`, read
     by `errors.CliWords`), so a flag's name is written once, where it is added; and that says a flag's value refused (by
-    its type or its choices) as the command says any refusal (`errors.error_line`), still argparse's usage error.
+    its type or its choices), a required flag missing and a flag no parser knows as the command says any refusal
+    (`errors.error_line`), still argparse's usage error.
 
     `flags` maps each option's destination, and each name the library gives what the option sets (``sets``:
     ``add_argument("--epochs", ..., sets=("epoch",))``), to the option's first long flag. A command's parser is a
@@ -35,6 +36,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.flags: Dict[str, str] = {}
+        self.command: Optional[str] = None  # the command the last parse found, for a flag no parser knew
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: Any, sets: Tuple[str, ...] = (), **kwargs: Any) -> argparse.Action:
@@ -49,7 +51,7 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
-        self.command = getattr(namespace, "command", None)  # for a flag no parser knew, which the top parser refuses
+        self.command = getattr(namespace, "command", None)  # the top parser refuses a flag no parser knew
         return namespace, extras
 
     def error(self, message: str):
@@ -58,7 +60,7 @@ class Parser(argparse.ArgumentParser):
         for start, sep, refusal in _ARGPARSE_REFUSALS:
             if message.startswith(start):
                 flag = message[len(start):].split(sep)[0]
-                command = getattr(self, "command", None) or self.get_default("command")
+                command = self.command or self.get_default("command")
                 message = error_line(refusal(flag), argparse.Namespace(command=command, flags=self.flags))
                 break
         super().error(message)

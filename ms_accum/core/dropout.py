@@ -205,8 +205,9 @@ class SeededDropout:
 
     def _write(self, seed: int, offset: int) -> None:
         self._seed = int(seed)
-        self._lib.ms_accum_slot_set(self.slot, self._seed, int(offset), min(max(round(self.keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS),
-                                    1.0 / self.keep_prob)
+        # The kernel keeps a lane whose random bits fall below this: keep_prob of the lane's range, at least one value.
+        threshold = min(max(round(self.keep_prob * (1 << _LANE_BITS)), 1), 1 << _LANE_BITS)
+        self._lib.ms_accum_slot_set(self.slot, self._seed, int(offset), threshold, 1.0 / self.keep_prob)
 
 
 def _dropout_layers(network: nn.Cell) -> Iterator[Tuple[str, nn.Cell, ops.Dropout]]:

@@ -282,7 +282,7 @@ class TrainOptim(_BufferCell):
     place (in graph mode the buffer then holds the applied gradient), so `TrainClear` must follow before the next
     window, as in the tutorial's loop; or give ``clear=True`` and the window is also cleared in the same graph call:
     one launch and one tensor `if` per window instead of two of each. (`GradientAccumulation` goes further: it makes
-    the choice on the host, with no tensor `if` at all; docs/structures.md.)
+    the choice on the host, with no tensor `if` deciding it; docs/structures.md.)
 
     Args:
         optimizer (nn.Optimizer): The optimizer.

@@ -93,7 +93,11 @@ class _AllReduceSum(nn.Cell):
         return self.all_reduce(x)
 
 
-_sum_cell = functools.lru_cache(maxsize=None)(_AllReduceSum)  # one Cell, built when first needed: a shape compiles once
+@functools.lru_cache(maxsize=None)
+def _sum_cell() -> nn.Cell:
+    """One Cell, built when first needed, so each shape compiles once."""
+    return _AllReduceSum()
+
 
 def check_same_on_all_ranks(value: int, what: str) -> int:
     """
