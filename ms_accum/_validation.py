@@ -368,12 +368,17 @@ def _is_exception_line(line: str) -> bool:
     return name.endswith(("Error", "Exception")) and all(part.isidentifier() for part in name.split("."))
 
 
+def wrong_type(value: Any, arg_name: str, expected: str) -> ArgumentTypeError:
+    """The refusal of `value` for the argument `arg_name`, which must be `expected` (e.g. "a positive int")."""
+    return ArgumentTypeError("{arg:subject} must be {expected}, but got {value!r} of type {type}.",
+                             arg=Argument(arg_name), expected=expected, value=value, type=type(value).__name__)
+
+
 def check_positive_int(value: Any, arg_name: str, minimum: int = 1) -> int:
     """Return `value` if it is an int >= `minimum` (bool is refused: `True` is not a step count)."""
     kind = "a positive int" if minimum == 1 else "a non-negative int"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError("{arg:subject} must be {kind}, but got {value!r} of type {type}.",
-                                arg=Argument(arg_name), kind=kind, value=value, type=type(value).__name__)
+        raise wrong_type(value, arg_name, kind)
     if value < minimum:
         raise ArgumentValueError("{arg:subject} must be {kind}, but got {value}.", arg=Argument(arg_name), kind=kind,
                                  value=value)
@@ -385,8 +390,7 @@ def check_positive_float(value: Any, arg_name: str, allow_none: bool = False) ->
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ArgumentTypeError("{arg:subject} must be a positive float, but got {value!r} of type {type}.",
-                                arg=Argument(arg_name), value=value, type=type(value).__name__)
+        raise wrong_type(value, arg_name, "a positive float")
     if not math.isfinite(value) or value <= 0:
         raise ArgumentValueError("{arg:subject} must be a positive float, but got {value}.", arg=Argument(arg_name),
                                  value=value)
@@ -397,8 +401,7 @@ def check_value_in(value: Any, arg_name: str, options: Iterable[str]) -> str:
     """Return `value` if it is one of `options`."""
     options = tuple(options)
     if not isinstance(value, str):
-        raise ArgumentTypeError("{arg:subject} must be str, one of {options}, but got {value!r} of type {type}.",
-                                arg=Argument(arg_name), options=list(options), value=value, type=type(value).__name__)
+        raise wrong_type(value, arg_name, f"str, one of {list(options)}")
     if value not in options:
         raise ArgumentValueError("{arg:subject} must be one of {options}, but got '{value}'.", arg=Argument(arg_name),
                                  options=list(options), value=value)
@@ -409,24 +412,21 @@ def check_isinstance(value: Any, arg_name: str, types: Union[Type, Tuple[Type, .
     """Return `value` if it is an instance of `types` (None is always refused)."""
     if not isinstance(value, types):
         expected = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise ArgumentTypeError("{arg:subject} must be {expected}, but got {value!r} of type {type}.",
-                                arg=Argument(arg_name), expected=expected, value=value, type=type(value).__name__)
+        raise wrong_type(value, arg_name, expected)
     return value
 
 
 def check_callable(value: Any, arg_name: str) -> Any:
     """Return `value` if it can be called (a Cell or a function)."""
     if value is None or not callable(value):
-        raise ArgumentTypeError("{arg:subject} must be a Cell or a callable, but got {value!r} of type {type}.",
-                                arg=Argument(arg_name), value=value, type=type(value).__name__)
+        raise wrong_type(value, arg_name, "a Cell or a callable")
     return value
 
 
 def check_writable_dir(path: Any, arg_name: str) -> str:
     """Create `path` if needed and prove it is writable, so a long run cannot fail at its first save."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise ArgumentTypeError("{arg:subject} must be a directory path, but got {path!r} of type {type}.",
-                                arg=Argument(arg_name), path=path, type=type(path).__name__)
+        raise wrong_type(path, arg_name, "a directory path")
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ArgumentValueError("{arg:subject} must be a writable directory, but '{path}' is a file.",

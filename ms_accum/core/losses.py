@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from .._choices import REDUCTIONS
-from .._validation import Argument, ArgumentTypeError, ArgumentValueError, check_isinstance, check_value_in, door
+from .._validation import Argument, ArgumentValueError, check_isinstance, check_value_in, door, wrong_type
 from .inference import in_inference
 
 
@@ -50,9 +50,7 @@ class TokenCrossEntropy(nn.Cell):
     def __init__(self, ignore_index: int = -100) -> None:
         super().__init__()
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise ArgumentTypeError("{@ignore_index:subject} must be an int, the target of padding positions, but got "
-                                    "{ignore_index!r} of type {name}.", ignore_index=ignore_index,
-                                    name=type(ignore_index).__name__)
+            raise wrong_type(ignore_index, "ignore_index", "an int, the target of padding positions")
         self.ignore_index = ignore_index
 
     def construct(self, logits, targets):

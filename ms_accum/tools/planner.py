@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._choices import AUTO_STRUCTURE, DEMO_FACTORIES, DEVICES, TIMED_STRUCTURES
 from ..train.plan import Plan, Trial, network_fingerprint
-from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, ChildError, Message, MessageError,
-                           StateError, as_data, causes, check_isinstance, check_positive_int, check_value_in,
-                           describe_exception, door, from_data)
+from .._validation import (Argument, ArgumentValueError, ChildError, Message, MessageError, StateError, as_data,
+                           causes, check_isinstance, check_positive_int, check_value_in, describe_exception, door,
+                           from_data, wrong_type)
 
 MIB = 2 ** 20
 WINDOWS = 4  # per trial: the first compiles, the others are timed; then a partial window of one micro-batch
@@ -204,8 +204,7 @@ def check_output_path(path: Union[str, "os.PathLike"], arg_name: str = "output")
         ValueError: If `path` is a directory, or its directory does not exist or cannot be written.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise ArgumentTypeError("{arg_name:subject} must be a file path, but got {path!r} of type {name}.",
-                                arg_name=Argument(arg_name), path=path, name=type(path).__name__)
+        raise wrong_type(path, arg_name, "a file path")
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ArgumentValueError("{arg_name:subject} must be a file path that can be written, but got "

@@ -9,7 +9,7 @@ from mindspore.dataset import Dataset
 
 from .._choices import AUTO_STRUCTURE, STRUCTURES
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, ArgumentWarning, check_isinstance,
-                           check_value_in, door)
+                           check_value_in, door, wrong_type)
 from ..core.buffer import AccumulationBuffer
 from ..core.columns import with_loss
 from ..core.dropout import dropout_streams, warn_uncovered
@@ -307,9 +307,7 @@ def _sharded(shard_optimizer, parallel: Optional[DataParallelInfo], optimizer: n
     """This rank's part of the optimizer when its state is sharded (asked for, on more than one rank), else None; an
     optimizer that cannot be sharded so is refused before anything is built."""
     if not isinstance(shard_optimizer, bool) and not callable(shard_optimizer):
-        raise ArgumentTypeError("{@shard_optimizer:subject} must be bool or a factory params -> optimizer, but got "
-                                "{shard_optimizer!r} of type {name}.", shard_optimizer=shard_optimizer,
-                                name=type(shard_optimizer).__name__)
+        raise wrong_type(shard_optimizer, "shard_optimizer", "bool or a factory params -> optimizer")
     if shard_optimizer is False:
         return None
     if parallel is None:

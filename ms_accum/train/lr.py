@@ -17,7 +17,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from .._mindspore import LearningRateSchedule
 from .._validation import ArgumentTypeError, ArgumentValueError, check_positive_float, check_positive_int, \
-    check_value_in, door
+    check_value_in, door, wrong_type
 
 RULES = ("linear", "sqrt")
 
@@ -99,8 +99,7 @@ class SamplesLR(LearningRateSchedule):
                                     "got the class {module}.{qualname}: give {made}.", module=schedule.__module__,
                                     qualname=schedule.__qualname__, made=made)
         if not callable(schedule):
-            raise ArgumentTypeError("{@schedule:subject} must be a LearningRateSchedule or a callable lr(samples), but "
-                                    "got {schedule!r} of type {name}.", schedule=schedule, name=type(schedule).__name__)
+            raise wrong_type(schedule, "schedule", "a LearningRateSchedule or a callable lr(samples)")
         self.schedule = schedule
         self._of_tensor = isinstance(schedule, LearningRateSchedule)
         self.samples = 0

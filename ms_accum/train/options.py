@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from .._choices import CHECKPOINT_FORMATS, OUTLIER_WARMUP, POLICIES, REDUCTIONS
 from .._validation import (Argument, ArgumentTypeError, ArgumentValueError, check_callable, check_isinstance,
-                           check_positive_float, check_positive_int, check_value_in, door)
+                           check_positive_float, check_positive_int, check_value_in, door, wrong_type)
 from ..deprecation import EXECUTOR_KEYWORDS, deprecated, executor_key
 
 
@@ -160,8 +160,7 @@ class Checkpoints:
     @door("Checkpoints")
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
-            raise ArgumentTypeError("{@directory:subject} must be a directory path, but got {given!r} of type "
-                                    "{kind}.", given=self.directory, kind=type(self.directory).__name__)
+            raise wrong_type(self.directory, "directory", "a directory path")
         check_isinstance(self.name, "name", str)
         for arg_name in ("save_every", "keep_last"):
             if getattr(self, arg_name) is not None:
