@@ -233,7 +233,7 @@ def _serves(target: Path, parts: Dict[str, str], symbols: Tuple[str, ...]) -> bo
     return recorded(target, parts) and load_failure(target, symbols) is None
 
 
-def load_failure(path: Path, symbols: Tuple[str, ...] = ()) -> Optional[str]:
+def load_failure(path: Path, symbols: Tuple[str, ...]) -> Optional[str]:
     """Why the library at `path` would not serve this process, found by loading it in a child process (one interpreter
     start without ``site``, no MindSpore): a file that kills the process that loads it kills the child. None when it
     loads and exports `symbols`."""
@@ -294,9 +294,8 @@ def _compile(name: str, compiler_path: str, source: str, output: str) -> None:
             try:
                 errors = run.communicate(source, timeout=seconds)[1]
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile; leaving the block reaps it
                     os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
                 raise KernelBuildError("building ms_accum's {name} kernel failed: {compiler} did not end within "
                                        "{seconds:g} s (set {variable} to wait longer).", name=name,
                                        compiler=compiler_path, seconds=seconds, variable=TIMEOUT_ENV) from None
