@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import math
 import os
 import string
@@ -72,6 +73,8 @@ class Message:
     def __init__(self, template: str, **values: Any) -> None:
         self.template, self.values = template, values
         _check(template, values)
+        if isinstance(self, BaseException):  # an error or a warning: its exception arguments are the bare template
+            super().__init__(template)
 
     @property
     def arguments(self) -> Tuple[str, ...]:
@@ -200,10 +203,6 @@ class Term:
 class MessageError(Message, Exception):
     """An error whose text is a `Message`."""
 
-    def __init__(self, template: str, **values: Any) -> None:
-        Message.__init__(self, template, **values)
-        Exception.__init__(self, template)
-
 
 class CallError(MessageError):
     """A call refused, as data: the `Message` says what was expected; the public function the user called (`door`) is
@@ -243,10 +242,6 @@ _AS_DATA = (Message, Argument, Setting, Aside, Term)
 class ArgumentWarning(Message, UserWarning):
     """A warning about arguments, as data: a command line renders the `Message` in its own words. (Unlike an error it
     names no door: the warning's line, the user's call, says where.)"""
-
-    def __init__(self, template: str, **values: Any) -> None:
-        Message.__init__(self, template, **values)
-        UserWarning.__init__(self, template)
 
 
 class ArgumentTypeError(ArgumentError, TypeError):
@@ -354,12 +349,8 @@ def causes(err: BaseException) -> List[BaseException]:
 
 def first_paragraph(text: str) -> str:
     """The lines of `text` before its first blank line or rule of dashes, joined into one."""
-    lines = []
-    for line in text.strip().splitlines():
-        if not line.strip() or line.strip().startswith("---"):
-            break
-        lines.append(line.strip())
-    return " ".join(lines)
+    lines = (line.strip() for line in text.strip().splitlines())
+    return " ".join(itertools.takewhile(lambda line: line and not line.startswith("---"), lines))
 
 
 def _is_exception_line(line: str) -> bool:
