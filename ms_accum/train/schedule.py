@@ -48,16 +48,13 @@ class AccumulationSchedule(KPolicy):
 
     @door("AccumulationSchedule")
     def __init__(self, schedule: ScheduleLike, arg_name: str = "mini_steps") -> None:
-        self.arg_name = arg_name
+        self.arg_name, self.table, self._function = arg_name, None, None
         if isinstance(schedule, dict):
             self.table = _check_table(schedule, arg_name)
-            self._function = None
         elif callable(schedule) and not isinstance(schedule, type):
-            self.table = None
             self._function = schedule
         else:
             self.table = [(0, check_positive_int(schedule, arg_name))]
-            self._function = None
 
     @property
     def fixed(self) -> Union[int, None]:
@@ -159,9 +156,9 @@ def rampup(start: int, increment: int, samples_per_increment: int, global_batch:
         >>> rampup(start=32, increment=32, samples_per_increment=1000, global_batch=96, batch_size=16)
         {0: 2, 1000: 4, 2000: 6}
     """
-    for arg_name, value in (("start", start), ("increment", increment), ("samples_per_increment",
-                                                                         samples_per_increment),
-                            ("global_batch", global_batch), ("batch_size", batch_size)):
+    for arg_name, value in (("start", start), ("increment", increment),
+                            ("samples_per_increment", samples_per_increment), ("global_batch", global_batch),
+                            ("batch_size", batch_size)):
         check_positive_int(value, arg_name)
     if global_batch < start or (global_batch - start) % increment:
         raise ArgumentValueError("{@global_batch:subject} must be {@start} ({start}) plus a whole number of "

@@ -265,11 +265,10 @@ def _rebuild(optimizer: nn.Optimizer, params: List[Parameter], arguments: Dict[s
         rate = rates[i] if per_parameter else rates
         decay = decays[i] / loss_scale
         centralized = centralizations[i]
-        group = groups.get((id(rate), decay, centralized))
-        if group is None:
-            group = groups[(id(rate), decay, centralized)] = {"params": [], "lr": _rate(rate), "weight_decay": decay,
-                                                              "grad_centralization": centralized}
-        group["params"].append(param)
+        key = (id(rate), decay, centralized)
+        if key not in groups:
+            groups[key] = {"params": [], "lr": _rate(rate), "weight_decay": decay, "grad_centralization": centralized}
+        groups[key]["params"].append(param)
     first = next(iter(groups.values()))["lr"]
     return type(optimizer)([*groups.values(), {"order_params": params}], learning_rate=first, **arguments)
 
