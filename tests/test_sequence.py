@@ -250,8 +250,8 @@ WEIGHTED_NEEDS_PAIR = ("For '{}', the argument '{}' must return (loss, weight) u
 def probes(monkeypatch):
     """Counts the eager forward passes that check a loss's output."""
     calls = []
-    real = losses._eager_inference
-    monkeypatch.setattr(losses, "_eager_inference", lambda network: calls.append(network) or real(network))
+    real = losses._eager_output
+    monkeypatch.setattr(losses, "_eager_output", lambda network, inputs: calls.append(network) or real(network, inputs))
     return calls
 
 

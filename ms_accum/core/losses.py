@@ -2,7 +2,6 @@
 mean of such a loss, for the large-batch step it is compared with."""
 from __future__ import annotations
 
-import contextlib
 import weakref
 from typing import Optional, Sequence
 
@@ -207,12 +206,6 @@ def returns_weight(network: nn.Cell, inputs: Sequence[Tensor]) -> bool:
 
 
 def _eager_output(network: nn.Cell, inputs: Sequence[Tensor]):
-    with _eager_inference(network):
-        return network(*inputs)
-
-
-@contextlib.contextmanager
-def _eager_inference(network: nn.Cell):
     # Without the backward's flag: with it, PyNative records the pass for a gradient and keeps its activations, memory
     # that stays with the process beside the graph's (docs/mindspore.md, an eager pass's memory).
     mode, requires_grad = ms.get_context("mode"), network.requires_grad
@@ -221,7 +214,7 @@ def _eager_inference(network: nn.Cell):
         ms.set_context(mode=ms.PYNATIVE_MODE)
         network.set_grad(False)
         try:
-            yield
+            return network(*inputs)
         finally:
             network.set_grad(requires_grad)
             ms.set_context(mode=mode)
