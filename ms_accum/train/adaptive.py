@@ -165,8 +165,7 @@ class Controller(KPolicy):
         self.min_samples = (MIN_WINDOWS * adaptive.k_min * per_batch if adaptive.min_samples is None
                             else adaptive.min_samples)
         self.every = EVERY_WINDOWS * adaptive.k_min * per_batch if adaptive.every is None else adaptive.every
-        self.k, self.next_decision, self.decisions = adaptive.k_min, self.min_samples, 0
-        self.weight, self.windows = 0.0, 0
+        self.load({})  # a fresh start
 
     @property
     def k_max(self) -> int:
