@@ -91,10 +91,8 @@ TABLE: Dict[str, Deprecation] = {
         "use ms_accum.train.count_windows(num_batches, 1, K, 1, partial_window)", "0.3.0", "1.0.0"),
     "ms_accum.statistics.harmonic_mean": Deprecation("use len(w) / sum(1 / x for x in w)", "0.3.0", "1.0.0"),
     "ms_accum.factory.builtin_model": Deprecation("use ms_accum.tools.load_model", "0.3.0", "1.0.0"),
-    **{f"ms_accum.train.{owner}(accumulate_steps=...)": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
-       for owner in ("StepRecord", "Plan", "Trial")},
-    **{f"ms_accum.train.{owner}.accumulate_steps": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
-       for owner in ("StepRecord", "Plan", "Trial")},
+    **{f"ms_accum.train.{owner}{spelling}": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
+       for owner in ("StepRecord", "Plan", "Trial") for spelling in ("(accumulate_steps=...)", ".accumulate_steps")},
     # --- 0.3's dropout seeding, replaced by the streams without a release that warned: removed in 1.0.0. ---
     **{f"ms_accum.core.dropout.{name}": Deprecation(
         "use ms_accum.core.DropoutStreams(network).drawing()", None, "1.0.0")
