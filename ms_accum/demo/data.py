@@ -192,10 +192,8 @@ def read_idx(path: PathLike) -> np.ndarray:
     path = os.fspath(path)
     dtype, dims = _idx_header(path)
     offset = 4 + 4 * len(dims)
-    with open(path, "rb") as f:
-        data = f.read()
-    # astype copies into a writable, native-endian array (frombuffer over bytes is read-only).
-    return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
+    # idx stores multi-byte values big-endian: astype gives them in native byte order.
+    return np.fromfile(path, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
 @door("write_idx")
