@@ -71,19 +71,16 @@ def executor_key(keyword: str) -> str:
     return f"ms_accum.GradientAccumulation{_OPTIONS[EXECUTOR_KEYWORDS[keyword][0]][1]}({keyword}=...)"
 
 
-def _moved_module(new: str, also: str = "") -> Deprecation:
-    return Deprecation(f"import '{new}'{also}", "0.3.0", "1.0.0")
-
-
 TABLE: Dict[str, Deprecation] = {
     # --- 0.2's flat package, kept by 0.3 for one release: removed in 1.0.0. ---
-    **{f"ms_accum.{old}": _moved_module(f"ms_accum.{new}") for old, new in {
+    **{f"ms_accum.{old}": Deprecation(f"import 'ms_accum.{new}'", "0.3.0", "1.0.0") for old, new in {
         "buffer": "core", "guard": "core", "statistics": "core", "losses": "core", "accumulator": "graphs",
         "cells": "graphs", "window": "graphs", "executor": "train", "resume": "train", "checkpoint": "train",
         "schedule": "train", "lr": "train", "recompute": "train", "verify": "tools", "causes": "tools",
         "planner": "tools", "norm": "tools", "factory": "tools", "data": "demo", "models": "demo",
         "evaluation": "demo", "_ops": "core._ops"}.items()},
-    "ms_accum.parallel": _moved_module("ms_accum.core", " and 'ms_accum.train' (init_data_parallel)"),
+    "ms_accum.parallel": Deprecation(
+        "import 'ms_accum.core' and 'ms_accum.train' (init_data_parallel)", "0.3.0", "1.0.0"),
     **{f"ms_accum.{name}": Deprecation(f"import it from 'ms_accum.{layer}'", "0.3.0", "1.0.0") for name, layer in {
         "LeNet5": "demo", "MLP": "demo", "CharTransformer": "demo", "EvalResult": "demo", "evaluate": "demo",
         "evaluate_checkpoint": "demo", "TrainingState": "graphs", "scale_lr": "train"}.items()},
