@@ -11,7 +11,7 @@ from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
 
-from .._validation import (ArgumentValueError, check_isinstance, check_positive_int, check_value_in,
+from .._validation import (Argument, ArgumentValueError, check_isinstance, check_positive_int, check_value_in,
                            describe_exception, door)
 from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
