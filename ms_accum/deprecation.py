@@ -71,19 +71,16 @@ def executor_key(keyword: str) -> str:
     return f"ms_accum.GradientAccumulation{_OPTIONS[EXECUTOR_KEYWORDS[keyword][0]][1]}({keyword}=...)"
 
 
-def _moved_module(new: str, also: str = "") -> Deprecation:
-    return Deprecation(f"import '{new}'{also}", "0.3.0", "1.0.0")
-
-
 TABLE: Dict[str, Deprecation] = {
     # --- 0.2's flat package, kept by 0.3 for one release: removed in 1.0.0. ---
-    **{f"ms_accum.{old}": _moved_module(f"ms_accum.{new}") for old, new in {
+    **{f"ms_accum.{old}": Deprecation(f"import 'ms_accum.{new}'", "0.3.0", "1.0.0") for old, new in {
         "buffer": "core", "guard": "core", "statistics": "core", "losses": "core", "accumulator": "graphs",
         "cells": "graphs", "window": "graphs", "executor": "train", "resume": "train", "checkpoint": "train",
         "schedule": "train", "lr": "train", "recompute": "train", "verify": "tools", "causes": "tools",
         "planner": "tools", "norm": "tools", "factory": "tools", "data": "demo", "models": "demo",
         "evaluation": "demo", "_ops": "core._ops"}.items()},
-    "ms_accum.parallel": _moved_module("ms_accum.core", " and 'ms_accum.train' (init_data_parallel)"),
+    "ms_accum.parallel": Deprecation(
+        "import 'ms_accum.core' and 'ms_accum.train' (init_data_parallel)", "0.3.0", "1.0.0"),
     **{f"ms_accum.{name}": Deprecation(f"import it from 'ms_accum.{layer}'", "0.3.0", "1.0.0") for name, layer in {
         "LeNet5": "demo", "MLP": "demo", "CharTransformer": "demo", "EvalResult": "demo", "evaluate": "demo",
         "evaluate_checkpoint": "demo", "TrainingState": "graphs", "scale_lr": "train"}.items()},
@@ -91,10 +88,8 @@ TABLE: Dict[str, Deprecation] = {
         "use ms_accum.train.count_windows(num_batches, 1, K, 1, partial_window)", "0.3.0", "1.0.0"),
     "ms_accum.statistics.harmonic_mean": Deprecation("use len(w) / sum(1 / x for x in w)", "0.3.0", "1.0.0"),
     "ms_accum.factory.builtin_model": Deprecation("use ms_accum.tools.load_model", "0.3.0", "1.0.0"),
-    **{f"ms_accum.train.{owner}(accumulate_steps=...)": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
-       for owner in ("StepRecord", "Plan", "Trial")},
-    **{f"ms_accum.train.{owner}.accumulate_steps": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
-       for owner in ("StepRecord", "Plan", "Trial")},
+    **{f"ms_accum.train.{owner}{spelling}": Deprecation("use 'accumulate_step'", "0.3.0", "1.0.0")
+       for owner in ("StepRecord", "Plan", "Trial") for spelling in ("(accumulate_steps=...)", ".accumulate_steps")},
     # --- 0.3's dropout seeding, replaced by the streams without a release that warned: removed in 1.0.0. ---
     **{f"ms_accum.core.dropout.{name}": Deprecation(
         "use ms_accum.core.DropoutStreams(network).drawing()", None, "1.0.0")

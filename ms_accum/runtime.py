@@ -8,7 +8,6 @@ executor then warn once (`check_cpu_kernels`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import sys
@@ -113,9 +112,7 @@ def _isa_code() -> Optional[int]:
     library = _mindspore.onednn()
     if library is None:
         return None
-    ask = library.dnnl_get_effective_cpu_isa
-    ask.restype = ctypes.c_int
-    return int(ask())
+    return library.dnnl_get_effective_cpu_isa()  # a dnnl_cpu_isa_t: ctypes' default result type, a C int
 
 
 def slow_cpu_kernels(device: str, isa_code: Optional[int], cpu_flags: set, user_set: bool,

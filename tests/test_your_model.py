@@ -7,10 +7,11 @@ import os
 import numpy as np
 import pytest
 import mindspore as ms
+from mindspore import nn
 
 from ms_accum import GradientAccumulation, cli
 from ms_accum.train.checkpoint import load_checkpoint
-from conftest import cli_error
+from conftest import cli_error, raises_exactly
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
@@ -182,3 +183,16 @@ def test_a_factory_of_several_columns_and_its_own_loss_is_planned_and_trained_wi
     code, summary, err = run(capsys, "train", "--plan", str(tmp_path / "plan.json"), "--ckpt-dir", str(tmp_path))
     assert code == 0, err
     assert summary["optimizer_steps"] == 512 // 32 and summary["predicted_peak_mib"] == plan["predicted_peak_mib"]
+
+
+def test_evaluating_a_factorys_checkpoint_refuses_the_mnist_options(tmp_path):
+    """A factory's dataset() decides its evaluation data: `data` and `num_samples` are refused with it (they once
+    raised a NameError)."""
+    from ms_accum.demo import evaluate_checkpoint
+    from ms_accum.train import save_checkpoint
+    ckpt = save_checkpoint(nn.Dense(2, 2), str(tmp_path / "any.ckpt"), {"model": "tokens:three_inputs"})
+    for keyword, value in (("data", "MNIST"), ("num_samples", 8)):
+        with raises_exactly(ValueError, f"For 'evaluate_checkpoint', the argument '{keyword}' applies to the built-in "
+                                        f"models' MNIST, but got {value!r} with the factory 'tokens:three_inputs', "
+                                        f"whose dataset() decides its evaluation data."):
+            evaluate_checkpoint(ckpt, **{keyword: value})

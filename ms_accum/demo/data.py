@@ -157,8 +157,7 @@ def check_mnist_dir(path: PathLike) -> str:
     # The tutorials pass 'MNIST_Data/train'; say so instead of only "missing train/train/...".
     one_split = os.path.basename(os.path.normpath(path)) in _SPLITS and not os.path.isdir(os.path.join(path, "train"))
     for images_rel, labels_rel in _SPLITS.values():
-        images = os.path.join(path, images_rel)
-        labels = os.path.join(path, labels_rel)
+        images, labels = os.path.join(path, images_rel), os.path.join(path, labels_rel)
         try:
             _, (count, rows, cols) = _idx_header(images, _IMAGE_MAGIC)
             if (rows, cols) != (_SIDE, _SIDE):
@@ -192,10 +191,8 @@ def read_idx(path: PathLike) -> np.ndarray:
     path = os.fspath(path)
     dtype, dims = _idx_header(path)
     offset = 4 + 4 * len(dims)
-    with open(path, "rb") as f:
-        data = f.read()
-    # astype copies into a writable, native-endian array (frombuffer over bytes is read-only).
-    return np.frombuffer(data, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
+    # idx stores multi-byte values big-endian: astype gives them in native byte order.
+    return np.fromfile(path, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
 @door("write_idx")

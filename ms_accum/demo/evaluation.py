@@ -11,7 +11,7 @@ from mindspore import Parameter, nn
 from mindspore.dataset import Dataset
 from mindspore.train import Accuracy, Callback, Loss, Model
 
-from .._validation import (ArgumentValueError, check_isinstance, check_positive_int, check_value_in,
+from .._validation import (Argument, ArgumentValueError, check_isinstance, check_positive_int, check_value_in,
                            describe_exception, door)
 from ..train.checkpoint import CheckpointError, MetaValue, load_checkpoint, load_into
 from .data import dataset_for, resolve_data_dir
@@ -146,8 +146,12 @@ def evaluate_checkpoint(ckpt: str, model: Optional[str] = None, data: Optional[s
             raise CheckpointError("Checkpoint '{ckpt}' does not record its model: pass {arg_name}, one of {value} or "
                                   "package.module:function.", ckpt=ckpt, arg_name=arg_name, value=sorted(MODELS))
         model = recorded
-    if is_factory(model):
-        _refuse_mnist_options(model, data, num_samples)
+    if is_factory(model):  # its dataset() decides its evaluation data: the built-in models' MNIST options are refused
+        for given, what in ((data, "data"), (num_samples, "num_samples")):
+            if given is not None:
+                raise ArgumentValueError("{what:subject} applies to the built-in models' MNIST, but got {given!r} with "
+                                         "the factory '{spec}', whose dataset() decides its evaluation data.",
+                                         what=Argument(what), given=given, spec=model)
         return _evaluate_factory(model, ckpt, contents, batch_size, callbacks, arg_name), metadata
     check_value_in(model, arg_name, MODELS)
     network = build_model(model)
@@ -198,11 +202,3 @@ def _load(network: nn.Cell, ckpt: str, model: str, contents, arg_name: str) -> N
         raise CheckpointError("{err} Its parameters are those of the model '{model}' (the file does not record its "
                               "model): evaluate it as '{model}'.", err=err, model=fits[0]) from None
 
-
-def _refuse_mnist_options(spec: str, data: Optional[str], num_samples: Optional[int]) -> None:
-    """A factory's dataset() decides its evaluation data: the built-in models' MNIST options are refused with it."""
-    for given, what in ((data, "data"), (num_samples, "num_samples")):
-        if given is not None:
-            raise ArgumentValueError("{what:subject} applies to the built-in models' MNIST, but got {given!r} with "
-                                     "the factory '{spec}', whose dataset() decides its evaluation data.",
-                                     what=Argument(what), given=given, spec=spec)

@@ -208,19 +208,29 @@ def build_model(name: str) -> nn.Cell:
     return MODELS[check_value_in(name, "model", MODELS)]()
 
 
+def _random_sample(inputs, targets):
+    """``sample(n)``: `n` random inputs from ``inputs(rng, n)`` and targets from ``targets(rng, n)``, the same for the
+    same `n`."""
+    def sample(batch_size: int):
+        rng = np.random.default_rng(batch_size)
+        return inputs(rng, batch_size), targets(rng, batch_size)
+    return sample
+
+
+def _classifier(network: nn.Cell, optimizer: nn.Optimizer, shape: tuple) -> tuple:
+    """What a factory of a classifier returns: `network`, the mean cross-entropy, `optimizer`, and ``sample(n)``:
+    random normal inputs of `shape`, labels 0-9."""
+    sample = _random_sample(lambda rng, n: rng.standard_normal((n, *shape)).astype(np.float32),
+                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
+    return network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer, sample
+
+
 def factory(name: str):
     """One demo network as a factory returns it (`ms_accum.tools.factory`): the network, the mean cross-entropy, its
     documented optimizer, and ``sample(batch_size)``, random images of its input shape with labels 0-9."""
     network = build_model(name)
-    shape = INPUT_SHAPES[name]
-
-    def sample(batch_size: int):
-        rng = np.random.default_rng(batch_size)
-        return (rng.standard_normal((batch_size, *shape)).astype(np.float32),
-                rng.integers(0, 10, (batch_size,)).astype(np.int32))
-
-    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-            make_optimizer(OPTIMIZER_DEFAULTS[name], network.trainable_params()), sample)
+    optimizer = make_optimizer(OPTIMIZER_DEFAULTS[name], network.trainable_params())
+    return _classifier(network, optimizer, INPUT_SHAPES[name])
 
 
 def lenet5():
@@ -234,23 +244,11 @@ def mlp():
 
 
 # ----------------------------------------------------------------------------------- the networks memory is measured on
-def _random_sample(inputs, targets):
-    """``sample(n)``: `n` random inputs from ``inputs(rng, n)`` and targets from ``targets(rng, n)``, the same for the
-    same `n`."""
-    def sample(batch_size: int):
-        rng = np.random.default_rng(batch_size)
-        return inputs(rng, batch_size), targets(rng, batch_size)
-    return sample
-
-
 def conv_net():
     """Factory: `ConvNet` on 3x96x96 images, the mean cross-entropy, SGD(0.01); ``sample(n)``: random images, labels
     0-9. Activations dominate its memory: one step on 32 images costs about twice one on 4."""
     network = ConvNet()
-    sample = _random_sample(lambda rng, n: rng.standard_normal((n, 3, 96, 96)).astype(np.float32),
-                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
-    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-            nn.SGD(network.trainable_params(), 0.01), sample)
+    return _classifier(network, nn.SGD(network.trainable_params(), 0.01), (3, 96, 96))
 
 
 def char_transformer():
@@ -272,10 +270,7 @@ def wide_mlp():
     width = 4096
     network = nn.SequentialCell([nn.Dense(width, width), nn.ReLU(), nn.Dense(width, width), nn.ReLU(),
                                  nn.Dense(width, width), nn.ReLU(), nn.Dense(width, 10)])
-    sample = _random_sample(lambda rng, n: rng.standard_normal((n, width)).astype(np.float32),
-                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
-    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-            nn.SGD(network.trainable_params(), 0.01), sample)
+    return _classifier(network, nn.SGD(network.trainable_params(), 0.01), (width,))
 
 
 # ------------------------------------------------------------------------------- real-size networks (benchmarks/)
@@ -416,10 +411,7 @@ def deep_mlp(optimizer: str = "sgd", layers: int = 12, width: int = 2048):
     check_positive_int(width, "width")
     network = nn.SequentialCell([cell for _ in range(layers) for cell in (nn.Dense(width, width), nn.ReLU())]
                                 + [nn.Dense(width, 10)])
-    sample = _random_sample(lambda rng, n: rng.standard_normal((n, width)).astype(np.float32),
-                            lambda rng, n: rng.integers(0, 10, (n,)).astype(np.int32))
-    return (network, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-            real_size_optimizer(optimizer, network.trainable_params()), sample)
+    return _classifier(network, real_size_optimizer(optimizer, network.trainable_params()), (width,))
 
 
 @door("encoder")
