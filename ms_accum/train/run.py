@@ -88,12 +88,12 @@ class Run:
         self.states = StateCheckpoints(state, None if checkpoints is None else os.fspath(given.directory),
                                        given.name, settings, given.metadata, given.save_every, given.keep_last,
                                        self.writes, self.k, given.format)
-        self.log = WindowLog(log.every, log.verbose and self.writes, log.on_step, guard.stop_on_nonfinite,
+        self.verbose = log.verbose and self.writes
+        self.log = WindowLog(log.every, self.verbose, log.on_step, guard.stop_on_nonfinite,
                              guard.loss_scaler is not None)
         self.position, self.result, self.largest, self.lr_scale = Position(), TrainResult(), 1, 1.0
         self.eval_dataset, self.evaluator = (None, None) if validation is None else (
             validation[0], Evaluator(parts.network, parts.loss_fn, validation[1]))
-        self.verbose = log.verbose and self.writes
 
     def _check(self, checkpoints: Optional[Checkpoints]) -> int:
         """The arguments that only a run can check; returns the epoch's batch count."""
@@ -124,8 +124,8 @@ class Run:
         self.k.load(self.states.resumed)
         if self.evaluator is not None:  # the best score so far, continued by resumed runs
             self.evaluator.best = float(self.states.resumed.get("best_score", math.nan))
-            if not math.isnan(self.evaluator.best) and os.path.isfile(self._best_path()):
-                self.result.best_checkpoint = self._best_path()
+            if not math.isnan(self.evaluator.best) and os.path.isfile(self._path("-best")):
+                self.result.best_checkpoint = self._path("-best")
         self.states.extra = self._extra
         if self.parallel is not None and resume not in (None, False):
             check_same_on_all_ranks(self.position.step, "the optimizer step resumed from")
@@ -199,12 +199,13 @@ class Run:
             scores = " ".join(f"{name} {value:.6f}" for name, value in record.validation.items())
             print(f"epoch: {record.epoch} step: {record.step} validation {scores}", flush=True)
         if self.evaluator.improved(record.validation) and self.checkpoints is not None and self.writes:
-            self.result.best_checkpoint = self._best_path()
-            self.states.save(self.parts.network, self._best_path(), {"step": record.step, **record.validation})
+            self.result.best_checkpoint = self._path("-best")
+            self.states.save(self.parts.network, self._path("-best"), {"step": record.step, **record.validation})
 
-    def _best_path(self) -> str:
+    def _path(self, suffix: str = "") -> str:
+        """The file of the run's checkpoint name and format, `suffix` after the name ("-best": the best network)."""
         given = self.checkpoints
-        return os.path.join(os.fspath(given.directory), f"{given.name}-best.{given.format}")
+        return os.path.join(os.fspath(given.directory), f"{given.name}{suffix}.{given.format}")
 
     def _extra(self) -> dict:
         """More of the run's state, saved with every training-state file."""
@@ -221,14 +222,12 @@ class Run:
         if self.evaluator is not None and last is not None and last.validation is None:
             self._score(last)
         if self.checkpoints is not None and self.writes:
-            given = self.checkpoints
             described = self.k.describe(self.per_batch, self.states.history)
             meta = {"epoch": self.epoch, "step": self.position.step, "accumulate_step": described["accumulate_step"],
-                    "global_batches": described["global_batches"], **(given.metadata or {})}
+                    "global_batches": described["global_batches"], **(self.checkpoints.metadata or {})}
             if described["adaptive_k"]:  # the settings K was decided by
                 meta["adaptive_k"] = described["adaptive_k"]
-            path = os.path.join(os.fspath(given.directory), f"{given.name}.{given.format}")
-            self.result.checkpoint = self.states.save(network, path, meta)
+            self.result.checkpoint = self.states.save(network, self._path(), meta)
         return self.result
 
     def _record(self, trained: WindowResult, k: int):
