@@ -147,22 +147,6 @@ class _ToParamDtype:
         return _ops.cast_like(grads, self.params)
 
 
-@ms.jit_class
-class _AddEvery:
-    """No filter leaves a micro-batch out: each one's gradient is added as it is."""
-
-    def __call__(self, grad_sum, micro_batch_count, num_samples, grads, weight):
-        return _ops.accumulate(grad_sum, micro_batch_count, num_samples, grads, weight)
-
-
-@ms.jit_class
-class _AddUnlessLeftOut:
-    """``"skip_microbatch"`` or an outlier filter may leave a micro-batch out, by zeroing its weight."""
-
-    def __call__(self, grad_sum, micro_batch_count, num_samples, grads, weight):
-        return _ops.accumulate_unless_left_out(grad_sum, micro_batch_count, num_samples, grads, weight)
-
-
 def check_buffer_dtype(dtype, arg_name: str) -> None:
     """Refuses a buffer dtype that is not a float `mindspore.dtype` (or None)."""
     if dtype is not None and dtype not in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
@@ -283,7 +267,8 @@ class AccumulationBuffer:
         else:
             self.statistics = Statistics(prefix) if statistics else NoStatistics()
         self.leaves_out = policy == "skip_microbatch" or skip_outliers is not None
-        self.adds = _AddUnlessLeftOut() if self.leaves_out else _AddEvery()
+        # Chosen here, not by a flag in the graph (docs/mindspore.md, a constant if/else).
+        self.adds = _ops.accumulate_unless_left_out if self.leaves_out else _ops.accumulate
 
     def dtypes_of(self, indices, params):
         """What casts the buffer's tensors at `indices` to the dtypes of `params` (theirs), for the optimizer."""
