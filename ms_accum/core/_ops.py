@@ -96,8 +96,7 @@ def _weigh_dense(weight, grad):
 @_weigh_op.register("Tensor", "RowTensor")
 @_weigh_op.register("Number", "RowTensor")
 def _weigh_row_tensor(weight, grad):
-    dense = _densify(grad)
-    return dense * ops.cast(weight, dense.dtype)
+    return _weigh_dense(weight, _densify(grad))
 
 
 @_scale_in_place_op.register("Tensor", "Tensor")
@@ -185,10 +184,6 @@ def _row(tensor):
     return ops.reshape(ops.cast(tensor, ms.float32), (1, -1))
 
 
-def _row_sum_of_squares(row):
-    return ops.reshape(_dot(row, row), ())
-
-
 @_half_sum_of_squares_op.register("Tensor")
 def _half_sum_of_squares(grad):
     grad = ops.cast(grad, ms.float32)
@@ -198,7 +193,8 @@ def _half_sum_of_squares(grad):
     # one MatMul, is faster and accurate.
     if ops.size(grad) <= SMALL_TENSOR:
         return _l2_loss(grad)
-    return _row_sum_of_squares(_row(grad)) * 0.5
+    row = _row(grad)
+    return ops.reshape(_dot(row, row), ()) * 0.5
 
 
 @_half_sum_of_squares_op.register("RowTensor")
