@@ -170,8 +170,7 @@ class OutlierFilter(Statistics):
 
 def check_outliers(skip_outliers, outlier_warmup) -> None:
     """Refuses a threshold that is not a positive number, or a warm-up that is not a non-negative int."""
-    if skip_outliers is not None:
-        check_positive_float(skip_outliers, "skip_outliers")
+    check_positive_float(skip_outliers, "skip_outliers", allow_none=True)
     check_positive_int(outlier_warmup, "outlier_warmup", minimum=0)
 
 
