@@ -335,10 +335,6 @@ def is_random_state(param: Parameter) -> bool:
     return bool(getattr(param, _STATE_FLAG, False))
 
 
-# MindSpore's dropout functions, which draw from kernels' engines as its random functions (`random_functions`) do.
-_DROPOUT_FUNCTIONS = frozenset({"bernoulli", "dropout", "dropout1d", "dropout2d", "dropout3d"})
-
-
 def _is_random_primitive(prim) -> bool:
     attrs = prim_attrs(prim)
     return bool(attrs.get(RANDOM_EFFECT_ATTR)) or "dropout" in type(prim).__name__.lower() or \
@@ -363,7 +359,8 @@ def _random_calls(cls: type) -> List[str]:
                 name, shown = func.id, func.id
             else:
                 continue
-            if name in _DROPOUT_FUNCTIONS or name in random_functions() or "dropout" in name:
+            # MindSpore's dropout functions and `bernoulli` draw from kernels' engines as its random functions do.
+            if name in random_functions() or name == "bernoulli" or "dropout" in name:
                 found.append(shown)
     return sorted(set(found))
 
