@@ -29,15 +29,7 @@ from ..core.inference import in_inference
 from ..core.parallel import AllReduceSums, data_parallel_info
 from .cells import TrainClear, _BufferCell, _CheckWindow, _StepWindow, own_buffer
 
-_hyper_map = ops.HyperMap()
-_gather_op = ops.MultitypeFuncGraph("ms_accum_cached_gather")
-
 CACHED_REDUCTION = "sum"  # the window's gradient is that of its one loss: weight 1 per micro-batch, divisor 1
-
-
-@_gather_op.register("Function", "Tensor")
-def _gather(all_gather, x):
-    return all_gather(x)
 
 
 def check_cached_options(reduction: str, policy: str, statistics: bool, noise_scale: bool, skip_outliers) -> str:
@@ -144,7 +136,7 @@ class _CachedLossGrad(nn.Cell):
     def construct(self, labels, *fields):
         # The fields are positional inputs, not one tuple: GradOperation differentiates positional Tensors.
         if self.gathered:
-            fields = _hyper_map(ops.partial(_gather_op, self.all_gather), fields)
+            fields = tuple([self.all_gather(field) for field in fields])
             labels = self.all_gather(labels)
         loss = self._loss(labels, *fields)
         sens = ops.fill(ops.dtype(loss), ops.shape(loss), 1.0) * ops.cast(self.scaling.sens(self.divisor),
