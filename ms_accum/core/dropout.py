@@ -392,16 +392,15 @@ def _uncovered(network: nn.Cell, streams: DropoutStreams) -> Iterator[Tuple[str,
             yield path, cell, ", ".join(what)
 
 
-def warn_uncovered(network: nn.Cell, streams: DropoutStreams, stacklevel: int = 3) -> List[str]:
+def warn_uncovered(network: nn.Cell, streams: DropoutStreams, stacklevel: int = 3) -> None:
     """Warns once, at build time, naming each Cell whose randomness `streams` does not draw: its masks or noise come
     from MindSpore's kernels, whose state no API reads or sets, so two runs may differ and a resumed run starts them
-    afresh (docs/resume.md). Returns the lines."""
+    afresh (docs/resume.md)."""
     found = uncovered_random_ops(network, streams)
     if found:
         warnings.warn("these random ops draw from MindSpore's kernels, not from ms_accum's seeded streams, so two runs "
                       "may differ and a resumed run starts them afresh (docs/resume.md, dropout and other random "
                       "ops): " + "; ".join(found) + ".", UserWarning, stacklevel=stacklevel)
-    return found
 
 
 class DrawMarks:
