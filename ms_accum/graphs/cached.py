@@ -374,7 +374,7 @@ class TrainCachedWindowCell(nn.Cell):
         micro-batch size."""
         if size not in self._zeros:
             zeros = tuple(ops.zeros((size, *shape), dtype) for shape, dtype in self.fields)
-            sens = zeros[0] if len(zeros) == 1 and not self.tuple_output else ms.mutable(zeros)
+            sens = ms.mutable(zeros) if self.tuple_output else zeros[0]
             self._zeros[size] = (sens, Tensor(0.0, ms.float32))
         return self._zeros[size]
 
