@@ -269,6 +269,12 @@ def test_without_data_or_fallback_it_says_what_to_do(tmp_path):
         f"DIR, set MS_ACCUM_MNIST, add --download, or add --synthetic-fallback to train on generated data.")
 
 
+def test_an_empty_data_flag_is_not_set_as_resolve_data_dir_says(synthetic, monkeypatch):
+    monkeypatch.setenv("MS_ACCUM_MNIST", synthetic)  # `--data ""` then finds MNIST where the environment says
+    args = argparse.Namespace(data="", download=False, synthetic_fallback=False)
+    assert cli.mnist.find_data(args) == (synthetic, True)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["train", "--accumulate-step", "0"], "the argument '--accumulate-step' must be a positive int, but got 0."),
     (["train", "--accumulate-step", "2.5"], "the argument '--accumulate-step' must be a positive int, but got '2.5'."),

@@ -21,7 +21,7 @@ def find_data(args: argparse.Namespace, rank: Optional[int] = None) -> tuple:
     files), because one worker replacing a shared directory would pull it from under another one reading it."""
     from ..demo.data import DataError, check_mnist_dir, download_mnist, is_synthetic, make_synthetic_mnist, \
         resolve_data_dir
-    if args.data is not None:  # asked for explicitly: no fallback, the user must hear what is wrong
+    if args.data:  # asked for explicitly: no fallback, the user must hear what is wrong ("" is unset: resolve_data_dir)
         return check_mnist_dir(args.data), is_synthetic(args.data)
     path = resolve_data_dir(None)
     try:

@@ -17,8 +17,7 @@ def save_loss_plot(losses: List[float], path: str, title: str, ks: Optional[List
     fig, axes = plt.subplots(2 if second else 1, 1, figsize=(6, 5.5 if second else 3.5), sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2] if second else [1]})
     ax = axes[0][0]
-    steps = range(1, len(losses) + 1)
-    ax.plot(steps, losses, linewidth=1, label="window loss")
+    ax.plot(range(1, len(losses) + 1), losses, linewidth=1, label="window loss")
     if validation:
         ax.plot(*zip(*validation), "o-", color="tab:green", markersize=3, linewidth=1, label="validation loss")
         ax.legend(fontsize=8)

@@ -172,12 +172,11 @@ def _progress(total: int, desc: str, quiet: bool, unit: str = "step"):
 
 def _tensorboard(args: argparse.Namespace, job: Job, main: bool):
     """--tensorboard's writer on rank 0 (`ms_accum.train.tensorboard.TensorBoardLog`), else None; its directory is
-    refused before --ckpt-dir is made."""
+    refused before --ckpt-dir is made, in the command's name (`run`'s door)."""
     if args.tensorboard is None or not main:
         return None
     from ..train.tensorboard import TensorBoardLog
-    with door("ms-accum train"):
-        return TensorBoardLog(args.tensorboard, job.optimizer)
+    return TensorBoardLog(args.tensorboard, job.optimizer)
 
 
 def _validation(args: argparse.Namespace, job: Job, world: int) -> dict:

@@ -33,7 +33,6 @@ from .._validation import ArgumentValueError, NoBatchError, describe_exception, 
 from ..core.columns import columns_wanted, with_loss
 
 SEPARATOR = ":"
-USAGES = ("train", "eval")
 
 
 @dataclass
@@ -184,8 +183,7 @@ def load_model(spec: str) -> UserModel:
         if position < len(parts) and not callable(parts[position]):
             raise ArgumentValueError("the factory '{spec}' must return {what}, but returned {value}.", spec=spec,
                                      what=what, value=_kind(parts[position]))
-    user = UserModel(spec=spec, network=parts[0], loss_fn=parts[1], optimizer=parts[2], sample=parts[3],
-                     dataset=parts[4] if len(parts) > 4 else None)
+    user = UserModel(spec, *parts)  # its fields in the factory's order: network, loss_fn, optimizer, sample[, dataset]
     _check_sample(user)
     return user
 

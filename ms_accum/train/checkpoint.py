@@ -32,6 +32,7 @@ FORMAT_VERSION = 2
 _META_PREFIX = "ms_accum."
 _TMP_PREFIX = "."
 _HEADER_LENGTH = 8  # a safetensors file opens with its header's length, a little-endian uint64
+CHECKPOINT_MODE = 0o640  # the files' permissions: read and write for the owner, read for the group
 MetaValue = Union[int, float, str, bool]
 
 
@@ -43,9 +44,6 @@ class CheckpointError(MessageError, ValueError):
 class CheckpointWriteError(CheckpointError, ArgumentValueError):
     """A checkpoint that could not be written: the function the user called is named in front (`door`), as for any
     argument refused, since the target `path` is one."""
-
-
-CHECKPOINT_MODE = 0o640  # the files' permissions: read and write for the owner, read for the group
 
 
 @door("save_checkpoint")

@@ -24,6 +24,7 @@ from ..core.parallel import DataParallelInfo
 # cluster's scheduler, with MS_ROLE=MS_SCHED: there `init()` serves the cluster and never returns, so a script
 # must call it before doing anything else (a scheduler that fails first leaves the workers waiting).
 LAUNCHER_ROLES = ("MS_WORKER", "MS_SCHED")
+T = TypeVar("T")  # what the check of `decided_together` returns
 
 
 @door("distributed_launch")
@@ -121,9 +122,6 @@ def check_same_on_all_ranks(value: int, what: str) -> int:
         raise ArgumentValueError("{what} must be the same on every rank, but got {values} on ranks 0 to {value}.",
                                  what=what, values=values, value=len(values) - 1)
     return value
-
-
-T = TypeVar("T")
 
 
 def decided_together(check: Callable[[], T], parallel: Optional[DataParallelInfo], what: str) -> T:

@@ -126,8 +126,8 @@ class ShardedState(nn.Cell):
     def __init__(self, whole: TrainingState, closer: ShardedCloser) -> None:
         super().__init__(auto_prefix=False)
         self.network, self.optimizer, self.window_state = whole.network, closer.part, whole.window_state
-        self.dropout = whole.dropout
-        trained = {param.name: i for i, param in enumerate(whole.optimizer.parameters)}
+        self.dropout, self.rank = whole.dropout, closer.rank
+        owner_of = {param.name: owner for param, owner in zip(whole.optimizer.parameters, closer.owners)}
         state = _state(whole.optimizer)
         held = {param.name: param for param in closer.part.get_parameters()}
         # (name, the Parameter, its owner, or None for what every rank holds), in the files' order: of the optimizer's
@@ -136,11 +136,9 @@ class ShardedState(nn.Cell):
         for param in whole.get_parameters():
             owner = None
             if id(param) in state:
-                index = trained.get(param.name.partition(".")[2])
-                owner = None if index is None else closer.owners[index]
+                owner = owner_of.get(param.name.partition(".")[2])
                 param = held.get(param.name, param)
             self.entries.append((param.name, param, owner))
-        self.rank = closer.rank
 
     def contents(self) -> List[dict]:
         """What a training-state file holds, ``[{"name", "data"}]``, each part's optimizer state taken from its owner
@@ -164,7 +162,7 @@ def partition(sizes: Sequence[int], ranks: int) -> Tuple[int, ...]:
     loads = [0] * ranks
     owners = [0] * len(sizes)
     for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        rank = min(range(ranks), key=lambda r: (loads[r], r))
+        rank = loads.index(min(loads))
         owners[index] = rank
         loads[rank] += sizes[index]
     return tuple(owners)

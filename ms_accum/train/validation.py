@@ -105,13 +105,12 @@ class Evaluator:
                     metric.update(out, label)
         finally:
             self.network.set_train(True)
-        totals = np.asarray([loss_sum, weight_sum, correct, samples, float(classes)], np.float32)
-        loss_sum, weight_sum, correct, samples, classes = reducer.total(Tensor(totals)).asnumpy().astype(np.float64)
+        totals = np.asarray([loss_sum, weight_sum, correct, samples, float(classes), 1.0], np.float32)
+        loss_sum, weight_sum, correct, samples, classes, ranks = reducer.total(Tensor(totals)).asnumpy().astype(float)
         if weight_sum == 0:
             raise ArgumentValueError("{@eval_dataset:subject} must yield at least one batch, but it yields none.")
         scores = {"loss": loss_sum / weight_sum}
-        classes = classes == reducer.total(Tensor(np.ones(1, np.float32))).asnumpy()[0]  # on every rank
-        if classes:
+        if classes == ranks:  # classified on every rank (each adds 1.0 to `ranks` in the same all-reduce)
             scores["accuracy"] = correct / samples
         scores.update((name, float(np.asarray(metric.eval()))) for name, metric in metrics.items())
         return scores

@@ -121,8 +121,7 @@ class _EpochBatches:
         return self
 
     def __next__(self):
-        if self.ahead is None:
-            self._read()
+        self._read()
         if self.ahead is None:
             raise StopIteration
         batch, self.ahead = self.ahead, None
@@ -130,16 +129,12 @@ class _EpochBatches:
         return batch
 
     def _read(self) -> None:
-        if not self.done:
+        """Reads the next batch ahead, unless one is read already or the epoch's batches are all read."""
+        if self.ahead is None and not self.done:
             self.ahead = next(self.iterator, None)
             self.done = self.ahead is None
 
     def window(self, size: int) -> Iterator:
         """The next `size` batches; once they are used, the batch after them is read ahead."""
-        for _ in range(size):
-            batch = next(self, None)
-            if batch is None:
-                return
-            yield batch
-        if self.ahead is None:
-            self._read()
+        yield from itertools.islice(self, size)
+        self._read()
